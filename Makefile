@@ -1,0 +1,32 @@
+# Two commands do all the set-up on a fresh machine (Python >= 3.11 and pip only):
+#   make study   -> builds .venv, installs bayesattn, runs the main job
+#   make test    -> builds .venv, installs bayesattn with dev extras, runs lint + the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: venv install test lint study bench clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -c constraints.txt -e ".[dev,examples]"
+	touch $@
+
+venv install: $(VENV)/.installed
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check bayesattn tests benchmarks examples
+
+test: $(VENV)/.installed lint
+	$(PY) -m pytest -q
+
+study: $(VENV)/.installed
+	$(VENV)/bin/bayesattn study $(ARGS)
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/attention_speed.py
+	$(PY) benchmarks/training_speed.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

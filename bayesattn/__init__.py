@@ -1,0 +1,1 @@
+"""bayesattn: attention as explicit Bayesian inference, with calibrated uncertainty."""

@@ -1,0 +1,416 @@
+r"""``BayesianMultiheadAttention``: a drop-in for ``torch.nn.MultiheadAttention`` whose weights are a
+posterior over which key each query reads.
+
+* No posterior family (or ``"mean"`` mode): the exact posterior mean
+  :math:`y_i = \sum_j \operatorname{softmax}_j(\log\pi_{ij} + q_i\cdot k_j/\sqrt{d})\,v_j`; with a
+  uniform prior this reproduces ``torch.nn.MultiheadAttention`` (same parameters, ``state_dict``,
+  masks, outputs and weights). Uses the fused ``scaled_dot_product_attention`` when no weights are
+  requested.
+* With ``posterior=`` a family from :mod:`bayesattn.posteriors`: the attention weights are a
+  ``pyro.sample`` site ``"<module path>.latent"`` (``"latent"`` for a root layer) drawn from the
+  prior in ``"prior"`` mode (the model) and from the amortised posterior in ``"posterior"`` mode
+  (the guide); see :mod:`bayesattn.nn.modes`. In ``"prior"`` mode the simplex weights are also
+  recorded as the deterministic site ``"<path>.weights"``.
+
+Shape glossary: ``S`` samples (leftmost), ``B`` batch, ``H`` heads, ``Tq``/``Tk`` query/key length,
+``E`` embed dim, ``Dh = E / H``.
+"""
+
+from __future__ import annotations
+
+import pyro
+import torch
+import torch.nn.functional as F
+from pyro.infer.util import is_validation_enabled
+from pyro.nn import PyroModule
+from torch import Tensor, nn
+
+from .. import functional as BF
+from ..posteriors import AttentionPosterior, get_posterior
+from ..priors import KeyRelevancePrior, UniformPrior
+from .modes import current_kl_collector, current_mode
+
+__all__ = ["BayesianMultiheadAttention", "linear"]
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x @ weight.T + bias`` that also broadcasts *sampled* weights with leading sample dims.
+
+    Shape:
+        x ``(*S, ..., In)``, weight ``(Out, In)`` or ``(*S, Out, In)``, bias ``(Out,)`` or
+        ``(*S, Out)``; a weight's leading dims align with x's leading dims.
+    """
+    if weight.dim() == 2:
+        return F.linear(x, weight, bias)
+    extra = x.dim() - weight.dim()  # dims between sample dims and the feature dim of x
+    w = weight.reshape(weight.shape[:-2] + (1,) * (extra) + weight.shape[-2:])
+    out = torch.matmul(x.unsqueeze(-2), w.transpose(-1, -2)).squeeze(-2)
+    if bias is not None:
+        out = out + bias.reshape(bias.shape[:-1] + (1,) * extra + bias.shape[-1:])
+    return out
+
+
+def _check_dim(name: str, x: Tensor, expected: int) -> None:
+    if x.shape[-1] != expected:
+        raise ValueError(f"{name} last dim must be {expected}; got shape {tuple(x.shape)}")
+
+
+class BayesianMultiheadAttention(PyroModule):
+    r"""Multi-head attention as posterior inference over the key each query reads.
+
+    Args: as :class:`torch.nn.MultiheadAttention` (``embed_dim, num_heads, dropout=0.0, bias=True,
+    add_bias_kv=False, add_zero_attn=False, kdim=None, vdim=None, batch_first=False, device=None,
+    dtype=None``) plus
+
+    Keyword Args:
+        prior: a :class:`~bayesattn.priors.KeyRelevancePrior` added to the masks' log-prior
+            (default uniform: plain softmax attention).
+        posterior: ``None`` (deterministic), an :class:`~bayesattn.posteriors.AttentionPosterior`
+            or a family name (``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
+            ``"concrete"``) built with ``num_heads`` heads.
+
+    Shape:
+        query ``(Tq, B, E)`` (``(B, Tq, E)`` if ``batch_first``; ``(Tq, E)`` unbatched; with
+        ``batch_first`` any extra leading sample dims ``(*S, B, Tq, E)`` broadcast), key/value
+        ``(Tk, B, kdim/vdim)``. Returns ``(output, weights)``; output like query, weights
+        ``(B, Tq, Tk)`` averaged over heads or ``(B, H, Tq, Tk)``; ``num_samples=S`` prepends
+        ``S`` to both.
+
+    Example:
+        >>> mha = BayesianMultiheadAttention(16, 4, batch_first=True, posterior="dirichlet")
+        >>> x = torch.randn(2, 5, 16)
+        >>> y, w = mha(x, x, x, num_samples=8)  # 8 weight draws, projections computed once
+        >>> y.shape, w.shape
+        (torch.Size([8, 2, 5, 16]), torch.Size([8, 2, 5, 5]))
+    """
+
+    __constants__ = ["batch_first"]
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        add_bias_kv: bool = False,
+        add_zero_attn: bool = False,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        batch_first: bool = False,
+        device=None,
+        dtype=None,
+        *,
+        prior: KeyRelevancePrior | None = None,
+        posterior: AttentionPosterior | str | None = None,
+    ) -> None:
+        for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive int; got {v!r}")
+        if embed_dim % num_heads != 0:
+            raise ValueError(
+                f"embed_dim must be divisible by num_heads; got embed_dim={embed_dim}, "
+                f"num_heads={num_heads}"
+            )
+        if not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0):
+            raise ValueError(f"dropout must be in [0, 1); got {dropout!r}")
+        for name, v in (("kdim", kdim), ("vdim", vdim)):
+            if v is not None and (not isinstance(v, int) or v <= 0):
+                raise ValueError(f"{name} must be a positive int or None; got {v!r}")
+        if prior is not None and not isinstance(prior, KeyRelevancePrior):
+            raise TypeError(f"prior must be a KeyRelevancePrior; got {type(prior).__name__}")
+        super().__init__()
+        fk = {"device": device, "dtype": dtype}
+        self.embed_dim = embed_dim
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self.num_heads = num_heads
+        self.dropout = float(dropout)
+        self.batch_first = batch_first
+        self.head_dim = embed_dim // num_heads
+
+        if not self._qkv_same_embed_dim:
+            self.q_proj_weight = nn.Parameter(torch.empty((embed_dim, embed_dim), **fk))
+            self.k_proj_weight = nn.Parameter(torch.empty((embed_dim, self.kdim), **fk))
+            self.v_proj_weight = nn.Parameter(torch.empty((embed_dim, self.vdim), **fk))
+            self.register_parameter("in_proj_weight", None)
+        else:
+            self.in_proj_weight = nn.Parameter(torch.empty((3 * embed_dim, embed_dim), **fk))
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        if bias:
+            self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim, **fk))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **fk)
+        if add_bias_kv:
+            self.bias_k = nn.Parameter(torch.empty((1, 1, embed_dim), **fk))
+            self.bias_v = nn.Parameter(torch.empty((1, 1, embed_dim), **fk))
+        else:
+            self.bias_k = self.bias_v = None
+        self.add_zero_attn = add_zero_attn
+        self._reset_parameters()
+
+        self.prior = prior if prior is not None else UniformPrior()
+        if isinstance(posterior, str):
+            posterior = get_posterior(posterior, num_heads=num_heads, head_dim=self.head_dim)
+        elif posterior is not None and not isinstance(posterior, AttentionPosterior):
+            raise TypeError(
+                f"posterior must be None, a family name or an AttentionPosterior; "
+                f"got {type(posterior).__name__}"
+            )
+        if posterior is not None and posterior.num_heads not in (1, num_heads):
+            raise ValueError(
+                f"posterior has {posterior.num_heads} heads but the layer has {num_heads}"
+            )
+        self.posterior = posterior
+
+    def _reset_parameters(self) -> None:
+        """Same initialisation as ``torch.nn.MultiheadAttention``."""
+        if self._qkv_same_embed_dim:
+            nn.init.xavier_uniform_(self.in_proj_weight)
+        else:
+            nn.init.xavier_uniform_(self.q_proj_weight)
+            nn.init.xavier_uniform_(self.k_proj_weight)
+            nn.init.xavier_uniform_(self.v_proj_weight)
+        if self.in_proj_bias is not None:
+            nn.init.constant_(self.in_proj_bias, 0.0)
+            nn.init.constant_(self.out_proj.bias, 0.0)
+        if self.bias_k is not None:
+            nn.init.xavier_normal_(self.bias_k)
+            nn.init.xavier_normal_(self.bias_v)
+
+    @property
+    def is_bayesian(self) -> bool:
+        """True when the layer has a posterior family over its attention weights."""
+        return self.posterior is not None
+
+    def mode(self) -> str:
+        """The effective mode: the context's (:func:`~bayesattn.nn.modes.attention_mode`) or the
+        layer default (``"posterior"`` with a family, ``"mean"`` without)."""
+        m = current_mode()
+        if self.posterior is None or m is None:
+            return "posterior" if self.posterior is not None else "mean"
+        return m
+
+    # ------------------------------------------------------------------------------------------
+    def _projections(self, query: Tensor, key: Tensor, value: Tensor, self_attn: bool):
+        E = self.embed_dim
+        b = self.in_proj_bias
+        bq, bk, bv = (None, None, None) if b is None else (b[:E], b[E : 2 * E], b[2 * E :])
+        if self._qkv_same_embed_dim:
+            w = self.in_proj_weight
+            wq, wk, wv = w[..., :E, :], w[..., E : 2 * E, :], w[..., 2 * E :, :]
+        else:
+            wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        if b is not None and b.dim() > 1:  # sampled biases (*S, 3E)
+            bq, bk, bv = b[..., :E], b[..., E : 2 * E], b[..., 2 * E :]
+        if self._qkv_same_embed_dim and self_attn and w.dim() == 2 and (b is None or b.dim() == 1):
+            q, k, v = F.linear(query, w, b).chunk(3, dim=-1)  # one matmul for self-attention
+            return q, k, v
+        return linear(query, wq, bq), linear(key, wk, bk), linear(value, wv, bv)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        *lead, T, _ = x.shape
+        return x.reshape(*lead, T, self.num_heads, self.head_dim).transpose(-3, -2)  # (…, H, T, Dh)
+
+    def _validate(
+        self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask, attn_mask
+    ) -> None:
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+            if not t.is_floating_point():
+                raise TypeError(f"{name} must be floating point; got dtype {t.dtype}")
+        _check_dim("query", query, self.embed_dim)
+        _check_dim("key", key, self.kdim)
+        _check_dim("value", value, self.vdim)
+        if not (query.dim() == key.dim() == value.dim()):
+            raise ValueError(
+                f"query, key and value must have the same number of dims; got "
+                f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+            )
+        if query.dim() not in (2, 3) and not (self.batch_first and query.dim() > 3):
+            raise ValueError(
+                f"query must be 2-D (unbatched) or 3-D (batched); got shape {tuple(query.shape)}"
+            )
+        if key.shape[:-1] != value.shape[:-1]:
+            raise ValueError(
+                f"key and value must share all but the last dim; got key {tuple(key.shape)}, "
+                f"value {tuple(value.shape)}"
+            )
+        for name, m in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
+            if m is not None and not isinstance(m, Tensor):
+                raise TypeError(f"{name} must be a Tensor or None; got {type(m).__name__}")
+        if is_validation_enabled():
+            BF.check_finite("query", query)
+            BF.check_finite("key", key)
+            BF.check_finite("value", value)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+        *,
+        num_samples: int | None = None,
+        q_pos: Tensor | None = None,
+        k_pos: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """See the class docstring. ``num_samples`` draws that many weight samples in one pass
+        (stochastic modes only); ``q_pos``/``k_pos`` are positions passed to positional priors."""
+        self._validate(query, key, value, key_padding_mask, attn_mask)
+        if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
+            raise ValueError(f"num_samples must be a positive int or None; got {num_samples!r}")
+        self_attn = query is key and key is value
+        unbatched = query.dim() == 2
+        if unbatched:  # (T, E) → (1, T, E)
+            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+            if key_padding_mask is not None:
+                if key_padding_mask.dim() != 1:
+                    raise ValueError(
+                        f"key_padding_mask must be 1-D (Tk,) for unbatched input; got shape "
+                        f"{tuple(key_padding_mask.shape)}"
+                    )
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        elif not self.batch_first:  # (T, B, E) → (B, T, E)
+            query, key, value = (x.transpose(0, 1) for x in (query, key, value))
+        B, Tq = query.shape[-3], query.shape[-2]
+        if key.shape[-3] != B:
+            raise ValueError(
+                f"query and key must have the same batch size; got query {tuple(query.shape)}, "
+                f"key {tuple(key.shape)} (batch_first={self.batch_first})"
+            )
+
+        q, k, v = self._projections(query, key, value, self_attn)  # (…, B, T, E)
+        if self.bias_k is not None:
+            lead = k.shape[:-2]
+            k = torch.cat([k, self.bias_k.reshape(1, 1, -1).expand(*lead, 1, -1)], dim=-2)
+            v = torch.cat([v, self.bias_v.reshape(1, 1, -1).expand(*lead, 1, -1)], dim=-2)
+            attn_mask = F.pad(attn_mask, (0, 1)) if attn_mask is not None else None
+            if key_padding_mask is not None:
+                key_padding_mask = F.pad(key_padding_mask, (0, 1))
+        q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)  # (…,B,H,T,Dh)
+        if self.add_zero_attn:
+            k = torch.cat([k, k.new_zeros(k.shape[:-2] + (1, self.head_dim))], dim=-2)
+            v = torch.cat([v, v.new_zeros(v.shape[:-2] + (1, self.head_dim))], dim=-2)
+            attn_mask = F.pad(attn_mask, (0, 1)) if attn_mask is not None else None
+            if key_padding_mask is not None:
+                key_padding_mask = F.pad(key_padding_mask, (0, 1))
+        Tk = k.shape[-2]
+
+        log_prior = BF.mask_to_log_prior(
+            attn_mask,
+            key_padding_mask,
+            is_causal,
+            batch_size=B,
+            num_heads=self.num_heads,
+            tgt_len=Tq,
+            src_len=Tk,
+            dtype=q.dtype,
+            device=q.device,
+        )  # (B|1, H|1, Tq|1, Tk) or None
+        if not isinstance(self.prior, UniformPrior):
+            log_prior = self._add_prior(log_prior, q, k, q_pos, k_pos)
+
+        mode = self.mode()
+        dropout_p = self.dropout if self.training else 0.0
+        if mode == "mean" and not need_weights:
+            out = self._fused(q, k, v, log_prior, dropout_p)  # (…, B, H, Tq, Dh)
+            w = None
+        else:
+            logits = BF.attention_logits(q, k)  # (…, B, H, Tq, Tk)
+            if mode == "mean":
+                w = BF.posterior_weights(logits, log_prior)
+            else:
+                w = self._sample_weights(mode, logits, log_prior, q, k, num_samples)
+            if dropout_p > 0:
+                w = F.dropout(w, dropout_p, training=True)
+            out = BF.attend(w, v)  # (…, B, H, Tq, Dh)
+
+        out = out.transpose(-3, -2).reshape(out.shape[:-3] + (Tq, self.embed_dim))  # (…,B,Tq,E)
+        out = linear(out, self.out_proj.weight, self.out_proj.bias)
+        if unbatched:
+            out = out.squeeze(-3)
+        elif not self.batch_first:
+            out = out.transpose(-3, -2)  # (…, Tq, B, E)
+        if not need_weights or w is None:
+            return out, None
+        if average_attn_weights:
+            w = w.mean(dim=-3)  # (…, B, Tq, Tk)
+        if unbatched:
+            w = w.squeeze(-3 if average_attn_weights else -4)
+        return out, w
+
+    def _add_prior(self, log_prior: Tensor | None, q: Tensor, k: Tensor, q_pos, k_pos) -> Tensor:
+        """Add the key-relevance prior; leading sample dims are folded into the batch for it."""
+        lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3])  # (…, B)
+        pq = q.expand(lead + q.shape[-3:]).reshape((-1,) + q.shape[-3:])  # (N, H, Tq, Dh)
+        pk = k.expand(lead + k.shape[-3:]).reshape((-1,) + k.shape[-3:])  # (N, H, Tk, Dh)
+        lp = self.prior(pq, pk, q_pos, k_pos)  # (N|1, H|1, Tq|1, Tk)
+        if lp.shape[0] != 1:
+            lp = lp.reshape(lead + lp.shape[1:])  # (…, B, H|1, Tq|1, Tk)
+        return lp if log_prior is None else log_prior + lp
+
+    def _fused(self, q: Tensor, k: Tensor, v: Tensor, log_prior: Tensor | None, p: float) -> Tensor:
+        """``F.scaled_dot_product_attention`` with rows that have no allowed key set to zero."""
+        dead = None
+        if log_prior is not None:
+            dead = ~(log_prior > float("-inf")).any(-1, keepdim=True)  # (…, Tq|1, 1)
+            if bool(dead.any()):
+                log_prior = log_prior.masked_fill(dead, 0.0)
+            else:
+                dead = None
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=log_prior, dropout_p=p)
+        if dead is not None:
+            out = out.masked_fill(dead, 0.0)
+        return out
+
+    def _sample_weights(
+        self,
+        mode: str,
+        logits: Tensor,
+        log_prior: Tensor | None,
+        q: Tensor,
+        k: Tensor,
+        num_samples: int | None,
+    ) -> Tensor:
+        fam = self.posterior
+        assert fam is not None
+        lp_full = log_prior.expand_as(logits) if log_prior is not None else None
+        allowed = BF.allowed_keys(logits if lp_full is None else logits + lp_full)
+        if mode == "prior":
+            d = fam.prior(lp_full, logits, key=k)
+        else:
+            d = fam.posterior(logits, lp_full, query=q)
+        if num_samples is not None:
+            d = d.expand(torch.Size((num_samples,)) + d.batch_shape)
+            allowed = allowed.expand((num_samples,) + allowed.shape)
+        if mode == "elbo":
+            latent = d.rsample()
+            col = current_kl_collector()
+            if col is not None:
+                p = fam.prior(lp_full, logits, key=k)
+                if num_samples is not None:
+                    p = p.expand(d.batch_shape)
+                kl = fam.kl(d, p)  # (…, B, H, Tq)
+                col.add(self._pyro_get_fullname("latent"), kl.sum((-2, -1)))  # (…, B)
+            return fam.to_weights(latent, allowed)
+        latent = pyro.sample(self._pyro_get_fullname("latent"), d.to_event(2))
+        w = fam.to_weights(latent, allowed)
+        if mode == "prior":
+            pyro.deterministic(self._pyro_get_fullname("weights"), w, event_dim=3)
+        return w
+
+    def extra_repr(self) -> str:
+        fam = type(self.posterior).__name__ if self.posterior is not None else None
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, "
+            f"batch_first={self.batch_first}, posterior={fam}"
+        )

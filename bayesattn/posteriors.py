@@ -1,0 +1,617 @@
+r"""Variational families over attention weights :math:`w_i \in \Delta^{T_k-1}`.
+
+Each family pairs a prior :math:`p(w_i)` that depends only on key relevance :math:`\pi_i` with an
+amortised posterior :math:`q(w_i \mid x)` *centred on the exact posterior*
+:math:`\bar p_i = \operatorname{softmax}(\log\pi_i + q_i\cdot k/\sqrt d)`:
+
+================================  ===========================  ================================
+family                            latent (``pyro.sample``)     weights
+================================  ===========================  ================================
+:class:`DirichletWeights`         :math:`w\sim\mathrm{Dir}(\kappa\bar p)`   :math:`w`  (``E[w] = \bar p``)
+:class:`LogisticNormalWeights`    :math:`y\sim\mathcal N(\log\bar p, \sigma^2)`  :math:`\mathrm{softmax}(y)`
+:class:`WeibullWeights` (BAM)     :math:`g\sim\mathrm{Weibull}(k,\lambda)`, ``E[g] = \bar p``  :math:`g/\sum g`
+:class:`ConcreteWeights`          :math:`x = \log w\sim\mathrm{ExpConcrete}(\tau, \bar p)`  :math:`e^x`
+================================  ===========================  ================================
+
+Masked keys (:math:`\pi_{ij}=0`) are outside the support: they get weight exactly 0 and contribute
+nothing to log-densities or KLs, so a row is a distribution over its *allowed* keys only. A row with
+no allowed key has zero weights and zero log-density.
+
+All distributions here have ``batch_shape (..., Tq)`` and ``event_shape (Tk,)``; their ``allowed``
+mask broadcasts with the parameters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pyro.distributions.torch_distribution import TorchDistribution
+from torch import Tensor, nn
+from torch.distributions import constraints
+from torch.distributions.kl import kl_divergence, register_kl
+
+from .functional import log_posterior_weights
+
+__all__ = [
+    "AttentionPosterior",
+    "DirichletWeights",
+    "LogisticNormalWeights",
+    "WeibullWeights",
+    "ConcreteWeights",
+    "MaskedDirichlet",
+    "MaskedNormal",
+    "MaskedWeibull",
+    "MaskedGamma",
+    "MaskedConcrete",
+    "kl_weibull_gamma",
+    "get_posterior",
+]
+
+EULER_GAMMA = 0.5772156649015329
+
+
+# --------------------------------------------------------------------------------------------
+# masked distributions over (…, Tq, Tk)
+# --------------------------------------------------------------------------------------------
+
+
+def _tiny(x: Tensor) -> float:
+    return torch.finfo(x.dtype).tiny
+
+
+class _Masked(TorchDistribution):
+    """Base: factors over allowed keys; ``allowed`` is a bool tensor broadcastable to the params."""
+
+    _param_names: tuple[str, ...] = ()
+    support = constraints.real_vector  # refined by subclasses
+
+    def _init(self, allowed: Tensor | None, *params: Tensor, validate_args=None) -> None:
+        shape = torch.broadcast_shapes(*(p.shape for p in params))
+        if allowed is None:
+            allowed = torch.ones(shape, dtype=torch.bool, device=params[0].device)
+        if allowed.dtype != torch.bool:
+            raise TypeError(f"allowed must be a bool tensor; got {allowed.dtype}")
+        shape = torch.broadcast_shapes(shape, allowed.shape)
+        self.allowed = allowed.expand(shape)
+        if len(shape) < 1:
+            raise ValueError("parameters need at least one (key) dim")
+
+    def _finish(self, validate_args) -> None:
+        shape = self.allowed.shape
+        super().__init__(shape[:-1], shape[-1:], validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        full = batch_shape + self.event_shape
+        kwargs = {n: getattr(self, n).expand(full) for n in self._param_names}
+        new = type(self)(**kwargs, **self._extra_kwargs(), allowed=self.allowed.expand(full))
+        return new
+
+    def _extra_kwargs(self) -> dict:
+        return {}
+
+    def _mask_sum(self, x: Tensor) -> Tensor:
+        return torch.where(self.allowed, x, torch.zeros_like(x)).sum(-1)
+
+    @property
+    def n_allowed(self) -> Tensor:
+        return self.allowed.sum(-1)
+
+
+class MaskedDirichlet(_Masked):
+    r"""Dirichlet over the allowed keys of each row: :math:`w_M \sim \mathrm{Dir}(\alpha_M)`, :math:`w_{\bar M} = 0`.
+
+    Sampled by normalising independent :math:`\mathrm{Gamma}(\alpha_j, 1)` draws over allowed keys
+    (exact, reparameterised).
+    """
+
+    arg_constraints = {"concentration": constraints.positive}
+    support = constraints.simplex
+    has_rsample = True
+    _param_names = ("concentration",)
+
+    def __init__(self, concentration: Tensor, allowed: Tensor | None = None, validate_args=None):
+        self._init(allowed, concentration, validate_args=validate_args)
+        self.concentration = concentration.expand(self.allowed.shape)
+        self._finish(validate_args)
+
+    @property
+    def _safe_conc(self) -> Tensor:
+        return torch.where(self.allowed, self.concentration, torch.ones_like(self.concentration))
+
+    def rsample(self, sample_shape=torch.Size()) -> Tensor:
+        shape = self._extended_shape(sample_shape)
+        g = torch._standard_gamma(self._safe_conc.expand(shape))  # (*S, ..., Tq, Tk)
+        g = torch.where(self.allowed, g, torch.zeros_like(g))
+        tot = g.sum(-1, keepdim=True)
+        w = g / tot.clamp_min(_tiny(g))
+        return w.clamp_min(0.0)
+
+    @property
+    def _safe_total(self) -> Tensor:
+        a0 = self._mask_sum(self._safe_conc)  # (..., Tq)
+        return torch.where(self.n_allowed > 0, a0, torch.ones_like(a0))
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        a = self._safe_conc
+        logw = value.clamp_min(_tiny(value)).log()
+        lp = (
+            torch.lgamma(self._safe_total)
+            - self._mask_sum(torch.lgamma(a))
+            + self._mask_sum((a - 1.0) * logw)
+        )
+        return torch.where(self.n_allowed > 0, lp, torch.zeros_like(lp))
+
+    @property
+    def mean(self) -> Tensor:
+        a = torch.where(self.allowed, self.concentration, torch.zeros_like(self.concentration))
+        return a / a.sum(-1, keepdim=True).clamp_min(_tiny(a))
+
+
+@register_kl(MaskedDirichlet, MaskedDirichlet)
+def _kl_masked_dirichlet(p: MaskedDirichlet, q: MaskedDirichlet) -> Tensor:
+    r""":math:`\mathrm{KL} = \log\Gamma(a_0) - \sum\log\Gamma(a_j) - \log\Gamma(b_0) + \sum\log\Gamma(b_j)
+    + \sum (a_j - b_j)(\psi(a_j) - \psi(a_0))` over allowed keys."""
+    a, b = p._safe_conc, q._safe_conc
+    a0, b0 = p._safe_total, q._safe_total
+    t = torch.lgamma(a0) - torch.lgamma(b0)
+    t = t + p._mask_sum(torch.lgamma(b) - torch.lgamma(a))
+    t = t + p._mask_sum((a - b) * (torch.digamma(a) - torch.digamma(a0).unsqueeze(-1)))
+    return torch.where(p.n_allowed > 0, t, torch.zeros_like(t))
+
+
+class MaskedNormal(_Masked):
+    r"""Independent normals over allowed keys (the logits of a logistic-normal)."""
+
+    arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
+    support = constraints.real_vector
+    has_rsample = True
+    _param_names = ("loc", "scale")
+
+    def __init__(
+        self, loc: Tensor, scale: Tensor, allowed: Tensor | None = None, validate_args=None
+    ):
+        self._init(allowed, loc, scale, validate_args=validate_args)
+        self.loc = torch.where(self.allowed, loc.expand(self.allowed.shape), 0.0)
+        self.scale = scale.expand(self.allowed.shape)
+        self._finish(validate_args)
+
+    def rsample(self, sample_shape=torch.Size()) -> Tensor:
+        shape = self._extended_shape(sample_shape)
+        eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
+        return self.loc + self.scale * eps
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        z = (value - self.loc) / self.scale
+        lp = -0.5 * z * z - self.scale.log() - 0.5 * math.log(2 * math.pi)
+        return self._mask_sum(lp)
+
+    @property
+    def mean(self) -> Tensor:
+        return self.loc
+
+
+@register_kl(MaskedNormal, MaskedNormal)
+def _kl_masked_normal(p: MaskedNormal, q: MaskedNormal) -> Tensor:
+    var_ratio = (p.scale / q.scale).pow(2)
+    t = ((p.loc - q.loc) / q.scale).pow(2)
+    return p._mask_sum(0.5 * (var_ratio + t - 1 - var_ratio.log()))
+
+
+def _weibull_mean_factor(k: Tensor) -> Tensor:
+    return torch.exp(torch.lgamma(1.0 + 1.0 / k))  # Γ(1 + 1/k)
+
+
+class MaskedWeibull(_Masked):
+    r"""Independent :math:`\mathrm{Weibull}(k, \lambda)` unnormalised weights over allowed keys.
+
+    :math:`f(g) = \tfrac{k}{\lambda}(g/\lambda)^{k-1}e^{-(g/\lambda)^k}`, sampled by inversion
+    :math:`g = \lambda(-\log u)^{1/k}` (reparameterised).
+    """
+
+    arg_constraints = {"concentration": constraints.positive, "scale": constraints.positive}
+    support = constraints.independent(constraints.positive, 1)
+    has_rsample = True
+    _param_names = ("concentration", "scale")
+
+    def __init__(
+        self,
+        concentration: Tensor,
+        scale: Tensor,
+        allowed: Tensor | None = None,
+        validate_args=None,
+    ):
+        self._init(allowed, concentration, scale, validate_args=validate_args)
+        self.concentration = concentration.expand(self.allowed.shape)
+        self.scale = scale.expand(self.allowed.shape)
+        self._finish(validate_args)
+
+    def rsample(self, sample_shape=torch.Size()) -> Tensor:
+        shape = self._extended_shape(sample_shape)
+        u = torch.rand(shape, dtype=self.scale.dtype, device=self.scale.device)
+        u = u.clamp(_tiny(u), 1.0 - torch.finfo(u.dtype).eps)
+        g = self.scale * (-torch.log(u)).pow(1.0 / self.concentration)
+        return torch.where(self.allowed, g, torch.ones_like(g))
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        k, lam = self.concentration, self.scale
+        x = value.clamp_min(_tiny(value))
+        lp = k.log() - lam.log() + (k - 1) * (x.log() - lam.log()) - (x / lam).pow(k)
+        return self._mask_sum(lp)
+
+    @property
+    def mean(self) -> Tensor:
+        return self.scale * _weibull_mean_factor(self.concentration)
+
+
+class MaskedGamma(_Masked):
+    r"""Independent :math:`\mathrm{Gamma}(\alpha, \beta)` (rate ``β``) over allowed keys."""
+
+    arg_constraints = {"concentration": constraints.positive, "rate": constraints.positive}
+    support = constraints.independent(constraints.positive, 1)
+    has_rsample = True
+    _param_names = ("concentration", "rate")
+
+    def __init__(
+        self, concentration: Tensor, rate: Tensor, allowed: Tensor | None = None, validate_args=None
+    ):
+        self._init(allowed, concentration, rate, validate_args=validate_args)
+        self.concentration = torch.where(
+            self.allowed, concentration.expand(self.allowed.shape), 1.0
+        )
+        self.rate = rate.expand(self.allowed.shape)
+        self._finish(validate_args)
+
+    def rsample(self, sample_shape=torch.Size()) -> Tensor:
+        shape = self._extended_shape(sample_shape)
+        g = torch._standard_gamma(self.concentration.expand(shape)) / self.rate
+        return g.clamp_min(_tiny(g))
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        a, b = self.concentration, self.rate
+        x = value.clamp_min(_tiny(value))
+        lp = a * b.log() + (a - 1) * x.log() - b * x - torch.lgamma(a)
+        return self._mask_sum(lp)
+
+    @property
+    def mean(self) -> Tensor:
+        return self.concentration / self.rate
+
+
+def kl_weibull_gamma(k: Tensor, lam: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+    r"""Closed-form :math:`\mathrm{KL}(\mathrm{Weibull}(k,\lambda)\,\|\,\mathrm{Gamma}(\alpha,\beta))`
+    (Fan et al., 2020, Bayesian Attention Modules):
+
+    .. math::
+        \frac{\gamma\alpha}{k} - \alpha\log\lambda + \log k + \beta\lambda\,\Gamma(1 + 1/k)
+        - \gamma - 1 - \alpha\log\beta + \log\Gamma(\alpha)
+
+    with :math:`\gamma` the Euler–Mascheroni constant. Elementwise.
+    """
+    return (
+        EULER_GAMMA * alpha / k
+        - alpha * lam.log()
+        + k.log()
+        + beta * lam * _weibull_mean_factor(k)
+        - EULER_GAMMA
+        - 1.0
+        - alpha * beta.log()
+        + torch.lgamma(alpha)
+    )
+
+
+@register_kl(torch.distributions.Weibull, torch.distributions.Gamma)
+def _kl_weibull_gamma_torch(p, q) -> Tensor:
+    return kl_weibull_gamma(p.concentration, p.scale, q.concentration, q.rate)
+
+
+@register_kl(MaskedWeibull, MaskedGamma)
+def _kl_masked_weibull_gamma(p: MaskedWeibull, q: MaskedGamma) -> Tensor:
+    return p._mask_sum(kl_weibull_gamma(p.concentration, p.scale, q.concentration, q.rate))
+
+
+class MaskedConcrete(_Masked):
+    r"""ExpConcrete (log-space relaxed one-hot, Maddison et al. 2017) over allowed keys.
+
+    Value :math:`x = \log w` on the allowed keys (0 elsewhere, where :math:`w = 0`). With
+    :math:`n` allowed keys and probabilities :math:`p`:
+
+    .. math:: \log f(x) = \log (n-1)! + (n-1)\log\tau + \sum_j(\log p_j - \tau x_j)
+              - n\log\sum_j e^{\log p_j - \tau x_j}
+    """
+
+    arg_constraints = {"logits": constraints.real, "temperature": constraints.positive}
+    support = constraints.real_vector
+    has_rsample = True
+    _param_names = ("logits", "temperature")
+
+    def __init__(
+        self, logits: Tensor, temperature: Tensor, allowed: Tensor | None = None, validate_args=None
+    ):
+        self._init(allowed, logits, temperature, validate_args=validate_args)
+        self.logits = torch.where(self.allowed, logits.expand(self.allowed.shape), 0.0)
+        self.temperature = temperature.expand(self.allowed.shape)
+        self._finish(validate_args)
+
+    def _masked_lse(self, x: Tensor) -> Tensor:
+        return torch.logsumexp(x.masked_fill(~self.allowed, float("-inf")), dim=-1)
+
+    def rsample(self, sample_shape=torch.Size()) -> Tensor:
+        shape = self._extended_shape(sample_shape)
+        u = torch.rand(shape, dtype=self.logits.dtype, device=self.logits.device)
+        u = u.clamp(_tiny(u), 1.0 - torch.finfo(u.dtype).eps)
+        y = (self.logits - torch.log(-torch.log(u))) / self.temperature
+        x = y - self._masked_lse(y).unsqueeze(-1)
+        dead = (self.n_allowed == 0).unsqueeze(-1)
+        return torch.where(self.allowed & ~dead, x, torch.zeros_like(x))
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        n = self.n_allowed.to(value.dtype)
+        tau = self.temperature[..., 0]
+        logp = self.logits - self._masked_lse(self.logits).unsqueeze(-1)
+        s = logp - self.temperature * value
+        lp = (
+            torch.lgamma(n.clamp_min(1.0))
+            + (n - 1).clamp_min(0.0) * tau.log()
+            + self._mask_sum(s)
+            - n * self._masked_lse(s)
+        )
+        return torch.where(n > 0, lp, torch.zeros_like(lp))
+
+
+# --------------------------------------------------------------------------------------------
+# families
+# --------------------------------------------------------------------------------------------
+
+
+def _allowed(logits: Tensor, log_prior: Tensor | None) -> Tensor:
+    a = logits if log_prior is None else logits + log_prior
+    return a > float("-inf")
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number; got {value!r}")
+
+
+class AttentionPosterior(nn.Module):
+    r"""A variational family over attention weights: prior, amortised posterior, weights map, KL.
+
+    Subclasses implement :meth:`posterior` and :meth:`prior` (both return a distribution over the
+    family's latent with ``batch_shape (B, H, Tq)``, ``event_shape (Tk,)``) and
+    :meth:`to_weights` (latent → simplex weights, zero on masked keys).
+
+    Inputs: ``logits = q·k/√d`` ``(B, H, Tq, Tk)``; ``log_prior`` broadcastable to it (``-inf`` =
+    masked); ``query`` per-head queries ``(B, H, Tq, Dh)`` for input-dependent variances.
+    """
+
+    analytic_kl = True
+
+    def __init__(self, num_heads: int = 1) -> None:
+        super().__init__()
+        if not isinstance(num_heads, int) or num_heads < 1:
+            raise ValueError(f"num_heads must be a positive int; got {num_heads!r}")
+        self.num_heads = num_heads
+
+    # helpers ------------------------------------------------------------------------------
+    @staticmethod
+    def exact_log_posterior(logits: Tensor, log_prior: Tensor | None) -> tuple[Tensor, Tensor]:
+        """``(log p̄ with 0 at masked keys, allowed)``; ``p̄ = softmax(log π + logits)``."""
+        allowed = _allowed(logits, log_prior)
+        lp = log_posterior_weights(logits, log_prior)
+        return torch.where(allowed, lp, torch.zeros_like(lp)), allowed
+
+    @staticmethod
+    def normalised_log_prior(log_prior: Tensor | None, like: Tensor) -> tuple[Tensor, Tensor]:
+        """``(log π normalised over allowed keys, 0 at masked; allowed)`` with ``like``'s shape."""
+        zeros = torch.zeros_like(like)
+        lp = log_posterior_weights(zeros, log_prior)
+        allowed = lp > float("-inf")
+        return torch.where(allowed, lp, zeros), allowed
+
+    def _head_param(self, p: Tensor) -> Tensor:
+        return p.view(1, -1, 1, 1) if p.numel() > 1 else p.view(1, 1, 1, 1)
+
+    # interface ----------------------------------------------------------------------------
+    def posterior(
+        self, logits: Tensor, log_prior: Tensor | None = None, query: Tensor | None = None
+    ):
+        raise NotImplementedError
+
+    def prior(self, log_prior: Tensor | None, like: Tensor, key: Tensor | None = None):
+        raise NotImplementedError
+
+    def to_weights(self, latent: Tensor, allowed: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def kl(self, q_dist, p_dist, num_samples: int = 1) -> Tensor:
+        r""":math:`\mathrm{KL}(q\|p)` per row ``(..., Tq)``: closed form when registered, else a
+        Monte-Carlo estimate with ``num_samples`` reparameterised draws."""
+        if self.analytic_kl:
+            return kl_divergence(q_dist, p_dist)
+        x = q_dist.rsample((num_samples,))
+        return (q_dist.log_prob(x) - p_dist.log_prob(x)).mean(0)
+
+    def mean_weights(self, logits: Tensor, log_prior: Tensor | None = None) -> Tensor:
+        """Deterministic weights used in posterior-mean mode: the exact posterior ``p̄``."""
+        lp, allowed = self.exact_log_posterior(logits, log_prior)
+        return torch.where(allowed, lp.exp(), torch.zeros_like(lp))
+
+
+class DirichletWeights(AttentionPosterior):
+    r"""Dirichlet attention weights.
+
+    Posterior :math:`q(w_i) = \mathrm{Dir}(\kappa_h n_i \bar p_i)` with a learned per-head precision
+    :math:`\kappa_h` (``n_i`` allowed keys), so :math:`E_q[w_i] = \bar p_i` exactly and
+    :math:`\mathrm{Var}[w_{ij}] = \bar p_{ij}(1-\bar p_{ij})/(\kappa_h n_i + 1)`.
+    Prior :math:`p(w_i) = \mathrm{Dir}(\kappa_0 n_i \pi_i)` (``κ0 = 1``, uniform π: flat Dirichlet).
+    """
+
+    def __init__(
+        self, num_heads: int = 1, init_concentration: float = 10.0, prior_concentration: float = 1.0
+    ) -> None:
+        super().__init__(num_heads)
+        _check_positive("init_concentration", init_concentration)
+        _check_positive("prior_concentration", prior_concentration)
+        self.prior_concentration = float(prior_concentration)
+        self.log_concentration = nn.Parameter(
+            torch.full((num_heads,), math.log(init_concentration))
+        )
+
+    def posterior(self, logits, log_prior=None, query=None) -> MaskedDirichlet:
+        lp, allowed = self.exact_log_posterior(logits, log_prior)  # (B, H, Tq, Tk)
+        n = allowed.sum(-1, keepdim=True).clamp_min(1).to(lp.dtype)  # (B, H, Tq, 1)
+        kappa = self._head_param(self.log_concentration.exp().to(lp.dtype))
+        conc = (kappa * n * lp.exp()).clamp_min(1e-6)
+        return MaskedDirichlet(conc, allowed)
+
+    def prior(self, log_prior, like, key=None) -> MaskedDirichlet:
+        lp, allowed = self.normalised_log_prior(log_prior, like)
+        n = allowed.sum(-1, keepdim=True).clamp_min(1).to(lp.dtype)
+        conc = (self.prior_concentration * n * lp.exp()).clamp_min(1e-6)
+        return MaskedDirichlet(conc, allowed)
+
+    def to_weights(self, latent: Tensor, allowed: Tensor) -> Tensor:
+        return torch.where(allowed, latent, torch.zeros_like(latent))
+
+
+class LogisticNormalWeights(AttentionPosterior):
+    r"""Logistic-normal attention weights: :math:`w_i = \operatorname{softmax}(y_i)`.
+
+    Posterior :math:`y_{ij} \sim \mathcal N(\log\bar p_{ij}, \sigma_{hi}^2)`; the location's softmax is
+    the exact posterior (and :math:`E[w]\to\bar p` as :math:`\sigma\to 0`). The scale is a learned
+    per-head constant, or input-dependent :math:`\sigma_{hi} = \mathrm{softplus}(u_h\cdot q_i + c_h)`
+    when ``input_dependent=True`` (needs ``head_dim``). Prior :math:`y_{ij}\sim\mathcal N(\log\pi_{ij},
+    \sigma_0^2)`.
+    """
+
+    def __init__(
+        self,
+        num_heads: int = 1,
+        init_scale: float = 0.5,
+        prior_scale: float = 1.0,
+        input_dependent: bool = False,
+        head_dim: int | None = None,
+    ) -> None:
+        super().__init__(num_heads)
+        _check_positive("init_scale", init_scale)
+        _check_positive("prior_scale", prior_scale)
+        self.prior_scale = float(prior_scale)
+        inv = math.log(math.expm1(init_scale))  # softplus⁻¹
+        self.input_dependent = input_dependent
+        if input_dependent:
+            if head_dim is None or head_dim < 1:
+                raise ValueError(f"input_dependent=True needs head_dim >= 1; got {head_dim!r}")
+            self.scale_weight = nn.Parameter(torch.zeros(num_heads, head_dim))
+        self.scale_bias = nn.Parameter(torch.full((num_heads,), inv))
+
+    def _scale(self, like: Tensor, query: Tensor | None) -> Tensor:
+        b = self._head_param(self.scale_bias.to(like.dtype))  # (1, H, 1, 1)
+        if not self.input_dependent:
+            return nn.functional.softplus(b)
+        if query is None:
+            raise ValueError("LogisticNormalWeights(input_dependent=True) needs the query")
+        u = self.scale_weight.to(like.dtype)  # (H, Dh)
+        s = torch.einsum("...hqd,hd->...hq", query, u).unsqueeze(-1)  # (B, H, Tq, 1)
+        return nn.functional.softplus(s + b) + 1e-4
+
+    def posterior(self, logits, log_prior=None, query=None) -> MaskedNormal:
+        lp, allowed = self.exact_log_posterior(logits, log_prior)
+        return MaskedNormal(lp, self._scale(lp, query).expand_as(lp), allowed)
+
+    def prior(self, log_prior, like, key=None) -> MaskedNormal:
+        lp, allowed = self.normalised_log_prior(log_prior, like)
+        return MaskedNormal(lp, torch.full_like(lp, self.prior_scale), allowed)
+
+    def to_weights(self, latent: Tensor, allowed: Tensor) -> Tensor:
+        y = latent.masked_fill(~allowed, float("-inf"))
+        dead = ~allowed.any(-1, keepdim=True)
+        w = torch.softmax(y.masked_fill(dead, 0.0), dim=-1)
+        return w.masked_fill(dead | ~allowed, 0.0)
+
+
+class WeibullWeights(AttentionPosterior):
+    r"""Bayesian Attention Modules (Fan et al., 2020): Weibull posterior, Gamma prior, normalised.
+
+    Posterior :math:`g_{ij}\sim\mathrm{Weibull}(k_h, \lambda_{ij})` with
+    :math:`\lambda_{ij} = \bar p_{ij}/\Gamma(1+1/k_h)`, so :math:`E[g_{ij}] = \bar p_{ij}`; weights
+    :math:`w_{ij} = g_{ij}/\sum_l g_{il}`. Prior :math:`g_{ij}\sim\mathrm{Gamma}(c\,\pi_{ij}, c)` with
+    ``c = prior_concentration · n_i`` (mean :math:`\pi_{ij}`); use a
+    :class:`~bayesattn.priors.ContextualPrior` for BAM's contextual prior. Closed-form KL.
+    """
+
+    def __init__(
+        self, num_heads: int = 1, init_shape: float = 10.0, prior_concentration: float = 1.0
+    ) -> None:
+        super().__init__(num_heads)
+        _check_positive("init_shape", init_shape)
+        _check_positive("prior_concentration", prior_concentration)
+        self.prior_concentration = float(prior_concentration)
+        self.log_shape = nn.Parameter(torch.full((num_heads,), math.log(init_shape)))
+
+    def posterior(self, logits, log_prior=None, query=None) -> MaskedWeibull:
+        lp, allowed = self.exact_log_posterior(logits, log_prior)
+        k = self._head_param(self.log_shape.exp().to(lp.dtype)).expand_as(lp)
+        lam = (lp.exp() / _weibull_mean_factor(k)).clamp_min(1e-8)
+        return MaskedWeibull(k, lam, allowed)
+
+    def prior(self, log_prior, like, key=None) -> MaskedGamma:
+        lp, allowed = self.normalised_log_prior(log_prior, like)
+        c = self.prior_concentration * allowed.sum(-1, keepdim=True).clamp_min(1).to(lp.dtype)
+        return MaskedGamma((c * lp.exp()).clamp_min(1e-6), c.expand_as(lp), allowed)
+
+    def to_weights(self, latent: Tensor, allowed: Tensor) -> Tensor:
+        g = torch.where(allowed, latent, torch.zeros_like(latent))
+        return g / g.sum(-1, keepdim=True).clamp_min(_tiny(g))
+
+
+class ConcreteWeights(AttentionPosterior):
+    r"""Relaxed-categorical (Concrete / Gumbel-softmax) attention weights.
+
+    Posterior :math:`\log w_i\sim\mathrm{ExpConcrete}(\tau, \bar p_i)`; as :math:`\tau\to 0` draws are
+    one-hot with probabilities :math:`\bar p_i` (hard attention), so :math:`E[w_i]\to\bar p_i`.
+    Prior :math:`\mathrm{ExpConcrete}(\tau_0, \pi_i)`. No closed-form KL: Monte Carlo.
+    """
+
+    analytic_kl = False
+
+    def __init__(
+        self, num_heads: int = 1, temperature: float = 0.5, prior_temperature: float | None = None
+    ) -> None:
+        super().__init__(num_heads)
+        _check_positive("temperature", temperature)
+        if prior_temperature is not None:
+            _check_positive("prior_temperature", prior_temperature)
+        self.temperature = float(temperature)
+        self.prior_temperature = float(prior_temperature or temperature)
+
+    def posterior(self, logits, log_prior=None, query=None) -> MaskedConcrete:
+        lp, allowed = self.exact_log_posterior(logits, log_prior)
+        return MaskedConcrete(lp, torch.full_like(lp, self.temperature), allowed)
+
+    def prior(self, log_prior, like, key=None) -> MaskedConcrete:
+        lp, allowed = self.normalised_log_prior(log_prior, like)
+        return MaskedConcrete(lp, torch.full_like(lp, self.prior_temperature), allowed)
+
+    def to_weights(self, latent: Tensor, allowed: Tensor) -> Tensor:
+        return torch.where(allowed, latent.exp(), torch.zeros_like(latent))
+
+
+_FAMILIES = {
+    "dirichlet": DirichletWeights,
+    "logistic_normal": LogisticNormalWeights,
+    "weibull": WeibullWeights,
+    "concrete": ConcreteWeights,
+}
+
+
+def get_posterior(
+    name: str, num_heads: int, head_dim: int | None = None, **kwargs
+) -> AttentionPosterior:
+    """Build a family by name: ``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``, ``"concrete"``."""
+    if name not in _FAMILIES:
+        raise ValueError(f"posterior must be one of {sorted(_FAMILIES)}; got {name!r}")
+    if name == "logistic_normal" and kwargs.get("input_dependent"):
+        kwargs.setdefault("head_dim", head_dim)
+    return _FAMILIES[name](num_heads=num_heads, **kwargs)
