@@ -18,6 +18,8 @@ Shape glossary: ``S`` samples (leftmost), ``B`` batch, ``H`` heads, ``Tq``/``Tk`
 
 from __future__ import annotations
 
+import re
+
 import pyro
 import torch
 import torch.nn.functional as F
@@ -53,6 +55,16 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 def _check_dim(name: str, x: Tensor, expected: int) -> None:
     if x.shape[-1] != expected:
         raise ValueError(f"{name} last dim must be {expected}; got shape {tuple(x.shape)}")
+
+
+def _allow_missing_prior_posterior(module: nn.Module, incompatible) -> None:
+    """Loading a ``torch.nn.MultiheadAttention`` state_dict leaves the prior's and the posterior
+    family's own parameters at their initial values instead of failing as missing keys."""
+    keep = [k for k in incompatible.missing_keys if not _PRIOR_POSTERIOR_KEY.search(k)]
+    incompatible.missing_keys[:] = keep
+
+
+_PRIOR_POSTERIOR_KEY = re.compile(r"(^|\.)(prior|posterior)\.")
 
 
 class BayesianMultiheadAttention(PyroModule):
@@ -165,6 +177,7 @@ class BayesianMultiheadAttention(PyroModule):
                 f"posterior has {posterior.num_heads} heads but the layer has {num_heads}"
             )
         self.posterior = posterior
+        self.register_load_state_dict_post_hook(_allow_missing_prior_posterior)
 
     def _reset_parameters(self) -> None:
         """Same initialisation as ``torch.nn.MultiheadAttention``."""
