@@ -38,17 +38,20 @@ __all__ = ["BayesianMultiheadAttention", "linear"]
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``x @ weight.T + bias`` that also broadcasts *sampled* weights with leading sample dims.
 
+    A sampled weight's leading (batch) dims align with x's leading dims, from the left; missing
+    trailing batch dims are treated as 1 (``F.linear`` cannot do this: it needs a 2-D weight).
+
     Shape:
-        x ``(*S, ..., In)``, weight ``(Out, In)`` or ``(*S, Out, In)``, bias ``(Out,)`` or
-        ``(*S, Out)``; a weight's leading dims align with x's leading dims.
+        x ``(*S, B, T, In)``, weight ``(Out, In)`` or ``(*S', Out, In)``, bias ``(Out,)`` or
+        ``(*S', Out)`` with ``S'`` broadcastable against the left of ``(*S, B)``.
     """
-    if weight.dim() == 2:
+    if weight.dim() == 2 and (bias is None or bias.dim() == 1):
         return F.linear(x, weight, bias)
-    extra = x.dim() - weight.dim()  # dims between sample dims and the feature dim of x
-    w = weight.reshape(weight.shape[:-2] + (1,) * (extra) + weight.shape[-2:])
-    out = torch.matmul(x.unsqueeze(-2), w.transpose(-1, -2)).squeeze(-2)
+    nb = x.dim() - 2  # batch dims of x as a stack of (T, In) matrices
+    w = weight.reshape(weight.shape[:-2] + (1,) * (nb - (weight.dim() - 2)) + weight.shape[-2:])
+    out = torch.matmul(x, w.transpose(-1, -2))  # (*S, B, T, Out)
     if bias is not None:
-        out = out + bias.reshape(bias.shape[:-1] + (1,) * extra + bias.shape[-1:])
+        out = out + bias.reshape(bias.shape[:-1] + (1,) * (nb + 2 - bias.dim()) + bias.shape[-1:])
     return out
 
 
@@ -177,6 +180,8 @@ class BayesianMultiheadAttention(PyroModule):
                 f"posterior has {posterior.num_heads} heads but the layer has {num_heads}"
             )
         self.posterior = posterior
+        self.record_weights = False  # when True, forward keeps its weights in ``last_weights``
+        self.last_weights: Tensor | None = None  # (…, B, H, Tq, Tk)
         self.register_load_state_dict_post_hook(_allow_missing_prior_posterior)
 
     def _reset_parameters(self) -> None:
@@ -334,7 +339,7 @@ class BayesianMultiheadAttention(PyroModule):
 
         mode = self.mode()
         dropout_p = self.dropout if self.training else 0.0
-        if mode == "mean" and not need_weights:
+        if mode == "mean" and not need_weights and not self.record_weights:
             out = self._fused(q, k, v, log_prior, dropout_p)  # (…, B, H, Tq, Dh)
             w = None
         else:
@@ -346,6 +351,8 @@ class BayesianMultiheadAttention(PyroModule):
             if dropout_p > 0:
                 w = F.dropout(w, dropout_p, training=True)
             out = BF.attend(w, v)  # (…, B, H, Tq, Dh)
+        if self.record_weights and w is not None:
+            self.last_weights = w.detach()
 
         out = out.transpose(-3, -2).reshape(out.shape[:-3] + (Tq, self.embed_dim))  # (…,B,Tq,E)
         out = linear(out, self.out_proj.weight, self.out_proj.bias)

@@ -1,0 +1,447 @@
+r"""Transformer encoder/decoder blocks built from :class:`BayesianMultiheadAttention`.
+
+Parameter names follow ``torch.nn.TransformerEncoderLayer``/``TransformerDecoderLayer`` so their
+``state_dict`` loads and, in deterministic (posterior-mean) mode, the outputs agree. Unlike torch
+(DESIGN §5), the blocks always call our attention's ``forward``; there is no fused fast path that
+skips it. All blocks are ``batch_first=True``: ``(B, T, E)``, with optional extra leading sample
+dims ``(*S, B, T, E)``.
+
+Which attentions are Bayesian, with which prior and posterior family, is chosen per network by an
+:class:`AttentionConfig`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch.nn.functional as F
+from pyro.nn import PyroModule
+from torch import Tensor, nn
+
+from .. import priors as P
+from ..posteriors import get_posterior
+from .attention import BayesianMultiheadAttention, linear
+
+__all__ = ["AttentionConfig", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder"]
+
+_PRIORS = ("uniform", "causal", "local", "alibi", "learned", "contextual")
+
+
+@dataclass
+class AttentionConfig:
+    """Which attention layers are Bayesian and how.
+
+    Args:
+        posterior: family name (``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
+            ``"concrete"``) or ``None`` for deterministic attention everywhere.
+        prior: ``"uniform"``, ``"causal"``, ``"local"`` (``window`` in ``prior_kwargs``),
+            ``"alibi"``, ``"learned"`` (``max_distance``), ``"contextual"``, or a callable
+            ``(num_heads, head_dim) -> KeyRelevancePrior``.
+        layers: ``"all"``, ``"last"`` or a list of layer indices that get the posterior.
+        which: attentions that get it in decoder layers: ``("self", "cross")`` or a subset.
+    """
+
+    posterior: str | None = None
+    prior: str | Callable[[int, int], P.KeyRelevancePrior] = "uniform"
+    layers: str | Sequence[int] = "all"
+    which: Sequence[str] = ("self", "cross")
+    posterior_kwargs: dict = field(default_factory=dict)
+    prior_kwargs: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prior, str) and self.prior not in _PRIORS:
+            raise ValueError(f"prior must be one of {_PRIORS} or a callable; got {self.prior!r}")
+        if isinstance(self.layers, str) and self.layers not in ("all", "last"):
+            raise ValueError(f"layers must be 'all', 'last' or a list of ints; got {self.layers!r}")
+        bad = set(self.which) - {"self", "cross"}
+        if bad:
+            raise ValueError(f"which must contain only 'self'/'cross'; got {sorted(bad)}")
+        if self.posterior is not None:
+            get_posterior(self.posterior, num_heads=1, head_dim=1)  # validates the name
+
+    def is_bayesian(self, index: int, num_layers: int, kind: str = "self") -> bool:
+        if self.posterior is None or kind not in self.which:
+            return False
+        if self.layers == "all":
+            return True
+        if self.layers == "last":
+            return index == num_layers - 1
+        return index in set(self.layers)
+
+    def build_prior(self, num_heads: int, head_dim: int) -> P.KeyRelevancePrior:
+        if callable(self.prior):
+            return self.prior(num_heads, head_dim)
+        kw = dict(self.prior_kwargs)
+        return {
+            "uniform": lambda: P.UniformPrior(),
+            "causal": lambda: P.CausalPrior(),
+            "local": lambda: P.LocalWindowPrior(kw.get("window", 4), kw.get("causal", False)),
+            "alibi": lambda: P.DistanceDecayPrior(num_heads, learnable=kw.get("learnable", False)),
+            "learned": lambda: P.LearnedPrior(num_heads, kw.get("max_distance", 16)),
+            "contextual": lambda: P.ContextualPrior(head_dim, kw.get("hidden", 32)),
+        }[self.prior]()
+
+    def build(
+        self, embed_dim: int, num_heads: int, index: int, num_layers: int, kind: str, **mha_kwargs
+    ) -> BayesianMultiheadAttention:
+        head_dim = embed_dim // num_heads
+        bayes = self.is_bayesian(index, num_layers, kind)
+        posterior = (
+            get_posterior(self.posterior, num_heads, head_dim, **self.posterior_kwargs)
+            if bayes
+            else None
+        )
+        prior = self.build_prior(num_heads, head_dim) if kind == "self" else P.UniformPrior()
+        return BayesianMultiheadAttention(
+            embed_dim, num_heads, batch_first=True, prior=prior, posterior=posterior, **mha_kwargs
+        )
+
+
+def _activation(name: str | Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    if callable(name):
+        return name
+    if name == "relu":
+        return F.relu
+    if name == "gelu":
+        return F.gelu
+    raise ValueError(f"activation must be 'relu', 'gelu' or a callable; got {name!r}")
+
+
+def _check_block_args(d_model: int, nhead: int, dim_feedforward: int, dropout: float) -> None:
+    if dim_feedforward < 1:
+        raise ValueError(f"dim_feedforward must be >= 1; got {dim_feedforward}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+    if d_model % nhead != 0:
+        raise ValueError(
+            f"d_model must be divisible by nhead; got d_model={d_model}, nhead={nhead}"
+        )
+
+
+class _FeedForward(PyroModule):
+    """Shared feed-forward half of a block (``linear1 → act → dropout → linear2``)."""
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        h = self.dropout(self.activation(linear(x, self.linear1.weight, self.linear1.bias)))
+        return self.dropout2(linear(h, self.linear2.weight, self.linear2.bias))
+
+    def _init_ff(self, d_model, dim_feedforward, dropout, activation, bias, fk) -> None:
+        self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias, **fk)
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias, **fk)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.activation = _activation(activation)
+
+
+class EncoderLayer(_FeedForward):
+    r"""Self-attention + feed-forward block; ``norm_first`` picks pre- or post-norm.
+
+    Post-norm: :math:`x \leftarrow \mathrm{LN}(x + \mathrm{SA}(x))`,
+    :math:`x \leftarrow \mathrm{LN}(x + \mathrm{FF}(x))`; pre-norm: :math:`x \leftarrow x +
+    \mathrm{SA}(\mathrm{LN}(x))`, :math:`x \leftarrow x + \mathrm{FF}(\mathrm{LN}(x))`.
+
+    Shape:
+        src ``(*S, B, T, E)`` → same.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: str | Callable[[Tensor], Tensor] = "relu",
+        layer_norm_eps: float = 1e-5,
+        norm_first: bool = False,
+        bias: bool = True,
+        attn_dropout: float | None = None,
+        prior: P.KeyRelevancePrior | None = None,
+        posterior=None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        _check_block_args(d_model, nhead, dim_feedforward, dropout)
+        super().__init__()
+        fk = {"device": device, "dtype": dtype}
+        self.self_attn = BayesianMultiheadAttention(
+            d_model,
+            nhead,
+            dropout=dropout if attn_dropout is None else attn_dropout,
+            bias=bias,
+            batch_first=True,
+            prior=prior,
+            posterior=posterior,
+            **fk,
+        )
+        self._init_ff(d_model, dim_feedforward, dropout, activation, bias, fk)
+        self.norm_first = norm_first
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
+        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
+
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal) -> Tensor:
+        y = self.self_attn(
+            x,
+            x,
+            x,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            need_weights=False,
+            is_causal=is_causal,
+        )[0]
+        return self.dropout1(y)
+
+    def forward(
+        self,
+        src: Tensor,
+        src_mask: Tensor | None = None,
+        src_key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        x = src
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+            x = x + self._ff_block(self.norm2(x))
+        else:
+            x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
+            x = self.norm2(x + self._ff_block(x))
+        return x
+
+
+class DecoderLayer(_FeedForward):
+    r"""Causal self-attention, cross-attention to the encoder memory (fusing two evidence sources),
+    feed-forward; pre- or post-norm like :class:`EncoderLayer`.
+
+    Shape:
+        tgt ``(*S, B, Tt, E)``, memory ``(*S, B, Ts, E)`` → ``(*S, B, Tt, E)``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: str | Callable[[Tensor], Tensor] = "relu",
+        layer_norm_eps: float = 1e-5,
+        norm_first: bool = False,
+        bias: bool = True,
+        attn_dropout: float | None = None,
+        self_prior: P.KeyRelevancePrior | None = None,
+        self_posterior=None,
+        cross_prior: P.KeyRelevancePrior | None = None,
+        cross_posterior=None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        _check_block_args(d_model, nhead, dim_feedforward, dropout)
+        super().__init__()
+        fk = {"device": device, "dtype": dtype}
+        ad = dropout if attn_dropout is None else attn_dropout
+        self.self_attn = BayesianMultiheadAttention(
+            d_model,
+            nhead,
+            ad,
+            bias,
+            batch_first=True,
+            prior=self_prior,
+            posterior=self_posterior,
+            **fk,
+        )
+        self.multihead_attn = BayesianMultiheadAttention(
+            d_model,
+            nhead,
+            ad,
+            bias,
+            batch_first=True,
+            prior=cross_prior,
+            posterior=cross_posterior,
+            **fk,
+        )
+        self._init_ff(d_model, dim_feedforward, dropout, activation, bias, fk)
+        self.norm_first = norm_first
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
+        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
+        self.norm3 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
+        self.dropout3 = nn.Dropout(dropout)
+
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal) -> Tensor:
+        y = self.self_attn(
+            x,
+            x,
+            x,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            need_weights=False,
+            is_causal=is_causal,
+        )[0]
+        return self.dropout1(y)
+
+    def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal) -> Tensor:
+        y = self.multihead_attn(
+            x,
+            mem,
+            mem,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            need_weights=False,
+            is_causal=is_causal,
+        )[0]
+        return self.dropout2(y)
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        h = self.dropout(self.activation(linear(x, self.linear1.weight, self.linear1.bias)))
+        return self.dropout3(linear(h, self.linear2.weight, self.linear2.bias))
+
+    def forward(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        tgt_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        tgt_key_padding_mask: Tensor | None = None,
+        memory_key_padding_mask: Tensor | None = None,
+        tgt_is_causal: bool = False,
+        memory_is_causal: bool = False,
+    ) -> Tensor:
+        x = tgt
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
+            x = x + self._mha_block(
+                self.norm2(x), memory, memory_mask, memory_key_padding_mask, memory_is_causal
+            )
+            x = x + self._ff_block(self.norm3(x))
+        else:
+            x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
+            x = self.norm2(
+                x
+                + self._mha_block(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal)
+            )
+            x = self.norm3(x + self._ff_block(x))
+        return x
+
+
+def _block_kwargs(kw: dict) -> dict:
+    allowed = {
+        "dim_feedforward",
+        "dropout",
+        "activation",
+        "layer_norm_eps",
+        "norm_first",
+        "bias",
+        "attn_dropout",
+    }
+    bad = set(kw) - allowed
+    if bad:
+        raise TypeError(f"unexpected block arguments {sorted(bad)}; allowed: {sorted(allowed)}")
+    return kw
+
+
+class Encoder(PyroModule):
+    """A stack of :class:`EncoderLayer` (each built separately: distinct Pyro sites and
+    posterior parameters), with a final LayerNorm when ``norm_first`` (pre-norm).
+
+    Shape:
+        src ``(*S, B, T, E)`` → same.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        num_layers: int,
+        attention: AttentionConfig | None = None,
+        **block_kwargs,
+    ) -> None:
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1; got {num_layers}")
+        super().__init__()
+        cfg = attention or AttentionConfig()
+        kw = _block_kwargs(block_kwargs)
+        layers = []
+        for i in range(num_layers):
+            a = cfg.build(d_model, nhead, i, num_layers, "self")
+            layers.append(EncoderLayer(d_model, nhead, prior=a.prior, posterior=a.posterior, **kw))
+        self.layers = PyroModule[nn.ModuleList](layers)
+        self.norm = nn.LayerNorm(d_model) if kw.get("norm_first", False) else None
+
+    def forward(
+        self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask=None, is_causal=False
+    ) -> Tensor:
+        x = src
+        for layer in self.layers:
+            x = layer(x, mask, src_key_padding_mask, is_causal)
+        return self.norm(x) if self.norm is not None else x
+
+
+class Decoder(PyroModule):
+    """A stack of :class:`DecoderLayer` with causal self-attention; final LayerNorm if pre-norm.
+
+    With ``cross_attention=False`` the layers are decoder-only (GPT-style: an
+    :class:`EncoderLayer` with causal attention).
+
+    Shape:
+        tgt ``(*S, B, Tt, E)``, memory ``(*S, B, Ts, E)`` → ``(*S, B, Tt, E)``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        num_layers: int,
+        attention: AttentionConfig | None = None,
+        cross_attention: bool = True,
+        **block_kwargs,
+    ) -> None:
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1; got {num_layers}")
+        super().__init__()
+        cfg = attention or AttentionConfig()
+        kw = _block_kwargs(block_kwargs)
+        self.cross_attention = cross_attention
+        layers: list[nn.Module] = []
+        for i in range(num_layers):
+            sa = cfg.build(d_model, nhead, i, num_layers, "self")
+            if cross_attention:
+                ca = cfg.build(d_model, nhead, i, num_layers, "cross")
+                layers.append(
+                    DecoderLayer(
+                        d_model,
+                        nhead,
+                        self_prior=sa.prior,
+                        self_posterior=sa.posterior,
+                        cross_prior=ca.prior,
+                        cross_posterior=ca.posterior,
+                        **kw,
+                    )
+                )
+            else:
+                layers.append(
+                    EncoderLayer(d_model, nhead, prior=sa.prior, posterior=sa.posterior, **kw)
+                )
+        self.layers = PyroModule[nn.ModuleList](layers)
+        self.norm = nn.LayerNorm(d_model) if kw.get("norm_first", False) else None
+
+    def forward(
+        self,
+        tgt: Tensor,
+        memory: Tensor | None = None,
+        tgt_key_padding_mask: Tensor | None = None,
+        memory_key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        if self.cross_attention and memory is None:
+            raise ValueError("Decoder with cross_attention=True needs memory")
+        x = tgt
+        for layer in self.layers:
+            if self.cross_attention:
+                x = layer(
+                    x,
+                    memory,
+                    tgt_key_padding_mask=tgt_key_padding_mask,
+                    memory_key_padding_mask=memory_key_padding_mask,
+                    tgt_is_causal=True,
+                )
+            else:
+                x = layer(x, None, tgt_key_padding_mask, is_causal=True)
+        return self.norm(x) if self.norm is not None else x

@@ -1,0 +1,652 @@
+r"""Whole Bayesian transformers: classifier, ViT, encoder–decoder, decoder-only LM.
+
+Every network is a ``PyroModule`` with
+
+* ``forward(...)``: deterministic logits (posterior-mean attention) unless a mode is set with
+  :func:`~bayesattn.nn.modes.attention_mode`;
+* ``model(x, y=None, num_data=None)``: the generative model, for ``pyro.infer.SVI`` and
+  ``Predictive``: global weight sites (if any projections are Bayesian) outside the data plate,
+  attention weights drawn from their priors and ``pyro.sample("obs", Categorical(logits), obs=y)``
+  inside ``pyro.plate("data", num_data, subsample=arange(B))`` so the ELBO of a minibatch is scaled
+  to a dataset of ``num_data`` examples;
+* ``guide(x, y=None, num_data=None)``: the amortised attention posteriors (same layers, posterior
+  mode) plus an autoguide for Bayesian projection weights;
+* ``elbo_loss(x, y, num_data, beta, num_particles)``: the same ELBO in **one network pass**
+  (analytic KLs collected from the layers; used by the hybrid trainer).
+
+Shapes: tokens ``(B, T)`` int64 (``pad_id`` = padding) or vectors ``(B, T, D)``; logits
+``(*S, B, C)`` for classifiers, ``(*S, B, T, V)`` for sequence models.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+from pyro.nn import PyroModule
+from torch import Tensor, nn
+
+from .blocks import AttentionConfig, Decoder, Encoder
+from .modes import attention_mode, collect_kl, current_mode
+
+__all__ = [
+    "BayesianNetwork",
+    "TransformerClassifier",
+    "VisionTransformer",
+    "Seq2Seq",
+    "CausalLM",
+    "GenerationResult",
+    "entropy",
+]
+
+
+def entropy(probs: Tensor, dim: int = -1) -> Tensor:
+    r""":math:`H[p] = -\sum_c p_c \log p_c` with :math:`0\log 0 = 0`."""
+    return -(probs * probs.clamp_min(1e-30).log()).sum(dim)
+
+
+def _check_tokens(name: str, x: Tensor, vocab_size: int) -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+    if x.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must hold integer token ids; got dtype {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (B, T); got shape {tuple(x.shape)}")
+    if x.numel() and (int(x.min()) < 0 or int(x.max()) >= vocab_size):
+        raise ValueError(
+            f"{name} ids must be in [0, {vocab_size}); got min {int(x.min())}, max {int(x.max())}"
+        )
+
+
+class BayesianNetwork(PyroModule):
+    """Base class: subclasses define ``_forward_logits(x, y, num_particles)`` and
+    ``_targets(x, y) -> (targets, mask or None, event_dims)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._weight_sites: list[tuple[nn.Module, str, str]] = []
+        self.weight_guide: nn.Module | None = None
+
+    # ---- pieces for subclasses --------------------------------------------------------------
+    def _forward_logits(self, x: Tensor, y: Tensor | None, num_particles: int = 1) -> Tensor:
+        raise NotImplementedError
+
+    def _targets(self, x: Tensor, y: Tensor | None) -> tuple[Tensor | None, Tensor | None, int]:
+        raise NotImplementedError
+
+    def _check_batch(self, x: Tensor, y: Tensor | None) -> None:
+        """Validate inputs; subclasses extend."""
+
+    # ---- public API --------------------------------------------------------------------------
+    def forward(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
+        """Logits; deterministic posterior-mean attention unless an attention mode is set."""
+        self._check_batch(x, y)
+        ctx = attention_mode("mean") if current_mode() is None else contextlib.nullcontext()
+        with ctx, self._pyro_context:
+            return self._forward_logits(x, y, num_particles)
+
+    @property
+    def bayesian_layers(self) -> list[str]:
+        """Module paths of attention layers with a posterior family."""
+        return [n for n, m in self.named_modules() if getattr(m, "is_bayesian", False) is True]
+
+    def _num_data(self, num_data: int | None, batch: int) -> int:
+        if num_data is None:
+            return batch
+        if not isinstance(num_data, int) or num_data < batch:
+            raise ValueError(f"num_data must be an int >= batch size {batch}; got {num_data!r}")
+        return num_data
+
+    def _obs_dist(self, logits: Tensor, mask: Tensor | None, event_dims: int):
+        d = dist.Categorical(logits=logits)
+        if mask is not None:
+            d = d.mask(mask)
+        return d.to_event(event_dims) if event_dims else d
+
+    def _touch_weight_sites(self) -> dict[str, Tensor]:
+        return {full: getattr(mod, attr) for mod, attr, full in self._weight_sites}
+
+    def _weight_prior_model(self, *args, **kwargs) -> dict[str, Tensor]:
+        """The global (weight-space) part of the model alone, for the autoguide."""
+        with self._pyro_context:
+            return self._touch_weight_sites()
+
+    @contextlib.contextmanager
+    def _weights_from(self, values: dict[str, Tensor] | None):
+        """Use given values for the Bayesian weights, hidden from the current trace."""
+        if not values:
+            yield
+            return
+        with poutine.block(hide=list(values)), poutine.condition(data=values):
+            yield
+
+    def model(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
+        """Generative model: priors over weights and attention, categorical likelihood."""
+        self._check_batch(x, y)
+        B = x.shape[0]
+        N = self._num_data(num_data, B)
+        with self._pyro_context:
+            self._touch_weight_sites()  # global sites: outside the data plate
+            with pyro.plate("data", N, subsample=torch.arange(B, device=x.device)):
+                with attention_mode("prior"):
+                    logits = self._forward_logits(x, y)
+                targets, mask, ev = self._targets(x, y)
+                pyro.sample("obs", self._obs_dist(logits, mask, ev), obs=targets)
+        return logits
+
+    def guide(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> None:
+        """Amortised attention posteriors (+ autoguide over Bayesian weights)."""
+        self._check_batch(x, y)
+        B = x.shape[0]
+        N = self._num_data(num_data, B)
+        with self._pyro_context:
+            values = self.weight_guide() if self.weight_guide is not None else None
+            with pyro.plate("data", N, subsample=torch.arange(B, device=x.device)):
+                with attention_mode("posterior"), self._weights_from(values):
+                    self._forward_logits(x, y)
+
+    def _weight_kl(self) -> tuple[dict[str, Tensor] | None, Tensor | float]:
+        if self.weight_guide is None:
+            return None, 0.0
+        gtr = poutine.trace(self.weight_guide).get_trace()
+        values = {n: s["value"] for n, s in gtr.nodes.items() if s["type"] == "sample"}
+        ptr = poutine.trace(poutine.condition(self._weight_prior_model, data=values)).get_trace()
+        kl = 0.0
+        for name, val in values.items():
+            q, p = gtr.nodes[name]["fn"], ptr.nodes[name]["fn"]
+            try:
+                kl = kl + torch.distributions.kl_divergence(q, p).sum()
+            except NotImplementedError:
+                kl = kl + (q.log_prob(val) - p.log_prob(val)).sum()
+        return values, kl
+
+    def elbo_loss(
+        self,
+        x: Tensor,
+        y: Tensor,
+        num_data: int | None = None,
+        beta: float = 1.0,
+        num_particles: int = 1,
+    ) -> tuple[Tensor, Tensor]:
+        r"""Negative ELBO of a minibatch in one network pass, and the logits.
+
+        .. math:: -\frac{N}{B}\sum_b \Big(E_q \log p(y_b\mid x_b, w) - \beta\,
+                  \mathrm{KL}(q(w_b\mid x_b)\,\|\,p(w_b))\Big) + \beta\,\mathrm{KL}_{\text{weights}}
+
+        Particles are vectorised (a leading sample dim through the whole network).
+        """
+        self._check_batch(x, y)
+        if num_particles < 1:
+            raise ValueError(f"num_particles must be >= 1; got {num_particles}")
+        B = x.shape[0]
+        N = self._num_data(num_data, B)
+        with self._pyro_context:
+            values, kl_w = self._weight_kl()
+            with collect_kl() as col, self._weights_from(values):
+                logits = self._forward_logits(x, y, num_particles)  # (P?, B, ...)
+        targets, mask, ev = self._targets(x, y)
+        ll = self._obs_dist(logits, mask, ev).log_prob(targets)  # (P?, B)
+        kl = col.total()
+        per_example = ll - beta * kl  # (P?, B)
+        if num_particles > 1:
+            per_example = per_example.mean(0)
+        loss = -(N / B) * per_example.sum() + beta * kl_w
+        return loss, logits
+
+
+# ---------------------------------------------------------------------------------------------
+# embeddings
+# ---------------------------------------------------------------------------------------------
+
+
+class _Embedding(nn.Module):
+    """Token (or vector) embedding plus learned positions, then dropout.
+
+    Shape: ``(B, T)`` int or ``(B, T, D)`` float → ``(B, T, E)``.
+    """
+
+    def __init__(self, d_model, vocab_size, input_dim, max_len, dropout) -> None:
+        super().__init__()
+        if (vocab_size is None) == (input_dim is None):
+            raise ValueError("give exactly one of vocab_size (tokens) or input_dim (vectors)")
+        self.tokens = nn.Embedding(vocab_size, d_model) if vocab_size is not None else None
+        self.proj = nn.Linear(input_dim, d_model) if input_dim is not None else None
+        self.pos = nn.Embedding(max_len, d_model)
+        self.drop = nn.Dropout(dropout)
+        self.scale = math.sqrt(d_model)
+        self.max_len = max_len
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        T = x.shape[1]
+        if T + offset > self.max_len:
+            raise ValueError(f"sequence length {T + offset} exceeds max_len={self.max_len}")
+        h = self.tokens(x) * self.scale if self.tokens is not None else self.proj(x)  # (B, T, E)
+        pos = torch.arange(offset, offset + T, device=x.device)
+        return self.drop(h + self.pos(pos))
+
+
+def _particles(h: Tensor, num_particles: int) -> Tensor:
+    """Prepend a particle dim ``(P, B, T, E)`` when ``num_particles > 1``."""
+    return h.expand((num_particles,) + h.shape) if num_particles > 1 else h
+
+
+def _validate_common(d_model, nhead, num_layers, max_len) -> None:
+    for name, v in (("d_model", d_model), ("nhead", nhead), ("num_layers", num_layers)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int; got {v!r}")
+    if d_model % nhead:
+        raise ValueError(
+            f"d_model must be divisible by nhead; got d_model={d_model}, nhead={nhead}"
+        )
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1; got {max_len}")
+
+
+# ---------------------------------------------------------------------------------------------
+# classifiers
+# ---------------------------------------------------------------------------------------------
+
+
+class TransformerClassifier(BayesianNetwork):
+    """Sequence → class. Token inputs (``vocab_size``; ``pad_id`` positions are masked) or vector
+    inputs (``input_dim``); ``pooling="mean"`` (masked mean) or ``"cls"`` (a learned token).
+
+    Shape:
+        x ``(B, T)`` or ``(B, T, input_dim)`` → logits ``(*P, B, num_classes)``.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        vocab_size: int | None = None,
+        input_dim: int | None = None,
+        d_model: int = 64,
+        nhead: int = 4,
+        num_layers: int = 2,
+        dim_feedforward: int = 128,
+        dropout: float = 0.1,
+        attn_dropout: float | None = None,
+        max_len: int = 512,
+        pooling: str = "mean",
+        norm_first: bool = True,
+        pad_id: int | None = 0,
+        attention: AttentionConfig | None = None,
+    ) -> None:
+        super().__init__()
+        _validate_common(d_model, nhead, num_layers, max_len)
+        if num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2; got {num_classes}")
+        if pooling not in ("mean", "cls"):
+            raise ValueError(f"pooling must be 'mean' or 'cls'; got {pooling!r}")
+        self.num_classes = num_classes
+        self.vocab_size = vocab_size
+        self.input_dim = input_dim
+        self.pooling = pooling
+        self.pad_id = pad_id if vocab_size is not None else None
+        self.embed = _Embedding(d_model, vocab_size, input_dim, max_len + 1, dropout)
+        self.cls = nn.Parameter(torch.zeros(d_model)) if pooling == "cls" else None
+        self.encoder = Encoder(
+            d_model,
+            nhead,
+            num_layers,
+            attention,
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+            attn_dropout=attn_dropout,
+            norm_first=norm_first,
+        )
+        self.head = nn.Linear(d_model, num_classes)
+
+    def _check_batch(self, x: Tensor, y: Tensor | None) -> None:
+        if self.vocab_size is not None:
+            _check_tokens("x", x, self.vocab_size)
+        else:
+            if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() != 3:
+                raise ValueError(
+                    f"x must be a float tensor (B, T, {self.input_dim}); got "
+                    f"{getattr(x, 'shape', type(x).__name__)}"
+                )
+            if x.shape[-1] != self.input_dim:
+                raise ValueError(
+                    f"x last dim must be input_dim={self.input_dim}; got {tuple(x.shape)}"
+                )
+        if y is not None:
+            if y.dim() != 1 or y.shape[0] != x.shape[0]:
+                raise ValueError(
+                    f"y must be (B,) = ({x.shape[0]},) labels; got shape {tuple(y.shape)}"
+                )
+            if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.num_classes):
+                raise ValueError(
+                    f"labels y must be in [0, {self.num_classes}); got min {int(y.min())}, "
+                    f"max {int(y.max())}"
+                )
+
+    def padding_mask(self, x: Tensor) -> Tensor | None:
+        """``True`` at padding tokens (PyTorch ``key_padding_mask`` convention)."""
+        return (x == self.pad_id) if self.pad_id is not None else None
+
+    def encode(self, x: Tensor, num_particles: int = 1) -> tuple[Tensor, Tensor | None]:
+        """Encoder states ``(*P, B, T', E)`` and the padding mask ``(B, T')``."""
+        h = self.embed(x)  # (B, T, E)
+        pad = self.padding_mask(x)
+        if self.cls is not None:
+            h = torch.cat([self.cls.expand(h.shape[0], 1, -1), h], dim=1)  # (B, 1+T, E)
+            if pad is not None:
+                pad = torch.cat([pad.new_zeros(pad.shape[0], 1), pad], dim=1)
+        h = _particles(h, num_particles)
+        return self.encoder(h, src_key_padding_mask=pad), pad
+
+    def _forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
+        h, pad = self.encode(x, num_particles)
+        if self.cls is not None:
+            pooled = h[..., 0, :]
+        elif pad is None:
+            pooled = h.mean(-2)
+        else:
+            keep = (~pad).to(h.dtype).unsqueeze(-1)  # (B, T, 1)
+            pooled = (h * keep).sum(-2) / keep.sum(-2).clamp_min(1.0)
+        return self.head(pooled)  # (*P, B, C)
+
+    def _targets(self, x, y):
+        return y, None, 0
+
+
+class VisionTransformer(TransformerClassifier):
+    """ViT for small images: non-overlapping ``patch_size`` patches → linear embedding → a
+    :class:`TransformerClassifier` with a CLS token (8×8 digits with 2×2 patches: 16 tokens).
+
+    Shape:
+        x ``(B, H, W)`` or ``(B, C, H, W)`` → logits ``(*P, B, num_classes)``.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        image_size: int = 8,
+        patch_size: int = 2,
+        in_channels: int = 1,
+        **kwargs,
+    ) -> None:
+        if image_size % patch_size:
+            raise ValueError(
+                f"image_size must be divisible by patch_size; got {image_size}, {patch_size}"
+            )
+        self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
+        n = (image_size // patch_size) ** 2
+        kwargs.setdefault("pooling", "cls")
+        kwargs.setdefault("max_len", n)
+        super().__init__(num_classes, input_dim=in_channels * patch_size**2, **kwargs)
+
+    def patchify(self, x: Tensor) -> Tensor:
+        """``(B, C, H, W)`` → ``(B, N, C·p·p)`` row-major patches."""
+        if x.dim() == 3:
+            x = x.unsqueeze(1)
+        p = self.patch_size
+        B, C, Hh, W = x.shape
+        x = x.reshape(B, C, Hh // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5)
+        return x.reshape(B, (Hh // p) * (W // p), C * p * p)
+
+    def _check_batch(self, x: Tensor, y: Tensor | None) -> None:
+        s, c = self.image_size, self.in_channels
+        ok = x.dim() == 3 and c == 1 and x.shape[1:] == (s, s)
+        ok = ok or (x.dim() == 4 and x.shape[1:] == (c, s, s))
+        if not ok:
+            raise ValueError(
+                f"images must be (B, {s}, {s}) or (B, {c}, {s}, {s}); got {tuple(x.shape)}"
+            )
+        super()._check_batch(self.patchify(x), y)
+
+    def _forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
+        return super()._forward_logits(self.patchify(x), y, num_particles)
+
+
+# ---------------------------------------------------------------------------------------------
+# sequence models
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GenerationResult:
+    """Tokens generated by sequential posterior sampling and their per-token uncertainty.
+
+    Shapes: ``tokens (B, L)`` (after BOS; ``pad_id`` after EOS), ``probs (B, L, V)`` predictive
+    (posterior-averaged) distribution at each step, ``entropy``/``expected_entropy``/
+    ``mutual_information`` ``(B, L)`` with ``MI = H[E p] − E[H p] ≥ 0``, ``mask (B, L)`` valid steps.
+    """
+
+    tokens: Tensor
+    probs: Tensor
+    entropy: Tensor
+    expected_entropy: Tensor
+    mutual_information: Tensor
+    mask: Tensor
+
+
+class _Generative(BayesianNetwork):
+    pad_id: int
+    bos_id: int
+    eos_id: int
+
+    def _step_logits(self, prefix: Tensor, state, num_samples: int) -> Tensor:
+        raise NotImplementedError
+
+    def _start(self, x: Tensor, num_samples: int):
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def generate(
+        self,
+        x: Tensor,
+        max_len: int,
+        num_samples: int = 8,
+        mode: str = "posterior",
+    ) -> GenerationResult:
+        """Autoregressive decoding as sequential posterior sampling.
+
+        At every step the attention weights are drawn afresh (``num_samples`` draws in one
+        vectorised pass); the next token is the argmax of the posterior-averaged predictive
+        :math:`\\bar p = \\frac1S\\sum_s p(\\cdot\\mid w_s)`, and its entropy :math:`H[\\bar p]`,
+        expected entropy :math:`\\frac1S\\sum_s H[p_s]` and mutual information are recorded.
+        ``mode="mean"`` decodes deterministically (MI = 0).
+        """
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1; got {max_len}")
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1; got {num_samples}")
+        S = num_samples if mode != "mean" else 1
+        with attention_mode(mode), self._pyro_context:
+            state, B, device = self._start(x, S)
+            prefix = torch.full((B, 1), self.bos_id, dtype=torch.long, device=device)
+            done = torch.zeros(B, dtype=torch.bool, device=device)
+            out, probs_l, H, EH, masks = [], [], [], [], []
+            for _ in range(max_len):
+                logits = self._step_logits(prefix, state, S)[..., -1, :]  # (S?, B, V)
+                p = torch.softmax(logits, -1)
+                p = p if p.dim() == 3 else p.unsqueeze(0)  # (S, B, V)
+                pbar = p.mean(0)  # (B, V)
+                h = entropy(pbar)
+                eh = entropy(p).mean(0)
+                nxt = pbar.argmax(-1)
+                nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
+                masks.append(~done)
+                out.append(nxt)
+                probs_l.append(pbar)
+                H.append(h)
+                EH.append(eh)
+                done = done | (nxt == self.eos_id)
+                prefix = torch.cat([prefix, nxt[:, None]], dim=1)
+                if bool(done.all()):
+                    break
+        H_t, EH_t = torch.stack(H, 1), torch.stack(EH, 1)
+        return GenerationResult(
+            tokens=torch.stack(out, 1),
+            probs=torch.stack(probs_l, 1),
+            entropy=H_t,
+            expected_entropy=EH_t,
+            mutual_information=(H_t - EH_t).clamp_min(0.0),
+            mask=torch.stack(masks, 1),
+        )
+
+
+class Seq2Seq(_Generative):
+    """Encoder–decoder transformer (translation, copy, reverse).
+
+    ``model(src, tgt)``: teacher forcing on ``tgt[:, :-1]`` predicting ``tgt[:, 1:]`` (padding
+    masked out of the likelihood).
+
+    Shape:
+        src ``(B, Ts)``, tgt ``(B, Tt)`` (BOS … EOS PAD…) → logits ``(*P, B, Tt-1, V_tgt)``.
+    """
+
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        d_model: int = 64,
+        nhead: int = 4,
+        num_encoder_layers: int = 2,
+        num_decoder_layers: int = 2,
+        dim_feedforward: int = 128,
+        dropout: float = 0.1,
+        attn_dropout: float | None = None,
+        max_len: int = 128,
+        norm_first: bool = True,
+        pad_id: int = 0,
+        bos_id: int = 1,
+        eos_id: int = 2,
+        attention: AttentionConfig | None = None,
+    ) -> None:
+        super().__init__()
+        _validate_common(d_model, nhead, num_encoder_layers, max_len)
+        _validate_common(d_model, nhead, num_decoder_layers, max_len)
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        kw = dict(
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+            attn_dropout=attn_dropout,
+            norm_first=norm_first,
+        )
+        self.src_embed = _Embedding(d_model, src_vocab_size, None, max_len, dropout)
+        self.tgt_embed = _Embedding(d_model, tgt_vocab_size, None, max_len, dropout)
+        self.encoder = Encoder(d_model, nhead, num_encoder_layers, attention, **kw)
+        self.decoder = Decoder(d_model, nhead, num_decoder_layers, attention, **kw)
+        self.head = nn.Linear(d_model, tgt_vocab_size)
+
+    def _check_batch(self, x: Tensor, y: Tensor | None) -> None:
+        _check_tokens("src", x, self.src_vocab_size)
+        if y is not None:
+            _check_tokens("tgt", y, self.tgt_vocab_size)
+            if y.shape[0] != x.shape[0]:
+                raise ValueError(
+                    f"src and tgt must have the same batch size; got {tuple(x.shape)}, "
+                    f"{tuple(y.shape)}"
+                )
+            if y.shape[1] < 2:
+                raise ValueError(f"tgt needs >= 2 tokens (BOS … EOS); got shape {tuple(y.shape)}")
+
+    def encode(self, src: Tensor, num_particles: int = 1) -> tuple[Tensor, Tensor]:
+        pad = src == self.pad_id  # (B, Ts)
+        h = _particles(self.src_embed(src), num_particles)
+        return self.encoder(h, src_key_padding_mask=pad), pad
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor, num_particles: int = 1):
+        h = _particles(self.tgt_embed(tgt_in), num_particles)
+        h = self.decoder(
+            h,
+            memory,
+            tgt_key_padding_mask=None,
+            memory_key_padding_mask=src_pad,
+        )
+        return self.head(h)  # (*P, B, T, V)
+
+    def _forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
+        if y is None:
+            raise ValueError("Seq2Seq needs tgt (teacher forcing) for logits; use generate()")
+        mem, pad = self.encode(x, num_particles)
+        return self.decode(y[:, :-1], mem, pad, num_particles)
+
+    def _targets(self, x, y):
+        tgt_out = y[:, 1:]
+        return tgt_out, tgt_out != self.pad_id, 1
+
+    def _start(self, x: Tensor, num_samples: int):
+        _check_tokens("src", x, self.src_vocab_size)
+        mem, pad = self.encode(x, num_samples)
+        return (mem, pad), x.shape[0], x.device
+
+    def _step_logits(self, prefix: Tensor, state, num_samples: int) -> Tensor:
+        mem, pad = state
+        return self.decode(prefix, mem, pad, num_samples)
+
+
+class CausalLM(_Generative):
+    """Decoder-only language model: ``model(x)`` predicts ``x[:, 1:]`` from ``x[:, :-1]``.
+
+    ``generate(prompt, max_len)`` continues ``prompt (B, T0)`` (which should start with BOS).
+
+    Shape:
+        x ``(B, T)`` → logits ``(*P, B, T-1, V)``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 64,
+        nhead: int = 4,
+        num_layers: int = 2,
+        dim_feedforward: int = 128,
+        dropout: float = 0.1,
+        attn_dropout: float | None = None,
+        max_len: int = 128,
+        norm_first: bool = True,
+        pad_id: int = 0,
+        bos_id: int = 1,
+        eos_id: int = 2,
+        attention: AttentionConfig | None = None,
+    ) -> None:
+        super().__init__()
+        _validate_common(d_model, nhead, num_layers, max_len)
+        self.vocab_size = vocab_size
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self.embed = _Embedding(d_model, vocab_size, None, max_len, dropout)
+        self.decoder = Decoder(
+            d_model,
+            nhead,
+            num_layers,
+            attention,
+            cross_attention=False,
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+            attn_dropout=attn_dropout,
+            norm_first=norm_first,
+        )
+        self.head = nn.Linear(d_model, vocab_size)
+
+    def _check_batch(self, x: Tensor, y: Tensor | None) -> None:
+        _check_tokens("x", x, self.vocab_size)
+        if x.shape[1] < 2:
+            raise ValueError(f"x needs >= 2 tokens to predict the next; got shape {tuple(x.shape)}")
+
+    def _logits_of(self, tokens: Tensor, num_particles: int) -> Tensor:
+        h = _particles(self.embed(tokens), num_particles)
+        return self.head(self.decoder(h, tgt_key_padding_mask=None))
+
+    def _forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
+        return self._logits_of(x[:, :-1], num_particles)
+
+    def _targets(self, x, y):
+        t = x[:, 1:]
+        return t, t != self.pad_id, 1
+
+    def _start(self, x: Tensor, num_samples: int):
+        _check_tokens("prompt", x, self.vocab_size)
+        return x, x.shape[0], x.device
+
+    def _step_logits(self, prefix: Tensor, state, num_samples: int) -> Tensor:
+        return self._logits_of(torch.cat([state, prefix[:, 1:]], dim=1), num_samples)
