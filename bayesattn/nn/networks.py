@@ -28,6 +28,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
+from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroModule
 from torch import Tensor, nn
 
@@ -84,10 +85,12 @@ class BayesianNetwork(PyroModule):
 
     # ---- public API --------------------------------------------------------------------------
     def forward(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
-        """Logits; deterministic posterior-mean attention unless an attention mode is set."""
+        """Logits; deterministic posterior-mean attention (and posterior-median Bayesian weights)
+        unless an attention mode is set."""
         self._check_batch(x, y)
         ctx = attention_mode("mean") if current_mode() is None else contextlib.nullcontext()
-        with ctx, self._pyro_context:
+        values = self.weight_guide.median() if self.weight_guide is not None else None
+        with ctx, self._pyro_context, self._weights_from(values):
             return self._forward_logits(x, y, num_particles)
 
     @property
@@ -151,19 +154,26 @@ class BayesianNetwork(PyroModule):
                     self._forward_logits(x, y)
 
     def _weight_kl(self) -> tuple[dict[str, Tensor] | None, Tensor | float]:
+        """Draw Bayesian weights from their guide; ``KL(q‖p)`` (analytic for mean-field normal
+        guides, single-draw Monte Carlo otherwise)."""
         if self.weight_guide is None:
             return None, 0.0
         gtr = poutine.trace(self.weight_guide).get_trace()
-        values = {n: s["value"] for n, s in gtr.nodes.items() if s["type"] == "sample"}
+        values = {
+            n: s["value"]
+            for n, s in gtr.nodes.items()
+            if s["type"] == "sample" and not s["infer"].get("is_auxiliary")
+        }
         ptr = poutine.trace(poutine.condition(self._weight_prior_model, data=values)).get_trace()
-        kl = 0.0
-        for name, val in values.items():
-            q, p = gtr.nodes[name]["fn"], ptr.nodes[name]["fn"]
-            try:
-                kl = kl + torch.distributions.kl_divergence(q, p).sum()
-            except NotImplementedError:
-                kl = kl + (q.log_prob(val) - p.log_prob(val)).sum()
-        return values, kl
+        if isinstance(self.weight_guide, AutoNormal):
+            # AutoNormal samples an auxiliary unconstrained Normal then a Delta; our weight priors
+            # have real support, so the auxiliary Normal is q itself and the KL is closed form.
+            kl = 0.0
+            for name in values:
+                q = gtr.nodes[name + "_unconstrained"]["fn"]
+                kl = kl + torch.distributions.kl_divergence(q, ptr.nodes[name]["fn"]).sum()
+            return values, kl
+        return values, gtr.log_prob_sum() - ptr.log_prob_sum()
 
     def elbo_loss(
         self,
