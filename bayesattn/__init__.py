@@ -1,1 +1,99 @@
-"""bayesattn: attention as explicit Bayesian inference, with calibrated uncertainty."""
+"""bayesattn: attention as explicit Bayesian inference, with calibrated uncertainty.
+
+For a query q the attention weight on key k_j is the posterior
+p(j | q) ∝ π_j · exp(q·k_j/√d) under a prior π over key relevance. This package makes the prior,
+the likelihood and the posterior explicit (Pyro models, exact enumeration), makes the weights
+uncertain (variational families), and builds trainable Bayesian transformers and the tools to
+check their uncertainty (calibration, OOD, ArviZ diagnostics).
+
+Heavy optional pieces (ArviZ, matplotlib, scikit-learn) are imported only when used:
+``bayesattn.diagnostics``, ``bayesattn.plots`` and ``bayesattn.data`` load them lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from . import functional
+from .nn import (
+    AttentionConfig,
+    BayesianMultiheadAttention,
+    CausalLM,
+    Decoder,
+    DecoderLayer,
+    Encoder,
+    EncoderLayer,
+    Seq2Seq,
+    TransformerClassifier,
+    VisionTransformer,
+    attention_mode,
+    bayesian_projections,
+    collect_kl,
+)
+from .posteriors import (
+    AttentionPosterior,
+    ConcreteWeights,
+    DirichletWeights,
+    LogisticNormalWeights,
+    WeibullWeights,
+)
+from .priors import (
+    CausalPrior,
+    ContextualPrior,
+    DistanceDecayPrior,
+    KeyRelevancePrior,
+    LearnedPrior,
+    LocalWindowPrior,
+    UniformPrior,
+)
+
+__version__ = "0.1.0"
+
+_SUBMODULES = (
+    "calibration",
+    "data",
+    "diagnostics",
+    "geometry",
+    "inference",
+    "models",
+    "plots",
+    "uncertainty",
+    "cli",
+)
+
+__all__ = [
+    "functional",
+    "KeyRelevancePrior",
+    "UniformPrior",
+    "CausalPrior",
+    "LocalWindowPrior",
+    "DistanceDecayPrior",
+    "LearnedPrior",
+    "ContextualPrior",
+    "AttentionPosterior",
+    "DirichletWeights",
+    "LogisticNormalWeights",
+    "WeibullWeights",
+    "ConcreteWeights",
+    "BayesianMultiheadAttention",
+    "AttentionConfig",
+    "EncoderLayer",
+    "DecoderLayer",
+    "Encoder",
+    "Decoder",
+    "TransformerClassifier",
+    "VisionTransformer",
+    "Seq2Seq",
+    "CausalLM",
+    "bayesian_projections",
+    "attention_mode",
+    "collect_kl",
+    *_SUBMODULES,
+]
+
+
+def __getattr__(name: str):
+    """Submodules are imported on first use (``bayesattn.diagnostics`` etc.)."""
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'bayesattn' has no attribute {name!r}")

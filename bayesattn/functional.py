@@ -64,7 +64,11 @@ def attention_logits(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor
         )
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+    elif (
+        isinstance(scale, bool)
+        or not isinstance(scale, (int, float))
+        or not (math.isfinite(scale) and scale > 0)
+    ):
         raise ValueError(f"scale must be a positive finite number; got {scale!r}")
     return torch.matmul(q, k.transpose(-2, -1)) * scale  # (..., Tq, Tk)
 
@@ -99,8 +103,11 @@ def _as_log_prior(mask: Tensor, name: str, dtype: torch.dtype) -> Tensor:
             mask, float("-inf")
         )
     if mask.is_floating_point():
-        if torch.isnan(mask).any():
-            raise ValueError(f"{name} (float) must not contain NaN; shape {tuple(mask.shape)}")
+        if torch.isnan(mask).any() or (mask == float("inf")).any():
+            raise ValueError(
+                f"{name} (float) must not contain NaN or +inf (use -inf to mask); "
+                f"shape {tuple(mask.shape)}"
+            )
         return mask.to(dtype)
     raise TypeError(f"{name} must be a bool or floating-point tensor; got dtype {mask.dtype}")
 

@@ -189,6 +189,8 @@ class LearnedPrior(KeyRelevancePrior):
         self.table = nn.Parameter(torch.zeros(num_heads, 2 * max_distance + 1))
 
     def log_prior(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        if q.shape[1] not in (1, self.num_heads):
+            raise ValueError(f"LearnedPrior has {self.num_heads} heads; q has {q.shape[1]}")
         d = _offsets(q_pos, k_pos).clamp(-self.max_distance, self.max_distance)  # (Tq, Tk)
         idx = d + self.max_distance
         return self.table[:, idx].to(q.dtype).unsqueeze(0)  # (1, H, Tq, Tk)
@@ -218,7 +220,8 @@ class ContextualPrior(KeyRelevancePrior):
             raise ValueError(
                 f"ContextualPrior expects keys with last dim {self.head_dim}; got {tuple(k.shape)}"
             )
-        s = self.net(k).squeeze(-1)  # (B, H, Tk)
+        w = self.net[0].weight
+        s = self.net(k.to(w.dtype)).squeeze(-1).to(k.dtype)  # (B, H, Tk)
         return torch.log_softmax(s, dim=-1).unsqueeze(-2)  # (B, H, 1, Tk)
 
 

@@ -115,3 +115,13 @@ def test_attention_equals_torch_sdpa(tq, tk, d, seed):
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, tq, dtype=torch.float64))
+
+
+def test_scale_rejects_bool_and_mask_rejects_plus_inf():
+    q = torch.randn(2, 3)
+    with pytest.raises(ValueError, match="scale"):
+        BF.attention_logits(q, q, scale=True)
+    bad = torch.zeros(2, 2)
+    bad[0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"\+inf"):
+        BF.mask_to_log_prior(bad, batch_size=1, num_heads=1, tgt_len=2, src_len=2)

@@ -136,3 +136,11 @@ def test_bad_shapes(qk):
         ContextualPrior(8)(q, k[..., :4])
     with pytest.raises(ValueError, match="DistanceDecayPrior has 3 heads"):
         DistanceDecayPrior(3)(q, k)
+
+
+def test_contextual_prior_works_in_float64_and_learned_prior_checks_heads(qk):
+    q, k = qk
+    lp = ContextualPrior(D)(q.double(), k.double())
+    assert lp.dtype == torch.float64
+    with pytest.raises(ValueError, match="LearnedPrior has 3 heads"):
+        LearnedPrior(3, 2)(q, k)

@@ -1,0 +1,33 @@
+"""PyroModule layers, blocks and networks (see :mod:`bayesattn.nn.attention` first)."""
+
+from .attention import BayesianMultiheadAttention
+from .blocks import AttentionConfig, Decoder, DecoderLayer, Encoder, EncoderLayer
+from .modes import attention_mode, collect_kl, current_mode
+from .networks import (
+    BayesianNetwork,
+    CausalLM,
+    GenerationResult,
+    Seq2Seq,
+    TransformerClassifier,
+    VisionTransformer,
+)
+from .weights import bayesian_projections
+
+__all__ = [
+    "BayesianMultiheadAttention",
+    "AttentionConfig",
+    "EncoderLayer",
+    "DecoderLayer",
+    "Encoder",
+    "Decoder",
+    "BayesianNetwork",
+    "TransformerClassifier",
+    "VisionTransformer",
+    "Seq2Seq",
+    "CausalLM",
+    "GenerationResult",
+    "bayesian_projections",
+    "attention_mode",
+    "collect_kl",
+    "current_mode",
+]

@@ -263,8 +263,10 @@ class BayesianMultiheadAttention(PyroModule):
                 raise TypeError(f"{name} must be a Tensor or None; got {type(m).__name__}")
         if is_validation_enabled():
             BF.check_finite("query", query)
-            BF.check_finite("key", key)
-            BF.check_finite("value", value)
+            if key is not query:
+                BF.check_finite("key", key)
+            if value is not key:
+                BF.check_finite("value", value)
 
     def forward(
         self,

@@ -1,0 +1,126 @@
+"""Speed of BayesianMultiheadAttention against torch.nn.MultiheadAttention, in one process.
+
+Prints ratios (ours / baseline, lower is better):
+  * posterior-mean mode vs torch MHA on the same shapes (need_weights=False: fused SDPA path; and
+    need_weights=True), forward only and forward+backward;
+  * the stochastic layer (Dirichlet posterior) with S samples drawn in one vectorised pass
+    (``num_samples=S``: projections computed once) vs S separate calls.
+
+Usage: python benchmarks/attention_speed.py [--quick] [--threads N] [--lengths 64 256 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from bayesattn.nn.attention import BayesianMultiheadAttention
+
+
+def timeit(fn, repeats: int, warmup: int = 2) -> float:
+    """Median wall time in ms."""
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(ts)
+
+
+def interleaved(fns: dict, repeats: int) -> dict:
+    """Median ms per function, timing the candidates alternately so load drifts hit all alike."""
+    for f in fns.values():
+        f()
+        f()
+    acc = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            acc[k].append(time.perf_counter() - t0)
+    return {k: 1e3 * statistics.median(v) for k, v in acc.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="small shapes, few repeats (smoke run)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--lengths", type=int, nargs="*", default=None)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--embed", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=8)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    B, E, H = (4, 64, 4) if args.quick else (args.batch, args.embed, args.heads)
+    lengths = args.lengths or ([32, 64] if args.quick else [64, 256, 1024])
+    reps = 3 if args.quick else 10
+    print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, B={B}, E={E}, H={H}")
+
+    ref = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
+    ours = BayesianMultiheadAttention(E, H, batch_first=True).eval()
+    ours.load_state_dict(ref.state_dict())
+
+    print("\n## posterior-mean mode vs torch.nn.MultiheadAttention (ratio = ours / torch)")
+    print(f"{'T':>6} {'weights':>8} {'pass':>9} {'torch ms':>10} {'ours ms':>10} {'ratio':>7}")
+    for T in lengths:
+        x = torch.randn(B, T, E)
+        r = max(3, reps // (T // 64 + 1))
+        for need_w in (False, True):
+            with torch.no_grad():
+                res = interleaved(
+                    {
+                        "torch": lambda: ref(x, x, x, need_weights=need_w),
+                        "ours": lambda: ours(x, x, x, need_weights=need_w),
+                    },
+                    r,
+                )
+            print(
+                f"{T:>6} {str(need_w):>8} {'fwd':>9} {res['torch']:>10.2f} {res['ours']:>10.2f} "
+                f"{res['ours'] / res['torch']:>7.3f}"
+            )
+        xg = x.clone().requires_grad_(True)
+
+        def fb(m):
+            return lambda: m(xg, xg, xg, need_weights=False)[0].sum().backward()
+
+        res = interleaved({"torch": fb(ref), "ours": fb(ours)}, r)
+        print(
+            f"{T:>6} {'False':>8} {'fwd+bwd':>9} {res['torch']:>10.2f} {res['ours']:>10.2f} "
+            f"{res['ours'] / res['torch']:>7.3f}"
+        )
+
+    print("\n## stochastic layer (Dirichlet): S samples in one pass vs S separate calls")
+    print(f"{'T':>6} {'S':>3} {'separate ms':>12} {'vectorised ms':>14} {'speed-up':>9}")
+    stoch = BayesianMultiheadAttention(E, H, batch_first=True, posterior="dirichlet").eval()
+    stoch.load_state_dict(ref.state_dict())
+    for T in lengths[:2] if not args.quick else lengths:
+        x = torch.randn(B, T, E)
+        for S in (1, 8):
+            with torch.no_grad():
+
+                def separate():
+                    for _ in range(S):
+                        stoch(x, x, x, need_weights=False)
+
+                res = interleaved(
+                    {
+                        "sep": separate,
+                        "vec": lambda: stoch(x, x, x, need_weights=False, num_samples=S),
+                    },
+                    max(3, reps // 2),
+                )
+            print(
+                f"{T:>6} {S:>3} {res['sep']:>12.2f} {res['vec']:>14.2f} "
+                f"{res['sep'] / res['vec']:>9.2f}x"
+            )
+
+
+if __name__ == "__main__":
+    main()
