@@ -1,4 +1,4 @@
-"""Matplotlib figures for calibration and uncertainty diagnostics.
+"""Matplotlib figures for calibration, uncertainty and attention diagnostics.
 
 Matplotlib is imported lazily inside each function and no backend is selected here.  When no
 ``ax`` is given, a new :class:`matplotlib.figure.Figure` is created directly (not through
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "plot_accuracy_vs_confidence",
+    "plot_attention_distance",
+    "plot_attention_uncertainty",
     "plot_reliability_diagram",
     "plot_risk_coverage",
     "plot_uncertainty_histograms",
@@ -288,4 +291,207 @@ def plot_risk_coverage(
     ax.set_ylabel("selective risk (error rate)")
     ax.legend(fontsize="small")
     ax.set_title(title if title is not None else "Risk–coverage curve")
+    return _finish(fig, path)
+
+
+# --------------------------------------------------------------------------------------------
+# Attention figures
+# --------------------------------------------------------------------------------------------
+
+
+def _as_2d(x: Any, name: str) -> np.ndarray:
+    if isinstance(x, Tensor):
+        arr = x.detach().to(device="cpu", dtype=torch.float64).numpy()
+    else:
+        try:
+            arr = np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"{name} must be a 2-D tensor or array; got {type(x).__name__}"
+            ) from exc
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (Tq, Tk); got shape {tuple(arr.shape)}")
+    return arr
+
+
+def _check_labels_len(labels: Any, n: int, name: str) -> list[str] | None:
+    if labels is None:
+        return None
+    labels = [str(t) for t in labels]
+    if len(labels) != n:
+        raise ValueError(f"{name} must have {n} entries; got {len(labels)}")
+    return labels
+
+
+def plot_attention_uncertainty(
+    mean: Tensor,
+    std: Tensor,
+    query_labels: Any = None,
+    key_labels: Any = None,
+    title: str | None = None,
+    std_label: str = "posterior std",
+    axes: Any = None,
+    path: PathLike | None = None,
+) -> Figure:
+    r"""Two heatmaps side by side: the posterior mean attention weights :math:`\bar w_{ij}` and
+    their spread (the posterior std, or e.g. a credible-interval width: set ``std_label``).
+
+    Rows are queries, columns keys; optional token labels go on the axes and each panel has its
+    own colorbar. For one head of an :class:`bayesattn.uncertainty.AttentionSamples` ``a``:
+    ``plot_attention_uncertainty(a.mean[b, h], a.std[b, h], tokens, tokens)``.
+
+    Args:
+        axes: optional pair of matplotlib Axes to draw into (mean, spread).
+
+    Shape:
+        mean ``(Tq, Tk)``, std ``(Tq, Tk)``, query_labels ``Tq`` strings, key_labels ``Tk``.
+    """
+    m = _as_2d(mean, "mean")
+    s = _as_2d(std, "std")
+    if m.shape != s.shape:
+        raise ValueError(
+            f"mean and std must have the same shape (Tq, Tk); got mean {m.shape}, std {s.shape}"
+        )
+    q_labels = _check_labels_len(query_labels, m.shape[0], "query_labels")
+    k_labels = _check_labels_len(key_labels, m.shape[1], "key_labels")
+    if axes is None:
+        w = max(4.0, 0.35 * m.shape[1] + 2.0)
+        h = max(3.0, 0.35 * m.shape[0] + 1.5)
+        fig = _new_figure(figsize=(2 * w, h), layout="constrained")
+        ax_m, ax_s = fig.subplots(1, 2)
+    else:
+        from matplotlib.axes import Axes
+
+        try:
+            pair = list(axes) if not isinstance(axes, (str, bytes)) else []
+        except TypeError:
+            pair = []
+        if len(pair) != 2 or not all(isinstance(a, Axes) for a in pair):
+            raise TypeError(f"axes must be a pair of matplotlib Axes or None; got {axes!r}")
+        ax_m, ax_s = pair
+        fig = _root_figure(ax_m)
+    panels = ((ax_m, m, "mean attention", "viridis"), (ax_s, s, std_label, "magma"))
+    for ax, data, label, cmap in panels:
+        im = ax.imshow(data, cmap=cmap, aspect="auto", interpolation="nearest", vmin=0.0)
+        fig.colorbar(im, ax=ax, label=label)
+        ax.set_title(label)
+        ax.set_xlabel("key")
+        ax.set_ylabel("query")
+        if k_labels is not None:
+            ax.set_xticks(range(len(k_labels)), k_labels, rotation=90)
+        if q_labels is not None:
+            ax.set_yticks(range(len(q_labels)), q_labels)
+    if title is not None:
+        fig.suptitle(title)
+    return _finish(fig, path)
+
+
+def plot_attention_distance(
+    distances_by_layer: dict[str, Any],
+    ax: Axes | None = None,
+    title: str | None = None,
+    path: PathLike | None = None,
+) -> Figure:
+    r"""Mean attention distance per layer: one line (with markers) per head plus the mean over
+    heads (dashed). Input as returned by
+    :func:`bayesattn.geometry.attention_distance_by_layer`.
+
+    Shape:
+        ``{layer name: (H,)}`` with the same ``H`` for every layer.
+    """
+    _check_ax(ax)
+    if not isinstance(distances_by_layer, dict) or not distances_by_layer:
+        raise ValueError("distances_by_layer must be a non-empty dict {layer: (H,) distances}")
+    names = list(distances_by_layer)
+    rows = []
+    for name in names:
+        v = distances_by_layer[name]
+        arr = (
+            v.detach().to("cpu", torch.float64).numpy()
+            if isinstance(v, Tensor)
+            else np.asarray(v, dtype=np.float64)
+        )
+        if arr.ndim != 1 or arr.shape[0] == 0:
+            raise ValueError(
+                f"distances_by_layer[{name!r}] must be 1-D (H,); got shape {tuple(arr.shape)}"
+            )
+        rows.append(arr)
+    H = rows[0].shape[0]
+    if any(r.shape[0] != H for r in rows):
+        raise ValueError(
+            f"every layer must have the same number of heads; got {[r.shape[0] for r in rows]}"
+        )
+    d = np.stack(rows)  # (L, H)
+    if ax is None:
+        fig = _new_figure(figsize=(max(5.0, 0.8 * len(names) + 3.0), 4.0), layout="constrained")
+        ax = fig.subplots()
+    else:
+        fig = _root_figure(ax)
+    x = np.arange(len(names))
+    for h in range(H):
+        ax.plot(x, d[:, h], marker="o", linewidth=1, alpha=0.8, label=f"head {h}")
+    ax.plot(x, d.mean(1), color="black", linestyle="--", linewidth=1.5, label="mean over heads")
+    ax.set_xticks(x, names, rotation=30, ha="right")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("mean attention distance (positions)")
+    top = float(np.nanmax(d)) if np.isfinite(d).any() else 1.0
+    ax.set_ylim(0, 1.1 * top if top > 0 else 1.0)
+    ax.legend(fontsize="small", ncol=2 if H > 4 else 1)
+    ax.set_title(title if title is not None else "Mean attention distance per layer")
+    return _finish(fig, path)
+
+
+def plot_accuracy_vs_confidence(
+    probs: Tensor,
+    labels: Tensor,
+    thresholds: Any = None,
+    ax: Axes | None = None,
+    title: str | None = None,
+    path: PathLike | None = None,
+) -> Figure:
+    r"""Accuracy of the examples whose confidence :math:`\max_c p_c` is at least a threshold
+    :math:`\tau`, and the fraction of examples retained, against :math:`\tau`:
+
+    .. math:: \mathrm{acc}(\tau) = \frac{\sum_n 1[c_n \ge \tau]\,1[\hat y_n = y_n]}
+              {\sum_n 1[c_n \ge \tau]}, \qquad \mathrm{kept}(\tau) = \frac1N\sum_n 1[c_n\ge\tau]
+
+    (accuracy is undefined, and not drawn, where nothing is kept). Thresholds default to 51
+    equally spaced values on ``[0, 1]``.
+
+    Shape:
+        probs ``(N, C)`` (e.g. ``PredictionResult.mean_probs``), labels ``(N,)``,
+        thresholds ``(T,)``.
+    """
+    _check_ax(ax)
+    p, y = _check_probs_labels(probs, labels)
+    if thresholds is None:
+        thr = np.linspace(0.0, 1.0, 51)
+    else:
+        thr = np.asarray(
+            thresholds.detach().cpu() if isinstance(thresholds, Tensor) else thresholds,
+            dtype=np.float64,
+        )
+        if thr.ndim != 1 or thr.shape[0] == 0:
+            raise ValueError(f"thresholds must be a non-empty 1-D sequence; got shape {thr.shape}")
+    conf = p.max(dim=1).values.numpy()  # (N,)
+    correct = (p.argmax(dim=1) == y).numpy()  # (N,)
+    kept = conf[None, :] >= thr[:, None]  # (T, N)
+    n_kept = kept.sum(1)
+    frac = n_kept / conf.shape[0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        acc = np.where(n_kept > 0, (kept & correct[None, :]).sum(1) / n_kept, np.nan)
+
+    if ax is None:
+        fig = _new_figure(figsize=(6.0, 4.0), layout="constrained")
+        ax = fig.subplots()
+    else:
+        fig = _root_figure(ax)
+    ax.plot(thr, acc, color="tab:blue", marker=".", linewidth=1.5, label="accuracy of kept")
+    ax.plot(thr, frac, color="tab:orange", linestyle="--", linewidth=1.5, label="fraction kept")
+    ax.set_xlim(float(thr.min()), float(thr.max()) if thr.max() > thr.min() else 1.0)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("confidence threshold")
+    ax.set_ylabel("accuracy / fraction")
+    ax.legend(fontsize="small")
+    ax.set_title(title if title is not None else "Accuracy vs confidence threshold")
     return _finish(fig, path)

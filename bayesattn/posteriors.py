@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from torch.distributions import constraints
 from torch.distributions.kl import kl_divergence, register_kl
 
-from .functional import log_posterior_weights
+from .functional import log_posterior_weights, posterior_weights
 
 __all__ = [
     "AttentionPosterior",
@@ -434,9 +434,11 @@ class AttentionPosterior(nn.Module):
         return (q_dist.log_prob(x) - p_dist.log_prob(x)).mean(0)
 
     def mean_weights(self, logits: Tensor, log_prior: Tensor | None = None) -> Tensor:
-        """Deterministic weights used in posterior-mean mode: the exact posterior ``p̄``."""
-        lp, allowed = self.exact_log_posterior(logits, log_prior)
-        return torch.where(allowed, lp.exp(), torch.zeros_like(lp))
+        """Deterministic weights used in posterior-mean mode: the exact posterior ``p̄``.
+
+        Bit-for-bit :func:`bayesattn.functional.posterior_weights` (``exp(log_softmax)`` would
+        differ from ``softmax`` in the last ulp)."""
+        return posterior_weights(logits, log_prior)
 
 
 class DirichletWeights(AttentionPosterior):
@@ -498,7 +500,7 @@ class LogisticNormalWeights(AttentionPosterior):
         _check_positive("init_scale", init_scale)
         _check_positive("prior_scale", prior_scale)
         self.prior_scale = float(prior_scale)
-        inv = math.log(math.expm1(init_scale))  # softplus⁻¹
+        inv = init_scale + math.log(-math.expm1(-init_scale))  # softplus⁻¹, no overflow
         self.input_dependent = input_dependent
         if input_dependent:
             if head_dim is None or head_dim < 1:

@@ -243,3 +243,13 @@ def test_param_store_is_not_polluted_between_networks():
     # PyroModule parameters are the modules' own tensors, never shared through the store
     assert a.head.weight is not b.head.weight
     assert not torch.equal(a.head.weight, b.head.weight)
+
+
+def test_bayesian_head_vectorises_and_layernorm_is_refused():
+    net = _clf()
+    bayesian_projections(net, targets=("*in_proj_weight", "head.weight"))
+    x, _ = _data()
+    pred = Predictive(net.model, guide=net.guide, num_samples=3, parallel=True)(x)
+    assert pred["head.weight"].shape[-2:] == (3, 8)
+    with pytest.raises(ValueError, match="LayerNorm"):
+        bayesian_projections(_clf(), targets="*norm1.weight")

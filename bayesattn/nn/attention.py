@@ -38,12 +38,15 @@ __all__ = ["BayesianMultiheadAttention", "linear"]
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``x @ weight.T + bias`` that also broadcasts *sampled* weights with leading sample dims.
 
-    A sampled weight's leading (batch) dims align with x's leading dims, from the left; missing
-    trailing batch dims are treated as 1 (``F.linear`` cannot do this: it needs a 2-D weight).
+    ``x`` is read as a stack of ``(T, In)`` matrices with batch dims ``(*S, B)``. A sampled
+    weight's batch dims are those of Pyro plates: ``(P, 1)`` (particle plate, data plate) lines up
+    with ``(P, B)`` by broadcasting; a weight with fewer batch dims than ``x`` (e.g. ``(S,)`` from a
+    sample plate) is aligned from the left (``S`` with ``S``). ``F.linear`` cannot do this: it
+    needs a 2-D weight (DESIGN §5).
 
     Shape:
         x ``(*S, B, T, In)``, weight ``(Out, In)`` or ``(*S', Out, In)``, bias ``(Out,)`` or
-        ``(*S', Out)`` with ``S'`` broadcastable against the left of ``(*S, B)``.
+        ``(*S', Out)``; output ``(*S, B, T, Out)``.
     """
     if weight.dim() == 2 and (bias is None or bias.dim() == 1):
         return F.linear(x, weight, bias)
@@ -350,11 +353,11 @@ class BayesianMultiheadAttention(PyroModule):
                 w = BF.posterior_weights(logits, log_prior)
             else:
                 w = self._sample_weights(mode, logits, log_prior, q, k, num_samples)
+            if self.record_weights:
+                self.last_weights = w.detach()  # before attention dropout: rows sum to 1
             if dropout_p > 0:
-                w = F.dropout(w, dropout_p, training=True)
+                w = F.dropout(w, dropout_p, training=True)  # returned like torch: after dropout
             out = BF.attend(w, v)  # (…, B, H, Tq, Dh)
-        if self.record_weights and w is not None:
-            self.last_weights = w.detach()
 
         out = out.transpose(-3, -2).reshape(out.shape[:-3] + (Tq, self.embed_dim))  # (…,B,Tq,E)
         out = linear(out, self.out_proj.weight, self.out_proj.bias)

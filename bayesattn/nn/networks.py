@@ -32,6 +32,7 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroModule
 from torch import Tensor, nn
 
+from .attention import linear
 from .blocks import AttentionConfig, Decoder, Encoder
 from .modes import attention_mode, collect_kl, current_mode
 
@@ -360,7 +361,9 @@ class TransformerClassifier(BayesianNetwork):
         else:
             keep = (~pad).to(h.dtype).unsqueeze(-1)  # (B, T, 1)
             pooled = (h * keep).sum(-2) / keep.sum(-2).clamp_min(1.0)
-        return self.head(pooled)  # (*P, B, C)
+        # linear() reads x as (*S, B, T, In); pooled has no T, so give it one
+        out = linear(pooled.unsqueeze(-2), self.head.weight, self.head.bias)  # (*P, B, 1, C)
+        return out.squeeze(-2)  # (*P, B, C)
 
     def _targets(self, x, y):
         return y, None, 0
@@ -573,7 +576,7 @@ class Seq2Seq(_Generative):
             tgt_key_padding_mask=None,
             memory_key_padding_mask=src_pad,
         )
-        return self.head(h)  # (*P, B, T, V)
+        return linear(h, self.head.weight, self.head.bias)  # (*P, B, T, V)
 
     def _forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
         if y is None:
@@ -645,7 +648,8 @@ class CausalLM(_Generative):
 
     def _logits_of(self, tokens: Tensor, num_particles: int) -> Tensor:
         h = _particles(self.embed(tokens), num_particles)
-        return self.head(self.decoder(h, tgt_key_padding_mask=None))
+        h = self.decoder(h, tgt_key_padding_mask=None)
+        return linear(h, self.head.weight, self.head.bias)  # (*P, B, T, V)
 
     def _forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
         return self._logits_of(x[:, :-1], num_particles)

@@ -23,7 +23,9 @@ import pyro.distributions as dist
 from pyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoNormal, init_to_value
 from pyro.nn import PyroModule, PyroSample
 from pyro.nn.module import to_pyro_module_
+from torch import nn
 
+from .attention import BayesianMultiheadAttention
 from .networks import BayesianNetwork
 
 __all__ = ["bayesian_projections", "DEFAULT_TARGETS"]
@@ -75,6 +77,12 @@ def bayesian_projections(
     for full in names:
         path, _, pname = full.rpartition(".")
         module = network.get_submodule(path)
+        if not isinstance(module, (nn.Linear, BayesianMultiheadAttention)):
+            raise ValueError(
+                f"only projection weights of attention layers and linear layers can be made "
+                f"Bayesian (they broadcast sampled weights); {full} belongs to a "
+                f"{type(module).__name__}"
+            )
         if not isinstance(module, PyroModule):
             to_pyro_module_(module, recurse=False)
             module = network.get_submodule(path)  # attribute access links it to the root's context

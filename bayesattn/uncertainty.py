@@ -1,0 +1,471 @@
+r"""Posterior predictive sampling, the entropy decomposition of uncertainty, and attention statistics.
+
+:func:`predict` draws ``S`` samples of a classifier's predictive distribution in one vectorised pass
+(a leading sample dim through the whole network) and returns a :class:`PredictionResult`:
+
+.. math::
+
+    p_s(c\mid x) = p(c\mid x, w_s, \theta_s), \qquad
+    \bar p(c\mid x) = \frac1S\sum_s p_s(c\mid x)
+
+where :math:`w_s \sim q(w\mid x)` are attention weights drawn from the amortised posterior and
+:math:`\theta_s \sim q(\theta)` projection weights drawn from the weight guide (if the network has
+Bayesian projections, see :func:`bayesattn.nn.weights.bayesian_projections`). The predictive
+entropy splits into an aleatoric and an epistemic part:
+
+.. math::
+
+    \underbrace{H\big[\bar p\big]}_{\text{total}}
+    = \underbrace{\frac1S\sum_s H\big[p_s\big]}_{\text{aleatoric (expected entropy)}}
+    + \underbrace{I[y; w, \theta \mid x]}_{\text{epistemic (mutual information)}},
+
+and the mutual information is :math:`\ge 0` by Jensen's inequality (concavity of :math:`H`).
+
+The attention weights of every layer are kept as :class:`AttentionSamples`
+``(S, B, H, Tq, Tk)`` with their mean, std, central credible intervals and summaries.
+
+Shape glossary: ``S`` posterior samples (leftmost), ``B`` batch, ``C`` classes, ``H`` heads,
+``Tq``/``Tk`` query/key length.
+
+Example:
+    >>> net = TransformerClassifier(2, vocab_size=8, attention=AttentionConfig("dirichlet"))
+    >>> res = predict(net, torch.randint(1, 8, (4, 6)), num_samples=16)
+    >>> res.probs.shape, res.mutual_information.shape
+    (torch.Size([16, 4, 2]), torch.Size([4]))
+    >>> res.attention["encoder.layers.0.self_attn"].samples.shape
+    torch.Size([16, 4, 4, 6, 6])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyro
+import torch
+from pyro import poutine
+from torch import Tensor
+
+from .nn.attention import BayesianMultiheadAttention
+from .nn.modes import MODES, attention_mode
+from .nn.networks import BayesianNetwork, TransformerClassifier
+
+__all__ = ["AttentionSamples", "PredictionResult", "predict", "entropy"]
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def entropy(probs: Tensor, dim: int = -1) -> Tensor:
+    r"""Shannon entropy :math:`H[p] = -\sum_c p_c \log p_c` (nats) with :math:`0 \log 0 = 0`.
+
+    Shape:
+        ``(..., C)`` → ``(...)`` (``dim`` removed).
+    """
+    if not isinstance(probs, Tensor):
+        raise TypeError(f"probs must be a torch.Tensor; got {type(probs).__name__}")
+    return -torch.special.xlogy(probs, probs).sum(dim)
+
+
+def _check_prob(prob: Any) -> float:
+    if isinstance(prob, bool) or not isinstance(prob, (int, float)):
+        raise TypeError(f"prob must be a float in (0, 1); got {type(prob).__name__}")
+    if not 0.0 < float(prob) < 1.0:
+        raise ValueError(f"prob must be in (0, 1); got {prob!r}")
+    return float(prob)
+
+
+def _quantile0(x: Tensor, q: float) -> Tensor:
+    """Quantile over dim 0 with linear interpolation (``torch.quantile``'s default), without
+    ``torch.quantile``'s input-size limit.
+
+    Shape:
+        ``(S, ...)`` → ``(...)``.
+    """
+    s = x.shape[0]
+    xs = torch.sort(x, dim=0).values  # (S, ...)
+    pos = q * (s - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, s - 1)
+    frac = pos - lo
+    return xs[lo] + (xs[hi] - xs[lo]) * frac
+
+
+# --------------------------------------------------------------------------------------------
+# attention samples
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class AttentionSamples:
+    r"""Posterior samples of one attention layer's weights and their summaries.
+
+    Fields:
+        samples: ``(S, B, H, Tq, Tk)`` draws of the weights; every row lies on the simplex over the
+            allowed keys.
+        allowed: optional bool ``(B|1, H|1, Tq|1, Tk)`` of keys with prior mass. ``None`` (the
+            default) derives it from the samples: a key is allowed when some draw gives it
+            positive weight (masked keys are exactly 0 in every draw).
+
+    Shape:
+        ``mean``/``std``/``interval`` bounds ``(B, H, Tq, Tk)``; ``entropy_of_mean``/
+        ``mean_key_std`` ``(B, H, Tq)``.
+    """
+
+    samples: Tensor
+    allowed: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.samples, Tensor):
+            raise TypeError(f"samples must be a torch.Tensor; got {type(self.samples).__name__}")
+        if self.samples.dim() != 5:
+            raise ValueError(
+                f"samples must be 5-D (S, B, H, Tq, Tk); got shape {tuple(self.samples.shape)}"
+            )
+        if not self.samples.is_floating_point():
+            raise TypeError(f"samples must be floating point; got dtype {self.samples.dtype}")
+        if self.allowed is not None:
+            if self.allowed.dtype != torch.bool or self.allowed.dim() != 4:
+                raise ValueError(
+                    f"allowed must be a 4-D bool tensor broadcastable to (B, H, Tq, Tk) = "
+                    f"{tuple(self.samples.shape[1:])}; got {self.allowed.dtype} "
+                    f"{tuple(self.allowed.shape)}"
+                )
+            torch.broadcast_shapes(self.allowed.shape, self.samples.shape[1:])
+
+    @property
+    def num_samples(self) -> int:
+        return self.samples.shape[0]
+
+    @property
+    def mean(self) -> Tensor:
+        r"""Posterior mean :math:`\bar w = \frac1S\sum_s w_s`. Shape ``(B, H, Tq, Tk)``."""
+        return self.samples.mean(0)
+
+    @property
+    def std(self) -> Tensor:
+        r"""Posterior std per weight (``S − 1`` denominator; zero when ``S = 1``).
+        Shape ``(B, H, Tq, Tk)``."""
+        if self.num_samples == 1:
+            return torch.zeros_like(self.samples[0])
+        return self.samples.std(0, correction=1)
+
+    def key_mask(self) -> Tensor:
+        """Allowed keys, bool ``(B, H, Tq, Tk)`` (see the class docstring)."""
+        if self.allowed is not None:
+            return self.allowed.expand(self.samples.shape[1:])
+        return (self.samples > 0).any(0)  # (B, H, Tq, Tk)
+
+    def interval(self, prob: float = 0.9) -> tuple[Tensor, Tensor]:
+        r"""Central credible interval :math:`[Q_{(1-p)/2}, Q_{(1+p)/2}]` of every weight, with
+        quantiles over the ``S`` draws (linear interpolation, as :func:`torch.quantile`).
+
+        Shape:
+            ``(lo, hi)``, each ``(B, H, Tq, Tk)``.
+        """
+        p = _check_prob(prob)
+        return _quantile0(self.samples, (1.0 - p) / 2), _quantile0(self.samples, (1.0 + p) / 2)
+
+    def entropy_of_mean(self) -> Tensor:
+        r""":math:`H[\bar w_{i\cdot}] = -\sum_j \bar w_{ij}\log\bar w_{ij}` per query (nats).
+
+        Shape:
+            ``(B, H, Tq)``.
+        """
+        return entropy(self.mean)
+
+    def mean_key_std(self) -> Tensor:
+        r"""Average posterior std of a query's weights over its allowed keys,
+        :math:`\frac{1}{|A_i|}\sum_{j\in A_i}\operatorname{std}(w_{ij})` (0 for a row with no
+        allowed key).
+
+        Shape:
+            ``(B, H, Tq)``.
+        """
+        allowed = self.key_mask()  # (B, H, Tq, Tk)
+        n = allowed.sum(-1).clamp_min(1).to(self.samples.dtype)  # (B, H, Tq)
+        return (self.std * allowed).sum(-1) / n
+
+    def keys_excluding(self, threshold: float, prob: float = 0.9) -> Tensor:
+        r"""Keys whose central ``prob`` credible interval lies strictly above ``threshold``
+        (:math:`\mathrm{lo}_{ij} > t`): the query confidently reads at least that much from them.
+
+        Shape:
+            bool ``(B, H, Tq, Tk)``.
+        """
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+            raise TypeError(f"threshold must be a float in [0, 1]; got {type(threshold).__name__}")
+        if not 0.0 <= float(threshold) <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1]; got {threshold!r}")
+        lo, _ = self.interval(prob)
+        return lo > float(threshold)
+
+    def summary(self) -> dict[str, float]:
+        """Scalar summaries: mean entropy of the mean weights, mean key std, mean interval width
+        (90 %), averaged over batch, heads and queries."""
+        lo, hi = self.interval(0.9)
+        allowed = self.key_mask()
+        width = ((hi - lo) * allowed).sum(-1) / allowed.sum(-1).clamp_min(1)  # (B, H, Tq)
+        return {
+            "entropy_of_mean": float(self.entropy_of_mean().mean()),
+            "mean_key_std": float(self.mean_key_std().mean()),
+            "mean_interval_width_90": float(width.mean()),
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# prediction result
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PredictionResult:
+    r"""``S`` posterior-predictive samples for ``B`` inputs and the uncertainty decomposition.
+
+    Fields:
+        probs: ``(S, B, C)`` per-sample class probabilities :math:`p_s(c\mid x_b)`.
+        attention: layer path → :class:`AttentionSamples` ``(S, B, H, Tq, Tk)`` (empty when
+            ``keep_attention=False``).
+        mode: the attention mode the samples were drawn in.
+
+    Properties (all ``(B,)`` unless noted):
+        ``mean_probs`` ``(B, C)`` :math:`\bar p`; ``predictive_entropy`` :math:`H[\bar p]`;
+        ``expected_entropy`` :math:`\frac1S\sum_s H[p_s]` (aleatoric); ``mutual_information``
+        :math:`H[\bar p] - \frac1S\sum_s H[p_s]` (epistemic); ``predictions`` (argmax of
+        :math:`\bar p`, int64); ``confidence`` :math:`\max_c \bar p_c`.
+
+    Entropies are computed in float64 and returned in the dtype of ``probs``. The mutual
+    information is clamped at 0 only to remove float round-off (it is :math:`\ge 0` exactly).
+    """
+
+    probs: Tensor
+    attention: dict[str, AttentionSamples] = field(default_factory=dict)
+    mode: str = "posterior"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.probs, Tensor):
+            raise TypeError(f"probs must be a torch.Tensor; got {type(self.probs).__name__}")
+        if self.probs.dim() != 3:
+            raise ValueError(f"probs must be 3-D (S, B, C); got shape {tuple(self.probs.shape)}")
+
+    @property
+    def num_samples(self) -> int:
+        return self.probs.shape[0]
+
+    @property
+    def mean_probs(self) -> Tensor:
+        r""":math:`\bar p = \frac1S\sum_s p_s`. Shape ``(B, C)``."""
+        return self.probs.mean(0)
+
+    @property
+    def predictive_entropy(self) -> Tensor:
+        r"""Total uncertainty :math:`H[\bar p]`. Shape ``(B,)``."""
+        return entropy(self.probs.double().mean(0)).to(self.probs.dtype)
+
+    @property
+    def expected_entropy(self) -> Tensor:
+        r"""Aleatoric uncertainty :math:`\frac1S\sum_s H[p_s]`. Shape ``(B,)``."""
+        return entropy(self.probs.double()).mean(0).to(self.probs.dtype)
+
+    @property
+    def mutual_information(self) -> Tensor:
+        r"""Epistemic uncertainty :math:`I = H[\bar p] - \frac1S\sum_s H[p_s] \ge 0`.
+        Shape ``(B,)``."""
+        p = self.probs.double()  # (S, B, C)
+        mi = entropy(p.mean(0)) - entropy(p).mean(0)  # (B,)
+        return mi.clamp_min(0.0).to(self.probs.dtype)
+
+    @property
+    def predictions(self) -> Tensor:
+        """Argmax of the posterior predictive. Shape ``(B,)`` int64."""
+        return self.mean_probs.argmax(-1)
+
+    @property
+    def confidence(self) -> Tensor:
+        r""":math:`\max_c \bar p_c`. Shape ``(B,)``."""
+        return self.mean_probs.max(-1).values
+
+    def summary(self) -> dict[str, float]:
+        """Scalars averaged over the batch, plus ``"attention/<layer>/<stat>"`` for every kept
+        layer (see :meth:`AttentionSamples.summary`)."""
+        out: dict[str, float] = {
+            "num_samples": float(self.num_samples),
+            "mean_confidence": float(self.confidence.mean()),
+            "mean_predictive_entropy": float(self.predictive_entropy.mean()),
+            "mean_expected_entropy": float(self.expected_entropy.mean()),
+            "mean_mutual_information": float(self.mutual_information.mean()),
+        }
+        for name, a in self.attention.items():
+            for k, v in a.summary().items():
+                out[f"attention/{name}/{k}"] = v
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# predict
+# --------------------------------------------------------------------------------------------
+
+
+def _check_network(network: Any) -> TransformerClassifier:
+    if not isinstance(network, BayesianNetwork):
+        raise TypeError(
+            f"network must be a bayesattn BayesianNetwork (TransformerClassifier or "
+            f"VisionTransformer); got {type(network).__name__}"
+        )
+    if not isinstance(network, TransformerClassifier):
+        raise TypeError(
+            f"predict supports classifiers (TransformerClassifier, VisionTransformer); got "
+            f"{type(network).__name__}: use network.generate() for per-token uncertainty of "
+            f"sequence models"
+        )
+    return network
+
+
+def _draw_weights(network: BayesianNetwork, mode: str, num_samples: int) -> dict | None:
+    """Projection weights for the ``S`` samples: ``(S, *shape)`` draws from the weight guide
+    (``"posterior"``/``"elbo"``) or the weight prior (``"prior"``); the posterior median in
+    ``"mean"`` mode (as :meth:`BayesianNetwork.forward`); ``None`` without Bayesian weights."""
+    if network.weight_guide is None:
+        return None
+    if mode == "mean":
+        return network.weight_guide.median()
+    fn = network._weight_prior_model if mode == "prior" else network.weight_guide
+    with poutine.block():
+        if num_samples == 1:
+            values = fn()  # (*shape)
+        else:
+            with pyro.plate("_predict_samples", num_samples, dim=-1):
+                values = fn()  # (S, *shape): one weight draw per sample
+    return {k: v.detach() for k, v in values.items()}
+
+
+def _chunks(n: int, batch_size: int | None) -> Iterator[slice]:
+    step = n if batch_size is None else batch_size
+    for start in range(0, n, max(step, 1)):
+        yield slice(start, min(start + step, n))
+
+
+def _run_pass(
+    net: TransformerClassifier,
+    xb: Tensor,
+    mode: str,
+    values: dict[str, Tensor] | None,
+    num_particles: int,
+    layers: list[tuple[str, BayesianMultiheadAttention]],
+    keep_attention: bool,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """One network pass with ``num_particles`` particles: probabilities ``(P, b, C)`` and the
+    recorded attention weights ``(P, b, H, Tq, Tk)`` per layer."""
+    with poutine.block(), attention_mode(mode), net._pyro_context, net._weights_from(values):
+        logits = net._forward_logits(xb, None, num_particles)  # (P?, b, C)
+    if logits.dim() == 2:
+        logits = logits.unsqueeze(0)  # (1, b, C)
+    ws: dict[str, Tensor] = {}
+    for name, m in layers if keep_attention else ():
+        w = m.last_weights
+        if w is None:
+            raise RuntimeError(f"attention layer {name} recorded no weights")
+        ws[name] = w.unsqueeze(0) if w.dim() == 4 else w  # (P, b, H, Tq, Tk)
+    return torch.softmax(logits, dim=-1), ws
+
+
+def predict(
+    network: TransformerClassifier,
+    x: Tensor,
+    num_samples: int = 32,
+    batch_size: int | None = None,
+    progress: bool = False,
+    mode: str = "posterior",
+    keep_attention: bool = True,
+) -> PredictionResult:
+    r"""Draw ``num_samples`` posterior-predictive samples for a classifier in one vectorised pass.
+
+    Each sample :math:`s` runs the network with attention weights drawn in ``mode`` (the amortised
+    posterior :math:`q(w\mid x)` by default; ``"prior"``; ``"mean"`` for the deterministic posterior
+    mean) and, if the network has Bayesian projections, with projection weights
+    :math:`\theta_s \sim q(\theta)` (one draw per sample shared by all inputs and batches; the
+    weight *prior* in ``"prior"`` mode, the guide's median in ``"mean"`` mode). The ``S`` samples
+    travel as a leading particle dim through the whole network (``forward(x, num_particles=S)``),
+    sampled weights broadcasting through :func:`bayesattn.nn.attention.linear` (which is why
+    :func:`~bayesattn.nn.weights.bayesian_projections` accepts only attention and linear weights).
+
+    A network with nothing random in ``mode`` (no Bayesian attention layer and no weight guide, or
+    ``mode="mean"``) is run once and its output repeated ``S`` times, so every statistic has the
+    usual shapes and the mutual information is exactly 0.
+
+    The network runs in eval mode (dropout off) under ``torch.no_grad`` and Pyro sites are hidden
+    from any enclosing handler; its training flags and the attention layers' ``record_weights``/
+    ``last_weights`` are restored afterwards.
+
+    Args:
+        network: a :class:`~bayesattn.nn.networks.TransformerClassifier` or
+            :class:`~bayesattn.nn.networks.VisionTransformer`.
+        x: inputs as the network takes them.
+        num_samples: ``S >= 1``.
+        batch_size: split ``x`` into chunks of at most this many inputs (``None``: one chunk).
+        progress: show a ``tqdm`` bar over the chunks.
+        mode: ``"posterior"`` (default), ``"prior"``, ``"mean"`` or ``"elbo"`` (posterior draws
+            without Pyro sites); see :mod:`bayesattn.nn.modes`.
+        keep_attention: record every attention layer's weights.
+
+    Shape:
+        x ``(B, T)`` tokens, ``(B, T, D)`` vectors or ``(B, [C,] H, W)`` images →
+        ``probs (S, B, C)``, attention ``(S, B, H, Tq, Tk)`` per layer.
+    """
+    net = _check_network(network)
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be an int >= 1; got {num_samples!r}")
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+    ):
+        raise ValueError(f"batch_size must be None or an int >= 1; got {batch_size!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor; got {type(x).__name__}")
+    net._check_batch(x, None)
+    if x.shape[0] == 0:
+        raise ValueError(f"x must hold at least one input; got shape {tuple(x.shape)}")
+
+    S = num_samples
+    stochastic = mode != "mean" and (bool(net.bayesian_layers) or net.weight_guide is not None)
+    S_run = S if stochastic else 1
+    layers = [(n, m) for n, m in net.named_modules() if isinstance(m, BayesianMultiheadAttention)]
+    saved_layers = [(m, m.record_weights, m.last_weights) for _, m in layers]
+    saved_training = [(m, m.training) for m in net.modules()]
+
+    probs_chunks: list[Tensor] = []
+    attn_chunks: dict[str, list[Tensor]] = {n: [] for n, _ in layers} if keep_attention else {}
+    chunks = list(_chunks(x.shape[0], batch_size))
+    it = chunks
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(chunks, desc="predict", unit="batch")
+    try:
+        net.eval()
+        for _, m in layers:
+            m.record_weights = keep_attention
+        with torch.no_grad():
+            values = _draw_weights(net, mode, S_run)
+            for sl in it:
+                p, ws = _run_pass(net, x[sl], mode, values, S_run, layers, keep_attention)
+                probs_chunks.append(p.expand((S,) + p.shape[1:]))  # (S, b, C)
+                for name, w in ws.items():
+                    attn_chunks[name].append(w.expand((S,) + w.shape[1:]))  # (S, b, H, Tq, Tk)
+    finally:
+        for m, rec, last in saved_layers:
+            m.record_weights, m.last_weights = rec, last
+        for m, flag in saved_training:
+            m.training = flag
+
+    probs = torch.cat(probs_chunks, dim=1)  # (S, B, C)
+    attention = {
+        name: AttentionSamples(torch.cat(ws, dim=1))  # (S, B, H, Tq, Tk)
+        for name, ws in attn_chunks.items()
+    }
+    return PredictionResult(probs=probs, attention=attention, mode=mode)
