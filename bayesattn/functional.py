@@ -199,6 +199,8 @@ def log_posterior_weights(logits: Tensor, log_prior: Tensor | None = None) -> Te
     Shape:
         ``(..., Tq, Tk)``
     """
+    if log_prior is None:
+        return torch.log_softmax(logits, dim=-1)
     a = posterior_logits(logits, log_prior)
     dead = ~allowed_keys(a).any(-1, keepdim=True)  # (..., Tq, 1)
     out = torch.log_softmax(a.masked_fill(dead, 0.0), dim=-1)
@@ -218,6 +220,8 @@ def posterior_weights(logits: Tensor, log_prior: Tensor | None = None) -> Tensor
         >>> w
         tensor([[0.5000, 0.5000, 0.0000]])
     """
+    if log_prior is None:  # nothing masked (logits are finite): plain softmax
+        return torch.softmax(logits, dim=-1)
     a = posterior_logits(logits, log_prior)
     dead = ~allowed_keys(a).any(-1, keepdim=True)  # (..., Tq, 1)
     w = torch.softmax(a.masked_fill(dead, 0.0), dim=-1)

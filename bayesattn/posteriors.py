@@ -68,8 +68,10 @@ class _Masked(TorchDistribution):
 
     def _init(self, allowed: Tensor | None, *params: Tensor, validate_args=None) -> None:
         shape = torch.broadcast_shapes(*(p.shape for p in params))
+        # allowed=None: every key allowed; a free expanded view and no masking work at all
+        self._all = allowed is None
         if allowed is None:
-            allowed = torch.ones(shape, dtype=torch.bool, device=params[0].device)
+            allowed = torch.ones((), dtype=torch.bool, device=params[0].device).expand(shape)
         if allowed.dtype != torch.bool:
             raise TypeError(f"allowed must be a bool tensor; got {allowed.dtype}")
         shape = torch.broadcast_shapes(shape, allowed.shape)
@@ -84,19 +86,34 @@ class _Masked(TorchDistribution):
     def expand(self, batch_shape, _instance=None):
         batch_shape = torch.Size(batch_shape)
         full = batch_shape + self.event_shape
-        kwargs = {n: getattr(self, n).expand(full) for n in self._param_names}
-        new = type(self)(**kwargs, **self._extra_kwargs(), allowed=self.allowed.expand(full))
-        return new
+        kwargs = {n: self._expand_param(n, full) for n in self._param_names}
+        allowed = None if self._all else self.allowed.expand(full)
+        return type(self)(**kwargs, **self._extra_kwargs(), allowed=allowed)
 
     def _extra_kwargs(self) -> dict:
         return {}
 
+    def _expand_param(self, name: str, shape: torch.Size) -> Tensor:
+        return getattr(self, name).expand(shape)
+
+    def _keep(self, x: Tensor, fill: float) -> Tensor:
+        """``x`` on allowed keys, ``fill`` elsewhere."""
+        return x if self._all else torch.where(self.allowed, x, fill)
+
     def _mask_sum(self, x: Tensor) -> Tensor:
-        return torch.where(self.allowed, x, torch.zeros_like(x)).sum(-1)
+        return self._keep(x, 0.0).sum(-1)
 
     @property
     def n_allowed(self) -> Tensor:
+        if self._all:
+            return torch.full(
+                self.allowed.shape[:-1], self.allowed.shape[-1], device=self.allowed.device
+            )
         return self.allowed.sum(-1)
+
+    def _rowwise(self, x: Tensor, fill: float) -> Tensor:
+        """``x`` for rows with an allowed key, ``fill`` for rows with none."""
+        return x if self._all else torch.where(self.n_allowed > 0, x, fill)
 
 
 class MaskedDirichlet(_Masked):
@@ -118,12 +135,12 @@ class MaskedDirichlet(_Masked):
 
     @property
     def _safe_conc(self) -> Tensor:
-        return torch.where(self.allowed, self.concentration, torch.ones_like(self.concentration))
+        return self._keep(self.concentration, 1.0)
 
     def rsample(self, sample_shape=torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
         g = torch._standard_gamma(self._safe_conc.expand(shape))  # (*S, ..., Tq, Tk)
-        g = torch.where(self.allowed, g, torch.zeros_like(g))
+        g = self._keep(g, 0.0)
         tot = g.sum(-1, keepdim=True)
         w = g / tot.clamp_min(_tiny(g))
         return w.clamp_min(0.0)
@@ -131,7 +148,7 @@ class MaskedDirichlet(_Masked):
     @property
     def _safe_total(self) -> Tensor:
         a0 = self._mask_sum(self._safe_conc)  # (..., Tq)
-        return torch.where(self.n_allowed > 0, a0, torch.ones_like(a0))
+        return self._rowwise(a0, 1.0)
 
     def log_prob(self, value: Tensor) -> Tensor:
         a = self._safe_conc
@@ -141,11 +158,11 @@ class MaskedDirichlet(_Masked):
             - self._mask_sum(torch.lgamma(a))
             + self._mask_sum((a - 1.0) * logw)
         )
-        return torch.where(self.n_allowed > 0, lp, torch.zeros_like(lp))
+        return self._rowwise(lp, 0.0)
 
     @property
     def mean(self) -> Tensor:
-        a = torch.where(self.allowed, self.concentration, torch.zeros_like(self.concentration))
+        a = self._keep(self.concentration, 0.0)
         return a / a.sum(-1, keepdim=True).clamp_min(_tiny(a))
 
 
@@ -158,7 +175,7 @@ def _kl_masked_dirichlet(p: MaskedDirichlet, q: MaskedDirichlet) -> Tensor:
     t = torch.lgamma(a0) - torch.lgamma(b0)
     t = t + p._mask_sum(torch.lgamma(b) - torch.lgamma(a))
     t = t + p._mask_sum((a - b) * (torch.digamma(a) - torch.digamma(a0).unsqueeze(-1)))
-    return torch.where(p.n_allowed > 0, t, torch.zeros_like(t))
+    return p._rowwise(t, 0.0)
 
 
 class MaskedNormal(_Masked):
@@ -173,7 +190,7 @@ class MaskedNormal(_Masked):
         self, loc: Tensor, scale: Tensor, allowed: Tensor | None = None, validate_args=None
     ):
         self._init(allowed, loc, scale, validate_args=validate_args)
-        self.loc = torch.where(self.allowed, loc.expand(self.allowed.shape), 0.0)
+        self.loc = self._keep(loc.expand(self.allowed.shape), 0.0)
         self.scale = scale.expand(self.allowed.shape)
         self._finish(validate_args)
 
@@ -223,26 +240,30 @@ class MaskedWeibull(_Masked):
         validate_args=None,
     ):
         self._init(allowed, concentration, scale, validate_args=validate_args)
+        self._k = concentration  # as given (e.g. per head, (1, H, 1, 1)): cheap k-only maths
         self.concentration = concentration.expand(self.allowed.shape)
         self.scale = scale.expand(self.allowed.shape)
         self._finish(validate_args)
+
+    def _expand_param(self, name: str, shape: torch.Size) -> Tensor:
+        return self._k if name == "concentration" else super()._expand_param(name, shape)
 
     def rsample(self, sample_shape=torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
         u = torch.rand(shape, dtype=self.scale.dtype, device=self.scale.device)
         u = u.clamp(_tiny(u), 1.0 - torch.finfo(u.dtype).eps)
-        g = self.scale * (-torch.log(u)).pow(1.0 / self.concentration)
-        return torch.where(self.allowed, g, torch.ones_like(g))
+        g = self.scale * (-torch.log(u)).pow(1.0 / self._k)
+        return self._keep(g, 1.0)
 
     def log_prob(self, value: Tensor) -> Tensor:
-        k, lam = self.concentration, self.scale
+        k, lam = self._k, self.scale
         x = value.clamp_min(_tiny(value))
         lp = k.log() - lam.log() + (k - 1) * (x.log() - lam.log()) - (x / lam).pow(k)
         return self._mask_sum(lp)
 
     @property
     def mean(self) -> Tensor:
-        return self.scale * _weibull_mean_factor(self.concentration)
+        return self.scale * _weibull_mean_factor(self._k)
 
 
 class MaskedGamma(_Masked):
@@ -257,9 +278,7 @@ class MaskedGamma(_Masked):
         self, concentration: Tensor, rate: Tensor, allowed: Tensor | None = None, validate_args=None
     ):
         self._init(allowed, concentration, rate, validate_args=validate_args)
-        self.concentration = torch.where(
-            self.allowed, concentration.expand(self.allowed.shape), 1.0
-        )
+        self.concentration = self._keep(concentration.expand(self.allowed.shape), 1.0)
         self.rate = rate.expand(self.allowed.shape)
         self._finish(validate_args)
 
@@ -308,7 +327,7 @@ def _kl_weibull_gamma_torch(p, q) -> Tensor:
 
 @register_kl(MaskedWeibull, MaskedGamma)
 def _kl_masked_weibull_gamma(p: MaskedWeibull, q: MaskedGamma) -> Tensor:
-    return p._mask_sum(kl_weibull_gamma(p.concentration, p.scale, q.concentration, q.rate))
+    return p._mask_sum(kl_weibull_gamma(p._k, p.scale, q.concentration, q.rate))
 
 
 class MaskedConcrete(_Masked):
@@ -330,12 +349,12 @@ class MaskedConcrete(_Masked):
         self, logits: Tensor, temperature: Tensor, allowed: Tensor | None = None, validate_args=None
     ):
         self._init(allowed, logits, temperature, validate_args=validate_args)
-        self.logits = torch.where(self.allowed, logits.expand(self.allowed.shape), 0.0)
+        self.logits = self._keep(logits.expand(self.allowed.shape), 0.0)
         self.temperature = temperature.expand(self.allowed.shape)
         self._finish(validate_args)
 
     def _masked_lse(self, x: Tensor) -> Tensor:
-        return torch.logsumexp(x.masked_fill(~self.allowed, float("-inf")), dim=-1)
+        return torch.logsumexp(self._keep(x, float("-inf")), dim=-1)
 
     def rsample(self, sample_shape=torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
@@ -343,6 +362,8 @@ class MaskedConcrete(_Masked):
         u = u.clamp(_tiny(u), 1.0 - torch.finfo(u.dtype).eps)
         y = (self.logits - torch.log(-torch.log(u))) / self.temperature
         x = y - self._masked_lse(y).unsqueeze(-1)
+        if self._all:
+            return x
         dead = (self.n_allowed == 0).unsqueeze(-1)
         return torch.where(self.allowed & ~dead, x, torch.zeros_like(x))
 
@@ -368,6 +389,13 @@ class MaskedConcrete(_Masked):
 def _allowed(logits: Tensor, log_prior: Tensor | None) -> Tensor:
     a = logits if log_prior is None else logits + log_prior
     return a > float("-inf")
+
+
+def _num_allowed(allowed: Tensor | None, like: Tensor) -> Tensor | float:
+    """Number of allowed keys per row ``(..., Tq, 1)`` (at least 1), or ``Tk`` if unmasked."""
+    if allowed is None:
+        return float(like.shape[-1])
+    return allowed.sum(-1, keepdim=True).clamp_min(1).to(like.dtype)
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -396,15 +424,25 @@ class AttentionPosterior(nn.Module):
 
     # helpers ------------------------------------------------------------------------------
     @staticmethod
-    def exact_log_posterior(logits: Tensor, log_prior: Tensor | None) -> tuple[Tensor, Tensor]:
-        """``(log p̄ with 0 at masked keys, allowed)``; ``p̄ = softmax(log π + logits)``."""
+    def exact_log_posterior(
+        logits: Tensor, log_prior: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """``(log p̄ with 0 at masked keys, allowed)``; ``p̄ = softmax(log π + logits)``.
+        ``allowed`` is ``None`` when nothing is masked (``log_prior is None``)."""
+        if log_prior is None:
+            return torch.log_softmax(logits, dim=-1), None
         allowed = _allowed(logits, log_prior)
         lp = log_posterior_weights(logits, log_prior)
         return torch.where(allowed, lp, torch.zeros_like(lp)), allowed
 
     @staticmethod
-    def normalised_log_prior(log_prior: Tensor | None, like: Tensor) -> tuple[Tensor, Tensor]:
-        """``(log π normalised over allowed keys, 0 at masked; allowed)`` with ``like``'s shape."""
+    def normalised_log_prior(
+        log_prior: Tensor | None, like: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
+        """``(log π normalised over allowed keys, 0 at masked; allowed)`` with ``like``'s shape;
+        ``allowed`` is ``None`` when nothing is masked."""
+        if log_prior is None:
+            return torch.full_like(like, -math.log(like.shape[-1])), None
         zeros = torch.zeros_like(like)
         lp = log_posterior_weights(zeros, log_prior)
         allowed = lp > float("-inf")
@@ -422,7 +460,8 @@ class AttentionPosterior(nn.Module):
     def prior(self, log_prior: Tensor | None, like: Tensor, key: Tensor | None = None):
         raise NotImplementedError
 
-    def to_weights(self, latent: Tensor, allowed: Tensor) -> Tensor:
+    def to_weights(self, latent: Tensor, allowed: Tensor | None) -> Tensor:
+        """Latent → simplex weights (0 on masked keys; ``allowed=None``: nothing masked)."""
         raise NotImplementedError
 
     def kl(self, q_dist, p_dist, num_samples: int = 1) -> Tensor:
@@ -463,19 +502,19 @@ class DirichletWeights(AttentionPosterior):
 
     def posterior(self, logits, log_prior=None, query=None) -> MaskedDirichlet:
         lp, allowed = self.exact_log_posterior(logits, log_prior)  # (B, H, Tq, Tk)
-        n = allowed.sum(-1, keepdim=True).clamp_min(1).to(lp.dtype)  # (B, H, Tq, 1)
+        n = _num_allowed(allowed, lp)  # (B, H, Tq, 1)
         kappa = self._head_param(self.log_concentration.exp().to(lp.dtype))
         conc = (kappa * n * lp.exp()).clamp_min(1e-6)
-        return MaskedDirichlet(conc, allowed)
+        return MaskedDirichlet(conc, allowed, validate_args=False)
 
     def prior(self, log_prior, like, key=None) -> MaskedDirichlet:
         lp, allowed = self.normalised_log_prior(log_prior, like)
-        n = allowed.sum(-1, keepdim=True).clamp_min(1).to(lp.dtype)
+        n = _num_allowed(allowed, lp)
         conc = (self.prior_concentration * n * lp.exp()).clamp_min(1e-6)
-        return MaskedDirichlet(conc, allowed)
+        return MaskedDirichlet(conc, allowed, validate_args=False)
 
-    def to_weights(self, latent: Tensor, allowed: Tensor) -> Tensor:
-        return torch.where(allowed, latent, torch.zeros_like(latent))
+    def to_weights(self, latent: Tensor, allowed: Tensor | None) -> Tensor:
+        return latent if allowed is None else torch.where(allowed, latent, 0.0)
 
 
 class LogisticNormalWeights(AttentionPosterior):
@@ -520,13 +559,15 @@ class LogisticNormalWeights(AttentionPosterior):
 
     def posterior(self, logits, log_prior=None, query=None) -> MaskedNormal:
         lp, allowed = self.exact_log_posterior(logits, log_prior)
-        return MaskedNormal(lp, self._scale(lp, query).expand_as(lp), allowed)
+        return MaskedNormal(lp, self._scale(lp, query).expand_as(lp), allowed, validate_args=False)
 
     def prior(self, log_prior, like, key=None) -> MaskedNormal:
         lp, allowed = self.normalised_log_prior(log_prior, like)
-        return MaskedNormal(lp, torch.full_like(lp, self.prior_scale), allowed)
+        return MaskedNormal(lp, torch.full_like(lp, self.prior_scale), allowed, validate_args=False)
 
-    def to_weights(self, latent: Tensor, allowed: Tensor) -> Tensor:
+    def to_weights(self, latent: Tensor, allowed: Tensor | None) -> Tensor:
+        if allowed is None:
+            return torch.softmax(latent, dim=-1)
         y = latent.masked_fill(~allowed, float("-inf"))
         dead = ~allowed.any(-1, keepdim=True)
         w = torch.softmax(y.masked_fill(dead, 0.0), dim=-1)
@@ -554,17 +595,18 @@ class WeibullWeights(AttentionPosterior):
 
     def posterior(self, logits, log_prior=None, query=None) -> MaskedWeibull:
         lp, allowed = self.exact_log_posterior(logits, log_prior)
-        k = self._head_param(self.log_shape.exp().to(lp.dtype)).expand_as(lp)
-        lam = (lp.exp() / _weibull_mean_factor(k)).clamp_min(1e-8)
-        return MaskedWeibull(k, lam, allowed)
+        k = self._head_param(self.log_shape.exp().to(lp.dtype))  # (1, H, 1, 1)
+        lam = (lp.exp() / _weibull_mean_factor(k)).clamp_min(1e-8)  # (B, H, Tq, Tk)
+        return MaskedWeibull(k, lam, allowed, validate_args=False)
 
     def prior(self, log_prior, like, key=None) -> MaskedGamma:
         lp, allowed = self.normalised_log_prior(log_prior, like)
-        c = self.prior_concentration * allowed.sum(-1, keepdim=True).clamp_min(1).to(lp.dtype)
-        return MaskedGamma((c * lp.exp()).clamp_min(1e-6), c.expand_as(lp), allowed)
+        c = self.prior_concentration * _num_allowed(allowed, lp)
+        rate = c.expand_as(lp) if isinstance(c, Tensor) else torch.full_like(lp, c)
+        return MaskedGamma((c * lp.exp()).clamp_min(1e-6), rate, allowed, validate_args=False)
 
-    def to_weights(self, latent: Tensor, allowed: Tensor) -> Tensor:
-        g = torch.where(allowed, latent, torch.zeros_like(latent))
+    def to_weights(self, latent: Tensor, allowed: Tensor | None) -> Tensor:
+        g = latent if allowed is None else torch.where(allowed, latent, 0.0)
         return g / g.sum(-1, keepdim=True).clamp_min(_tiny(g))
 
 
@@ -590,14 +632,18 @@ class ConcreteWeights(AttentionPosterior):
 
     def posterior(self, logits, log_prior=None, query=None) -> MaskedConcrete:
         lp, allowed = self.exact_log_posterior(logits, log_prior)
-        return MaskedConcrete(lp, torch.full_like(lp, self.temperature), allowed)
+        return MaskedConcrete(
+            lp, torch.full_like(lp, self.temperature), allowed, validate_args=False
+        )
 
     def prior(self, log_prior, like, key=None) -> MaskedConcrete:
         lp, allowed = self.normalised_log_prior(log_prior, like)
-        return MaskedConcrete(lp, torch.full_like(lp, self.prior_temperature), allowed)
+        return MaskedConcrete(
+            lp, torch.full_like(lp, self.prior_temperature), allowed, validate_args=False
+        )
 
-    def to_weights(self, latent: Tensor, allowed: Tensor) -> Tensor:
-        return torch.where(allowed, latent.exp(), torch.zeros_like(latent))
+    def to_weights(self, latent: Tensor, allowed: Tensor | None) -> Tensor:
+        return latent.exp() if allowed is None else torch.where(allowed, latent.exp(), 0.0)
 
 
 _FAMILIES = {

@@ -409,14 +409,15 @@ class BayesianMultiheadAttention(PyroModule):
         fam = self.posterior
         assert fam is not None
         lp_full = log_prior.expand_as(logits) if log_prior is not None else None
-        allowed = BF.allowed_keys(logits if lp_full is None else logits + lp_full)
+        allowed = None if lp_full is None else BF.allowed_keys(logits + lp_full)  # None: all
         if mode == "prior":
             d = fam.prior(lp_full, logits, key=k)
         else:
             d = fam.posterior(logits, lp_full, query=q)
         if num_samples is not None:
             d = d.expand(torch.Size((num_samples,)) + d.batch_shape)
-            allowed = allowed.expand((num_samples,) + allowed.shape)
+            if allowed is not None:
+                allowed = allowed.expand((num_samples,) + allowed.shape)
         if mode == "elbo":
             latent = d.rsample()
             col = current_kl_collector()

@@ -339,7 +339,10 @@ class TransformerClassifier(BayesianNetwork):
 
     def padding_mask(self, x: Tensor) -> Tensor | None:
         """``True`` at padding tokens (PyTorch ``key_padding_mask`` convention)."""
-        return (x == self.pad_id) if self.pad_id is not None else None
+        if self.pad_id is None:
+            return None
+        pad = x == self.pad_id
+        return pad if bool(pad.any()) else None  # no padding: no mask, no masking work
 
     def encode(self, x: Tensor, num_particles: int = 1) -> tuple[Tensor, Tensor | None]:
         """Encoder states ``(*P, B, T', E)`` and the padding mask ``(B, T')``."""
@@ -563,8 +566,9 @@ class Seq2Seq(_Generative):
             if y.shape[1] < 2:
                 raise ValueError(f"tgt needs >= 2 tokens (BOS … EOS); got shape {tuple(y.shape)}")
 
-    def encode(self, src: Tensor, num_particles: int = 1) -> tuple[Tensor, Tensor]:
+    def encode(self, src: Tensor, num_particles: int = 1) -> tuple[Tensor, Tensor | None]:
         pad = src == self.pad_id  # (B, Ts)
+        pad = pad if bool(pad.any()) else None
         h = _particles(self.src_embed(src), num_particles)
         return self.encoder(h, src_key_padding_mask=pad), pad
 
