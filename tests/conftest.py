@@ -4,6 +4,9 @@ import pytest
 import torch
 
 matplotlib.use("Agg")
+# Our test models are tiny: one thread avoids thread start-up and contention costs that dominate
+# them on a 2-core machine (and keeps results independent of the core count).
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

@@ -253,3 +253,19 @@ def test_bayesian_head_vectorises_and_layernorm_is_refused():
     assert pred["head.weight"].shape[-2:] == (3, 8)
     with pytest.raises(ValueError, match="LayerNorm"):
         bayesian_projections(_clf(), targets="*norm1.weight")
+
+
+def test_bayesian_projections_ignore_stale_param_store_entries():
+    """A second network with the same Pyro names starts from its own values, not the store's."""
+    first = _clf()
+    bayesian_projections(first)
+    with torch.no_grad():
+        first.weight_guide()  # registers its parameters in the global store
+        for p in first.weight_guide.parameters():
+            p.add_(5.0)
+        first.weight_guide()
+    second = _clf()
+    w0 = second.encoder.layers[0].self_attn.in_proj_weight.detach().clone()
+    bayesian_projections(second)
+    med = second.weight_guide.median()["encoder.layers.0.self_attn.in_proj_weight"]
+    torch.testing.assert_close(med, w0)

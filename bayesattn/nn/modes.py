@@ -24,7 +24,14 @@ from contextvars import ContextVar
 
 from torch import Tensor
 
-__all__ = ["MODES", "attention_mode", "current_mode", "collect_kl", "KLCollector"]
+__all__ = [
+    "MODES",
+    "attention_mode",
+    "current_mode",
+    "collect_kl",
+    "current_kl_collector",
+    "KLCollector",
+]
 
 MODES = ("mean", "posterior", "prior", "elbo")
 

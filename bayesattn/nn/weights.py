@@ -19,6 +19,7 @@ import fnmatch
 import math
 from collections.abc import Sequence
 
+import pyro
 import pyro.distributions as dist
 from pyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoNormal, init_to_value
 from pyro.nn import PyroModule, PyroSample
@@ -110,5 +111,8 @@ def bayesian_projections(
             rank=rank,
         )
     network.weight_guide = wg
-    wg()  # create the guide's parameters now (so optimisers and state_dicts see them)
+    # Create the guide's parameters now (so optimisers and state_dicts see them), in a private
+    # param store: a stale global entry of the same name must not overwrite the fresh values.
+    with pyro.get_param_store().scope():
+        wg()
     return names
