@@ -134,6 +134,7 @@ class TrainConfig:
         clip_norm: clip the global gradient norm (of the per-example loss) to this; ``None`` off.
         kl_anneal_steps: β rises linearly from ``kl_start`` to 1 over this many steps (0: β = 1).
         kl_start: initial β (> 0: ``poutine.scale`` and Pyro need positive scales).
+        kl_weight: final β (1 = the ELBO; < 1 a tempered ELBO that down-weights every KL).
         num_particles: ELBO samples per step.
         vectorize_particles: draw the particles in one vectorised pass (a leading sample dim)
             instead of a Python loop.
@@ -168,6 +169,7 @@ class TrainConfig:
     clip_norm: float | None = 1.0
     kl_anneal_steps: int = 0
     kl_start: float = 1e-3
+    kl_weight: float = 1.0
     num_particles: int = 1
     vectorize_particles: bool = True
     elbo: str = "trace"
@@ -212,6 +214,7 @@ class TrainConfig:
         )
         need(_is_real(self.lr_gamma) and 0 < self.lr_gamma <= 1, "lr_gamma", "in (0, 1]")
         need(_is_real(self.kl_start) and 0 < self.kl_start <= 1, "kl_start", "in (0, 1]")
+        need(_is_real(self.kl_weight) and 0 < self.kl_weight <= 1, "kl_weight", "in (0, 1]")
         need(_is_real(self.min_delta) and self.min_delta >= 0, "min_delta", "a float >= 0")
         v = self.clip_norm
         need(v is None or (_is_real(v) and v > 0), "clip_norm", "None or a float > 0")
@@ -269,15 +272,18 @@ def _resolve_config(config: TrainConfig | dict | None, overrides: dict[str, Any]
 # ---------------------------------------------------------------------------------------------
 
 
-def kl_beta(step: int, anneal_steps: int, start: float = 1e-3) -> float:
-    r"""KL weight at (0-based) optimiser step ``step``: ``start`` at step 0, rising linearly to 1
-    at ``anneal_steps`` and staying there; 1 when ``anneal_steps == 0``.
+def kl_beta(step: int, anneal_steps: int, start: float = 1e-3, final: float = 1.0) -> float:
+    r"""KL weight at (0-based) optimiser step ``step``: ``final·start`` at step 0, rising linearly
+    to ``final`` at ``anneal_steps`` and staying there; ``final`` when ``anneal_steps == 0``.
 
-    .. math:: \beta_s = \beta_0 + (1 - \beta_0)\min(1, s / S_{\text{anneal}})
+    .. math:: \beta_s = \beta_{\max}\big(\beta_0 + (1 - \beta_0)\min(1, s / S_{\text{anneal}})\big)
+
+    ``final = 1`` is the ELBO; ``final < 1`` a tempered ELBO (a KL weight, as used for local
+    attention latents whose KL would otherwise swamp a one-label-per-example likelihood).
     """
     if anneal_steps <= 0:
-        return 1.0
-    return start + (1.0 - start) * min(1.0, step / anneal_steps)
+        return final
+    return final * (start + (1.0 - start) * min(1.0, step / anneal_steps))
 
 
 def lr_factor(
@@ -724,7 +730,9 @@ class Trainer:
     def beta(self, step: int | None = None) -> float:
         """KL weight β used at (0-based) step ``step`` (default: the next step)."""
         c = self.config
-        return kl_beta(self.step if step is None else step, c.kl_anneal_steps, c.kl_start)
+        return kl_beta(
+            self.step if step is None else step, c.kl_anneal_steps, c.kl_start, c.kl_weight
+        )
 
     def lr_at(self, step: int | None = None) -> float:
         """Learning rate used at (0-based) step ``step`` (default: the next step)."""

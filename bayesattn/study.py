@@ -6,7 +6,8 @@ Methods (all a small ViT on 8×8 digits, same architecture, split and seed):
 ``deterministic``      softmax attention, trained by cross-entropy (the ELBO with nothing random)
 ``mc_dropout``         the same trained network, dropout kept on at test time (Gal & Ghahramani)
 ``ensemble``           ``ensemble_size`` deterministic networks from different seeds
-``dirichlet``          Bayesian attention, Dirichlet posterior over the weights (hybrid ELBO)
+``dirichlet``          Bayesian attention, Dirichlet posterior over the weights (hybrid, tempered
+                       ELBO: ``kl_weight`` on the attention KL, see the report)
 ``logistic_normal``    Bayesian attention, logistic-normal posterior (input-dependent variance)
 ``weibull``            Bayesian attention, BAM's Weibull posterior with a contextual Gamma prior
 ``weights``            softmax attention, Bayesian Q/K/V/out projections (mean-field normal)
@@ -81,6 +82,7 @@ class StudyConfig:
     batch_size: int = 64
     lr: float = 3e-3
     kl_anneal_epochs: int = 5
+    kl_weight: float = 1e-3
     severities: Sequence[int] = (1, 3, 5)
     arviz_examples: int = 16
     progress: bool = True
@@ -88,7 +90,7 @@ class StudyConfig:
 
     @classmethod
     def quick(cls, **kw: Any) -> StudyConfig:
-        base = dict(epochs=3, num_samples=8, ensemble_size=2, severities=(3,), arviz_examples=4)
+        base = dict(epochs=5, num_samples=8, ensemble_size=2, severities=(3,), arviz_examples=4)
         base.update(kw)
         return cls(**base)
 
@@ -106,6 +108,8 @@ class StudyConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int; got {v!r}")
+        if not 0 < self.kl_weight <= 1:
+            raise ValueError(f"kl_weight must be in (0, 1]; got {self.kl_weight}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
         if any(s not in (1, 2, 3, 4, 5) for s in self.severities):
@@ -131,7 +135,9 @@ def _vit(
     )
 
 
-def _train(net: VisionTransformer, data, cfg: StudyConfig, seed: int, bayes: bool) -> float:
+def _train(
+    net: VisionTransformer, data, cfg: StudyConfig, seed: int, bayes: bool, kl_weight: float = 1.0
+) -> float:
     steps_per_epoch = math.ceil(len(data.x_train) / cfg.batch_size)
     t0 = time.perf_counter()
     fit(
@@ -145,6 +151,7 @@ def _train(net: VisionTransformer, data, cfg: StudyConfig, seed: int, bayes: boo
         weight_decay=1e-4,
         warmup_steps=steps_per_epoch,
         kl_anneal_steps=cfg.kl_anneal_epochs * steps_per_epoch if bayes else 0,
+        kl_weight=kl_weight,
         seed=seed,
         progress=False,
         restore_best=True,
@@ -301,7 +308,8 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
             net = _vit(cfg, C_in, _ATTENTION.get(method))
             if method == "weights":
                 bayesian_projections(net, targets=("*self_attn.in_proj_weight", "*out_proj.weight"))
-            train_s = _train(net, data, cfg, cfg.seed, bayes=True)
+            klw = cfg.kl_weight if method in _ATTENTION else 1.0
+            train_s = _train(net, data, cfg, cfg.seed, bayes=True, kl_weight=klw)
             nets = [net]
         pred = _predictor(method, nets, cfg)
         torch.manual_seed(cfg.seed)
@@ -374,6 +382,13 @@ def _report(results: dict[str, Any]) -> str:
         "",
         "Training time of `mc_dropout` is that of the deterministic network it reuses; the "
         "ensemble's is the sum over its members.",
+        "",
+        f"Bayesian-attention methods maximise a tempered ELBO with KL weight "
+        f"{cfg['kl_weight']:g} on the attention latents: with the full ELBO (weight 1) the KL of "
+        "every attention row of an example (hundreds of rows, thousands of nats) outweighs the "
+        "log-likelihood of its one label (about 2 nats) and the posterior collapses to the "
+        "prior (chance accuracy; measured). The `weights` method's KL is global and uses "
+        "weight 1.",
         "",
         "## Corruptions (AUROC of predictive entropy, accuracy)",
         "",

@@ -14,22 +14,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
 
 import torch
 
 from bayesattn.nn.attention import BayesianMultiheadAttention
-
-
-def timeit(fn, repeats: int, warmup: int = 2) -> float:
-    """Median wall time in ms."""
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(ts)
 
 
 def interleaved(fns: dict, repeats: int) -> dict:
@@ -44,6 +33,15 @@ def interleaved(fns: dict, repeats: int) -> dict:
             f()
             acc[k].append(time.perf_counter() - t0)
     return {k: 1e3 * statistics.median(v) for k, v in acc.items()}
+
+
+def _fwd_bwd(m, x) -> None:
+    m(x, x, x, need_weights=False)[0].sum().backward()
+
+
+def _separate(m, x, S: int) -> None:
+    for _ in range(S):
+        m(x, x, x, need_weights=False)
 
 
 def main() -> None:
@@ -76,8 +74,8 @@ def main() -> None:
             with torch.no_grad():
                 res = interleaved(
                     {
-                        "torch": lambda: ref(x, x, x, need_weights=need_w),
-                        "ours": lambda: ours(x, x, x, need_weights=need_w),
+                        "torch": partial(ref, x, x, x, need_weights=need_w),
+                        "ours": partial(ours, x, x, x, need_weights=need_w),
                     },
                     r,
                 )
@@ -86,11 +84,9 @@ def main() -> None:
                 f"{res['ours'] / res['torch']:>7.3f}"
             )
         xg = x.clone().requires_grad_(True)
-
-        def fb(m):
-            return lambda: m(xg, xg, xg, need_weights=False)[0].sum().backward()
-
-        res = interleaved({"torch": fb(ref), "ours": fb(ours)}, r)
+        res = interleaved(
+            {"torch": partial(_fwd_bwd, ref, xg), "ours": partial(_fwd_bwd, ours, xg)}, r
+        )
         print(
             f"{T:>6} {'False':>8} {'fwd+bwd':>9} {res['torch']:>10.2f} {res['ours']:>10.2f} "
             f"{res['ours'] / res['torch']:>7.3f}"
@@ -104,15 +100,10 @@ def main() -> None:
         x = torch.randn(B, T, E)
         for S in (1, 8):
             with torch.no_grad():
-
-                def separate():
-                    for _ in range(S):
-                        stoch(x, x, x, need_weights=False)
-
                 res = interleaved(
                     {
-                        "sep": separate,
-                        "vec": lambda: stoch(x, x, x, need_weights=False, num_samples=S),
+                        "sep": partial(_separate, stoch, x, S),
+                        "vec": partial(stoch, x, x, x, need_weights=False, num_samples=S),
                     },
                     max(3, reps // 2),
                 )

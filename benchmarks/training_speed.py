@@ -1,7 +1,7 @@
 """Training-step cost of Bayesian attention against plain PyTorch, in one run.
 
 A 2-layer classifier (d_model=64, 4 heads, dim_feedforward=128, T=32, B=64, Dirichlet attention
-posterior in every layer) takes one optimiser step per call in each configuration:
+posterior in every layer; ``--posteriors`` picks the families) takes one optimiser step per call in each configuration:
 
 * ``plain``: the same ``TransformerClassifier`` with deterministic attention (``attention=None``,
   fused SDPA), cross-entropy, ``AdamW``, ``clip_grad_norm_`` — the baseline of every ratio;
@@ -115,25 +115,29 @@ def trainer_stepper(
     return step
 
 
-def make_steppers() -> dict:
+def make_steppers(families: list[str], particles: bool) -> dict:
     torch.manual_seed(0)
     pyro.clear_param_store()
-    return {
+    steppers = {
         "plain (attention=None)": plain_stepper(bayes_net(None)),
         "torch.nn.TransformerEncoder": plain_stepper(TorchEncoderClassifier()),
         "hybrid, attention=None": trainer_stepper("hybrid", posterior=None),
         "svi, attention=None": trainer_stepper("svi", posterior=None),
-        "hybrid P=1": trainer_stepper("hybrid"),
-        "svi P=1": trainer_stepper("svi"),
-        "hybrid P=8 vectorised": trainer_stepper("hybrid", 8, True),
-        "hybrid P=8 sequential": trainer_stepper("hybrid", 8, False),
-        "svi P=8 vectorised": trainer_stepper("svi", 8, True),
-        "svi P=8 sequential": trainer_stepper("svi", 8, False),
     }
+    for fam in families:
+        steppers[f"hybrid P=1 {fam}"] = trainer_stepper("hybrid", posterior=fam)
+        steppers[f"svi P=1 {fam}"] = trainer_stepper("svi", posterior=fam)
+    if particles:
+        fam = families[0]
+        steppers[f"hybrid P=8 vectorised {fam}"] = trainer_stepper("hybrid", 8, True, fam)
+        steppers[f"hybrid P=8 sequential {fam}"] = trainer_stepper("hybrid", 8, False, fam)
+        steppers[f"svi P=8 vectorised {fam}"] = trainer_stepper("svi", 8, True, fam)
+        steppers[f"svi P=8 sequential {fam}"] = trainer_stepper("svi", 8, False, fam)
+    return steppers
 
 
-def benchmark(rounds: int, warmup: int) -> dict[str, float]:
-    steppers = make_steppers()
+def benchmark(rounds: int, warmup: int, families: list[str], particles: bool) -> dict[str, float]:
+    steppers = make_steppers(families, particles)
     g = torch.Generator().manual_seed(1)
     x = torch.randint(1, VOCAB, (B, T), generator=g)
     y = torch.randint(0, CLASSES, (B,), generator=g)
@@ -179,19 +183,27 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--profile", action="store_true", help="profile one svi and one hybrid step")
     ap.add_argument("--top", type=int, default=15, help="rows shown per profile")
+    ap.add_argument(
+        "--posteriors",
+        nargs="+",
+        default=["dirichlet", "logistic_normal", "weibull", "concrete"],
+        choices=["dirichlet", "logistic_normal", "weibull", "concrete"],
+        help="attention posterior families to time (particle runs use the first)",
+    )
+    ap.add_argument("--no-particles", action="store_true", help="skip the 8-particle runs")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(
         f"torch {torch.__version__}, pyro {pyro.__version__}, threads={torch.get_num_threads()}; "
         f"{LAYERS} layers, d_model={D}, heads={H}, dim_ff={FF}, T={T}, B={B}, "
-        f"posterior=dirichlet, dropout=0.1, AdamW + clip_grad_norm"
+        f"posteriors={args.posteriors}, dropout=0.1, AdamW + clip_grad_norm"
     )
-    res = benchmark(args.rounds, args.warmup)
+    res = benchmark(args.rounds, args.warmup, args.posteriors, not args.no_particles)
     base = res["plain (attention=None)"]
     print(f"\nmedian of {args.rounds} interleaved steps after {args.warmup} warm-up rounds")
-    print(f"{'configuration':<30} {'ms/step':>9} {'vs plain':>9}")
+    print(f"{'configuration':<42} {'ms/step':>9} {'vs plain':>9}")
     for name, ms in res.items():
-        print(f"{name:<30} {ms:9.2f} {ms / base:8.2f}x")
+        print(f"{name:<42} {ms:9.2f} {ms / base:8.2f}x")
     if args.profile:
         profile(args.top)
 

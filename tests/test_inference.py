@@ -707,3 +707,13 @@ def test_bad_inputs_raise_before_training(case, exc, match):
         fit(net, train, val, epochs=1, progress=False, **kw)
     assert_same_state(before, state(net), atol=0)
     assert len(pyro.get_param_store()) == 0  # nothing ran
+
+
+def test_kl_weight_scales_the_whole_schedule():
+    from bayesattn.inference import TrainConfig, kl_beta
+
+    assert kl_beta(0, 10, 0.1, final=0.01) == pytest.approx(0.001)
+    assert kl_beta(10, 10, 0.1, final=0.01) == pytest.approx(0.01)
+    assert kl_beta(5, 0, final=0.5) == 0.5
+    with pytest.raises(ValueError, match="kl_weight"):
+        TrainConfig(kl_weight=0.0)
