@@ -70,7 +70,8 @@ def attention_logits(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor
         or not (math.isfinite(scale) and scale > 0)
     ):
         raise ValueError(f"scale must be a positive finite number; got {scale!r}")
-    return torch.matmul(q, k.transpose(-2, -1)) * scale  # (..., Tq, Tk)
+    # scale the (smaller) queries rather than the (Tq, Tk) scores, as torch does
+    return torch.matmul(q * scale, k.transpose(-2, -1))  # (..., Tq, Tk)
 
 
 def causal_log_prior(

@@ -682,9 +682,13 @@ class Trainer:
         config: a :class:`TrainConfig` (or a dict of its fields); ``overrides`` replace fields.
 
     Attributes:
-        history: the :class:`History` so far. ``step``/``epoch``: optimiser steps / completed
-        epochs. ``optimizer``, ``scheduler`` (hybrid) or ``pyro_optim`` (svi).
-        ``last_grad_norm``: global gradient norm of the last step *before* clipping.
+        history: the :class:`History` so far.
+        step: optimiser steps taken so far.
+        epoch: completed epochs.
+        optimizer: the ``torch.optim.AdamW`` optimiser (hybrid mode; ``None`` in svi mode).
+        scheduler: its ``LambdaLR`` learning-rate schedule (hybrid mode).
+        pyro_optim: the ``pyro.optim`` scheduler (svi mode).
+        last_grad_norm: global gradient norm of the last step *before* clipping.
 
     Example::
 

@@ -88,7 +88,8 @@ class _Masked(TorchDistribution):
         full = batch_shape + self.event_shape
         kwargs = {n: self._expand_param(n, full) for n in self._param_names}
         allowed = None if self._all else self.allowed.expand(full)
-        return type(self)(**kwargs, **self._extra_kwargs(), allowed=allowed)
+        # the parameters were validated (or built valid) already: no second pass over them
+        return type(self)(**kwargs, **self._extra_kwargs(), allowed=allowed, validate_args=False)
 
     def _extra_kwargs(self) -> dict:
         return {}
@@ -197,7 +198,7 @@ class MaskedNormal(_Masked):
     def rsample(self, sample_shape=torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
         eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
-        return self.loc + self.scale * eps
+        return torch.addcmul(self.loc, self.scale, eps)  # loc + scale·ε in one pass
 
     def log_prob(self, value: Tensor) -> Tensor:
         z = (value - self.loc) / self.scale

@@ -12,6 +12,7 @@ Usage: python benchmarks/attention_speed.py [--quick] [--threads N] [--lengths 6
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from functools import partial
@@ -52,12 +53,22 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--embed", type=int, default=256)
     ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument(
+        "--families",
+        nargs="+",
+        default=["dirichlet", "logistic_normal", "weibull", "concrete"],
+        help="posterior families for the stochastic-layer table",
+    )
+    ap.add_argument("--stoch-lengths", type=int, nargs="+", default=[64])
+    ap.add_argument("--skip-mean", action="store_true", help="only the stochastic-layer table")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     B, E, H = (4, 64, 4) if args.quick else (args.batch, args.embed, args.heads)
     lengths = args.lengths or ([32, 64] if args.quick else [64, 256, 1024])
+    if args.quick:
+        args.stoch_lengths = [32]
     reps = 3 if args.quick else 10
     print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, B={B}, E={E}, H={H}")
 
@@ -67,7 +78,7 @@ def main() -> None:
 
     print("\n## posterior-mean mode vs torch.nn.MultiheadAttention (ratio = ours / torch)")
     print(f"{'T':>6} {'weights':>8} {'pass':>9} {'torch ms':>10} {'ours ms':>10} {'ratio':>7}")
-    for T in lengths:
+    for T in [] if args.skip_mean else lengths:
         x = torch.randn(B, T, E)
         r = max(3, reps // (T // 64 + 1))
         for need_w in (False, True):
@@ -92,25 +103,26 @@ def main() -> None:
             f"{res['ours'] / res['torch']:>7.3f}"
         )
 
-    print("\n## stochastic layer (Dirichlet): S samples in one pass vs S separate calls")
-    print(f"{'T':>6} {'S':>3} {'separate ms':>12} {'vectorised ms':>14} {'speed-up':>9}")
-    stoch = BayesianMultiheadAttention(E, H, batch_first=True, posterior="dirichlet").eval()
-    stoch.load_state_dict(ref.state_dict())
-    for T in lengths[:2] if not args.quick else lengths:
+    print("\n## stochastic layer: S samples in one pass vs S separate calls (speed-up = sep/vec)")
+    print(
+        f"{'family':>16} {'T':>6} {'S':>3} {'separate ms':>12} {'vectorised ms':>14} {'speed-up':>9}"
+    )
+    for fam, T, S in itertools.product(args.families, args.stoch_lengths, (1, 8)):
+        stoch = BayesianMultiheadAttention(E, H, batch_first=True, posterior=fam).eval()
+        stoch.load_state_dict(ref.state_dict())
         x = torch.randn(B, T, E)
-        for S in (1, 8):
-            with torch.no_grad():
-                res = interleaved(
-                    {
-                        "sep": partial(_separate, stoch, x, S),
-                        "vec": partial(stoch, x, x, x, need_weights=False, num_samples=S),
-                    },
-                    max(3, reps // 2),
-                )
-            print(
-                f"{T:>6} {S:>3} {res['sep']:>12.2f} {res['vec']:>14.2f} "
-                f"{res['sep'] / res['vec']:>9.2f}x"
+        with torch.no_grad():
+            res = interleaved(
+                {
+                    "sep": partial(_separate, stoch, x, S),
+                    "vec": partial(stoch, x, x, x, need_weights=False, num_samples=S),
+                },
+                max(3, reps // 2),
             )
+        print(
+            f"{fam:>16} {T:>6} {S:>3} {res['sep']:>12.2f} {res['vec']:>14.2f} "
+            f"{res['sep'] / res['vec']:>9.2f}x"
+        )
 
 
 if __name__ == "__main__":
