@@ -120,7 +120,20 @@ def _check_block_args(d_model: int, nhead: int, dim_feedforward: int, dropout: f
 
 
 class _FeedForward(PyroModule):
-    """Shared feed-forward half of a block (``linear1 → act → dropout → linear2``)."""
+    """Shared parts of a block: self-attention sub-block and feed-forward half
+    (``linear1 → act → dropout → linear2``)."""
+
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal) -> Tensor:
+        y = self.self_attn(
+            x,
+            x,
+            x,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            need_weights=False,
+            is_causal=is_causal,
+        )[0]
+        return self.dropout1(y)
 
     def _ff_block(self, x: Tensor) -> Tensor:
         h = self.dropout(self.activation(linear(x, self.linear1.weight, self.linear1.bias)))
@@ -179,18 +192,6 @@ class EncoderLayer(_FeedForward):
         self.norm_first = norm_first
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
-
-    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal) -> Tensor:
-        y = self.self_attn(
-            x,
-            x,
-            x,
-            attn_mask=attn_mask,
-            key_padding_mask=key_padding_mask,
-            need_weights=False,
-            is_causal=is_causal,
-        )[0]
-        return self.dropout1(y)
 
     def forward(
         self,
@@ -265,18 +266,6 @@ class DecoderLayer(_FeedForward):
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
         self.norm3 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
         self.dropout3 = nn.Dropout(dropout)
-
-    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal) -> Tensor:
-        y = self.self_attn(
-            x,
-            x,
-            x,
-            attn_mask=attn_mask,
-            key_padding_mask=key_padding_mask,
-            need_weights=False,
-            is_causal=is_causal,
-        )[0]
-        return self.dropout1(y)
 
     def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal) -> Tensor:
         y = self.multihead_attn(
