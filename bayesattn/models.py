@@ -348,8 +348,8 @@ def fit_categorical_guide(
         q ``(B, H, Tq, D)``, k ``(B, H, Tk, D)``, log_prior broadcastable to ``(B, H, Tq, Tk)``
         → ``(B, H, Tq, Tk)`` (detached).
     """
-    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 0:
-        raise ValueError(f"num_steps must be a non-negative int; got {num_steps!r}")
+    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive int; got {num_steps!r}")
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a positive finite number; got {lr!r}")
     scores, log_pi = _prepare(q, k, log_prior, scale)  # validates; (B, H, Tq, Tk)

@@ -441,3 +441,9 @@ def test_online_bad_input_raises():
         belief.update(torch.randn(5, 3), torch.randn(3, 2))
     with pytest.raises(ValueError, match=r"q must have shape \(N, D\)"):
         belief.update(torch.randn(2, 5, 2), torch.randn(3, 2))
+
+
+def test_fit_categorical_guide_needs_a_step():
+    q, k = torch.randn(1, 1, 2, 3), torch.randn(1, 1, 3, 3)
+    with pytest.raises(ValueError, match="num_steps must be a positive int"):
+        fit_categorical_guide(q, k, num_steps=0)
