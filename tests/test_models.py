@@ -446,4 +446,4 @@ def test_online_bad_input_raises():
 def test_fit_categorical_guide_needs_a_step():
     q, k = torch.randn(1, 1, 2, 3), torch.randn(1, 1, 3, 3)
     with pytest.raises(ValueError, match="num_steps must be a positive int"):
-        fit_categorical_guide(q, k, num_steps=0)
+        M.fit_categorical_guide(q, k, num_steps=0)
