@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .functional import entropy
+
 __all__ = [
     "PAvPUCurve",
     "ReliabilityCurve",
@@ -354,7 +356,7 @@ def predictive_entropy(probs: Tensor) -> Tensor:
     """
     raw = _to_tensor(probs, "probs")
     p = _check_probs(raw)
-    h = -torch.special.xlogy(p, p).sum(dim=1)
+    h = entropy(p, dim=1)
     h = h.clamp_min(0.0)
     return h.to(raw.dtype) if raw.dtype.is_floating_point else h
 

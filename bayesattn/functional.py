@@ -38,6 +38,7 @@ __all__ = [
     "attend",
     "attention",
     "check_finite",
+    "entropy",
 ]
 
 
@@ -50,6 +51,17 @@ def check_finite(name: str, x: Tensor) -> None:
             f"{name} must be finite; got {n_nan} NaN and {n_inf} Inf values in a tensor of shape "
             f"{tuple(x.shape)}"
         )
+
+
+def entropy(probs: Tensor, dim: int = -1) -> Tensor:
+    r"""Shannon entropy :math:`H[p] = -\sum_c p_c \log p_c` in nats, with :math:`0\log 0 = 0`.
+
+    Shape:
+        ``(..., C)`` → ``(...)`` (``dim`` removed).
+    """
+    if not isinstance(probs, Tensor):
+        raise TypeError(f"probs must be a torch.Tensor; got {type(probs).__name__}")
+    return -torch.special.xlogy(probs, probs).sum(dim)
 
 
 def attention_logits(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor:

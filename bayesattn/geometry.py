@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .functional import entropy
 from .nn.attention import BayesianMultiheadAttention
 from .nn.modes import attention_mode
 
@@ -61,8 +62,7 @@ def attention_entropy(weights: Tensor) -> Tensor:
         >>> attention_entropy(torch.full((2, 4), 0.25))
         tensor([1.3863, 1.3863])
     """
-    w = _check_weights(weights)
-    return -torch.special.xlogy(w, w).sum(-1)
+    return entropy(_check_weights(weights))
 
 
 def _positions(pos: Tensor | None, n: int, name: str, like: Tensor) -> Tensor:

@@ -48,6 +48,7 @@ import torch
 from pyro import poutine
 from torch import Tensor
 
+from .functional import entropy
 from .nn.attention import BayesianMultiheadAttention
 from .nn.modes import MODES, attention_mode
 from .nn.networks import BayesianNetwork, TransformerClassifier
@@ -58,17 +59,6 @@ __all__ = ["AttentionSamples", "PredictionResult", "predict", "entropy"]
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-
-
-def entropy(probs: Tensor, dim: int = -1) -> Tensor:
-    r"""Shannon entropy :math:`H[p] = -\sum_c p_c \log p_c` (nats) with :math:`0 \log 0 = 0`.
-
-    Shape:
-        ``(..., C)`` → ``(...)`` (``dim`` removed).
-    """
-    if not isinstance(probs, Tensor):
-        raise TypeError(f"probs must be a torch.Tensor; got {type(probs).__name__}")
-    return -torch.special.xlogy(probs, probs).sum(dim)
 
 
 def _check_prob(prob: Any) -> float:

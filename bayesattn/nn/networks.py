@@ -32,6 +32,7 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroModule
 from torch import Tensor, nn
 
+from ..functional import entropy
 from .attention import linear
 from .blocks import AttentionConfig, Decoder, Encoder
 from .modes import attention_mode, collect_kl, current_mode
@@ -43,13 +44,7 @@ __all__ = [
     "Seq2Seq",
     "CausalLM",
     "GenerationResult",
-    "entropy",
 ]
-
-
-def entropy(probs: Tensor, dim: int = -1) -> Tensor:
-    r""":math:`H[p] = -\sum_c p_c \log p_c` with :math:`0\log 0 = 0`."""
-    return -(probs * probs.clamp_min(1e-30).log()).sum(dim)
 
 
 def _check_tokens(name: str, x: Tensor, vocab_size: int) -> None:
