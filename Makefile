@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 venv install: $(VENV)/.installed
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check bayesattn tests benchmarks examples
+	$(VENV)/bin/ruff check bayesattn tests benchmarks examples notebooks
 
 test: $(VENV)/.installed lint
 	$(PY) -m pytest -q
