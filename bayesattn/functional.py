@@ -43,8 +43,13 @@ __all__ = [
 
 
 def check_finite(name: str, x: Tensor) -> None:
-    """Raise ``ValueError`` naming ``name`` if ``x`` holds NaN or ±Inf."""
-    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+    """Raise ``ValueError`` naming ``name`` if ``x`` holds NaN or ±Inf.
+
+    One cheap pass: a sum is finite unless some element is NaN/±Inf (or the sum overflows, which
+    the exact count below then clears)."""
+    if not x.is_floating_point() or bool(torch.isfinite(x.sum())):
+        return
+    if not bool(torch.isfinite(x).all()):
         n_nan = int(torch.isnan(x).sum())
         n_inf = int(torch.isinf(x).sum())
         raise ValueError(

@@ -125,3 +125,9 @@ def test_scale_rejects_bool_and_mask_rejects_plus_inf():
     bad[0, 0] = float("inf")
     with pytest.raises(ValueError, match=r"\+inf"):
         BF.mask_to_log_prior(bad, batch_size=1, num_heads=1, tgt_len=2, src_len=2)
+
+
+def test_check_finite_does_not_flag_a_sum_that_overflows():
+    BF.check_finite("x", torch.full((4,), 3e38))  # finite values whose sum is inf
+    with pytest.raises(ValueError, match="got 0 NaN and 1 Inf"):
+        BF.check_finite("x", torch.tensor([1.0, -float("inf")]))

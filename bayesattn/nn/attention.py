@@ -349,7 +349,11 @@ class BayesianMultiheadAttention(PyroModule):
             w = None
         else:
             logits = BF.attention_logits(q, k)  # (…, B, H, Tq, Tk)
-            if mode == "mean":
+            if mode == "mean" and log_prior is None and not torch.is_grad_enabled():
+                # inference: softmax in place over the fresh scores; skipping a new (B,H,Tq,Tk)
+                # allocation (page faults) is most of the cost of returning weights at large T
+                w = torch._softmax(logits, -1, False, out=logits)
+            elif mode == "mean":
                 w = BF.posterior_weights(logits, log_prior)
             else:
                 w = self._sample_weights(mode, logits, log_prior, q, k, num_samples)
