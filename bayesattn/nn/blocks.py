@@ -135,9 +135,12 @@ class _FeedForward(PyroModule):
         )[0]
         return self.dropout1(y)
 
+    _ff_dropout = "dropout2"  # torch's name of the dropout after the feed-forward sub-block
+
     def _ff_block(self, x: Tensor) -> Tensor:
         h = self.dropout(self.activation(linear(x, self.linear1.weight, self.linear1.bias)))
-        return self.dropout2(linear(h, self.linear2.weight, self.linear2.bias))
+        out = linear(h, self.linear2.weight, self.linear2.bias)
+        return getattr(self, self._ff_dropout)(out)
 
     def _init_ff(self, d_model, dim_feedforward, dropout, activation, bias, fk) -> None:
         self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias, **fk)
@@ -218,6 +221,8 @@ class DecoderLayer(_FeedForward):
         tgt ``(*S, B, Tt, E)``, memory ``(*S, B, Ts, E)`` → ``(*S, B, Tt, E)``.
     """
 
+    _ff_dropout = "dropout3"
+
     def __init__(
         self,
         d_model: int,
@@ -278,10 +283,6 @@ class DecoderLayer(_FeedForward):
             is_causal=is_causal,
         )[0]
         return self.dropout2(y)
-
-    def _ff_block(self, x: Tensor) -> Tensor:
-        h = self.dropout(self.activation(linear(x, self.linear1.weight, self.linear1.bias)))
-        return self.dropout3(linear(h, self.linear2.weight, self.linear2.bias))
 
     def forward(
         self,
