@@ -49,6 +49,8 @@ __all__ = [
 ]
 
 EULER_GAMMA = 0.5772156649015329
+#: where a family's prior is centred: the key-relevance prior π, or the exact posterior p̄
+PRIOR_LOCATIONS = ("key_relevance", "attention")
 
 
 # --------------------------------------------------------------------------------------------
@@ -417,11 +419,30 @@ class AttentionPosterior(nn.Module):
 
     analytic_kl = True
 
-    def __init__(self, num_heads: int = 1) -> None:
+    def __init__(self, num_heads: int = 1, prior_location: str = "key_relevance") -> None:
         super().__init__()
         if not isinstance(num_heads, int) or num_heads < 1:
             raise ValueError(f"num_heads must be a positive int; got {num_heads!r}")
+        if prior_location not in PRIOR_LOCATIONS:
+            raise ValueError(
+                f"prior_location must be one of {PRIOR_LOCATIONS}; got {prior_location!r}"
+            )
         self.num_heads = num_heads
+        self.prior_location = prior_location
+
+    def prior_log_location(
+        self, log_prior: Tensor | None, logits: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
+        r"""Where the prior over the weights is centred: ``(log m, allowed)``, ``0`` at masked keys.
+
+        ``"key_relevance"``: :math:`m_i = \pi_i` (the key-relevance prior alone, normalised);
+        ``"attention"``: :math:`m_i = \bar p_i = \operatorname{softmax}(\log\pi_i + q_i\cdot k/\sqrt d)`,
+        a data-dependent prior that expects softmax attention, so the KL to a posterior centred
+        on :math:`\bar p_i` measures only the spread (see ``docs/training.md``).
+        """
+        if self.prior_location == "attention":
+            return self.exact_log_posterior(logits, log_prior)
+        return self.normalised_log_prior(log_prior, logits)
 
     # helpers ------------------------------------------------------------------------------
     @staticmethod
@@ -491,9 +512,13 @@ class DirichletWeights(AttentionPosterior):
     """
 
     def __init__(
-        self, num_heads: int = 1, init_concentration: float = 10.0, prior_concentration: float = 1.0
+        self,
+        num_heads: int = 1,
+        init_concentration: float = 10.0,
+        prior_concentration: float = 1.0,
+        prior_location: str = "key_relevance",
     ) -> None:
-        super().__init__(num_heads)
+        super().__init__(num_heads, prior_location)
         _check_positive("init_concentration", init_concentration)
         _check_positive("prior_concentration", prior_concentration)
         self.prior_concentration = float(prior_concentration)
@@ -509,7 +534,7 @@ class DirichletWeights(AttentionPosterior):
         return MaskedDirichlet(conc, allowed, validate_args=False)
 
     def prior(self, log_prior, like, key=None) -> MaskedDirichlet:
-        lp, allowed = self.normalised_log_prior(log_prior, like)
+        lp, allowed = self.prior_log_location(log_prior, like)
         n = _num_allowed(allowed, lp)
         conc = (self.prior_concentration * n * lp.exp()).clamp_min(1e-6)
         return MaskedDirichlet(conc, allowed, validate_args=False)
@@ -535,8 +560,9 @@ class LogisticNormalWeights(AttentionPosterior):
         prior_scale: float = 1.0,
         input_dependent: bool = False,
         head_dim: int | None = None,
+        prior_location: str = "key_relevance",
     ) -> None:
-        super().__init__(num_heads)
+        super().__init__(num_heads, prior_location)
         _check_positive("init_scale", init_scale)
         _check_positive("prior_scale", prior_scale)
         self.prior_scale = float(prior_scale)
@@ -563,7 +589,7 @@ class LogisticNormalWeights(AttentionPosterior):
         return MaskedNormal(lp, self._scale(lp, query).expand_as(lp), allowed, validate_args=False)
 
     def prior(self, log_prior, like, key=None) -> MaskedNormal:
-        lp, allowed = self.normalised_log_prior(log_prior, like)
+        lp, allowed = self.prior_log_location(log_prior, like)
         return MaskedNormal(lp, torch.full_like(lp, self.prior_scale), allowed, validate_args=False)
 
     def to_weights(self, latent: Tensor, allowed: Tensor | None) -> Tensor:
@@ -586,9 +612,13 @@ class WeibullWeights(AttentionPosterior):
     """
 
     def __init__(
-        self, num_heads: int = 1, init_shape: float = 10.0, prior_concentration: float = 1.0
+        self,
+        num_heads: int = 1,
+        init_shape: float = 10.0,
+        prior_concentration: float = 1.0,
+        prior_location: str = "key_relevance",
     ) -> None:
-        super().__init__(num_heads)
+        super().__init__(num_heads, prior_location)
         _check_positive("init_shape", init_shape)
         _check_positive("prior_concentration", prior_concentration)
         self.prior_concentration = float(prior_concentration)
@@ -601,7 +631,7 @@ class WeibullWeights(AttentionPosterior):
         return MaskedWeibull(k, lam, allowed, validate_args=False)
 
     def prior(self, log_prior, like, key=None) -> MaskedGamma:
-        lp, allowed = self.normalised_log_prior(log_prior, like)
+        lp, allowed = self.prior_log_location(log_prior, like)
         c = self.prior_concentration * _num_allowed(allowed, lp)
         rate = c.expand_as(lp) if isinstance(c, Tensor) else torch.full_like(lp, c)
         return MaskedGamma((c * lp.exp()).clamp_min(1e-6), rate, allowed, validate_args=False)

@@ -39,21 +39,28 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyro
 import torch
 from pyro import poutine
-from torch import Tensor
+from torch import Tensor, nn
 
 from .functional import entropy
 from .nn.attention import BayesianMultiheadAttention
 from .nn.modes import MODES, attention_mode
-from .nn.networks import BayesianNetwork, TransformerClassifier
+from .nn.networks import BayesianNetwork, Seq2Seq, TransformerClassifier
 
-__all__ = ["AttentionSamples", "PredictionResult", "predict", "entropy"]
+__all__ = [
+    "AttentionSamples",
+    "PredictionResult",
+    "predict",
+    "predict_mc_dropout",
+    "predict_ensemble",
+    "entropy",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,9 +227,12 @@ class PredictionResult:
         probs: ``(S, B, C)`` per-sample class probabilities :math:`p_s(c\mid x_b)`.
         attention: layer path → :class:`AttentionSamples` ``(S, B, H, Tq, Tk)`` (empty when
             ``keep_attention=False``).
-        mode: the attention mode the samples were drawn in.
+        mode: the attention mode the samples were drawn in (or ``"mc_dropout"``,
+            ``"ensemble/<mode>"``).
+        mask: for per-token predictives ``(S, B, T, V)``, the valid positions ``(B, T)``
+            (``None``: all valid).
 
-    Properties (all ``(B,)`` unless noted):
+    Properties (all ``(B,)`` unless noted; ``(B, T)`` for per-token predictives):
         ``mean_probs`` ``(B, C)`` :math:`\bar p`; ``predictive_entropy`` :math:`H[\bar p]`;
         ``expected_entropy`` :math:`\frac1S\sum_s H[p_s]` (aleatoric); ``mutual_information``
         :math:`H[\bar p] - \frac1S\sum_s H[p_s]` (epistemic); ``predictions`` (argmax of
@@ -235,12 +245,20 @@ class PredictionResult:
     probs: Tensor
     attention: dict[str, AttentionSamples] = field(default_factory=dict)
     mode: str = "posterior"
+    mask: Tensor | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.probs, Tensor):
             raise TypeError(f"probs must be a torch.Tensor; got {type(self.probs).__name__}")
-        if self.probs.dim() != 3:
-            raise ValueError(f"probs must be 3-D (S, B, C); got shape {tuple(self.probs.shape)}")
+        if self.probs.dim() < 3:
+            raise ValueError(
+                f"probs must be (S, B, C) or (S, B, T, V); got shape {tuple(self.probs.shape)}"
+            )
+        if self.mask is not None and self.mask.shape != self.probs.shape[1:-1]:
+            raise ValueError(
+                f"mask must have shape {tuple(self.probs.shape[1:-1])} (probs without S and C); "
+                f"got {tuple(self.mask.shape)}"
+            )
 
     @property
     def num_samples(self) -> int:
@@ -281,13 +299,18 @@ class PredictionResult:
 
     def summary(self) -> dict[str, float]:
         """Scalars averaged over the batch, plus ``"attention/<layer>/<stat>"`` for every kept
-        layer (see :meth:`AttentionSamples.summary`)."""
+        layer (see :meth:`AttentionSamples.summary`); per-token results average over the valid
+        positions (``mask``)."""
+
+        def avg(t: Tensor) -> float:
+            return float(t[self.mask].mean() if self.mask is not None else t.mean())
+
         out: dict[str, float] = {
             "num_samples": float(self.num_samples),
-            "mean_confidence": float(self.confidence.mean()),
-            "mean_predictive_entropy": float(self.predictive_entropy.mean()),
-            "mean_expected_entropy": float(self.expected_entropy.mean()),
-            "mean_mutual_information": float(self.mutual_information.mean()),
+            "mean_confidence": avg(self.confidence),
+            "mean_predictive_entropy": avg(self.predictive_entropy),
+            "mean_expected_entropy": avg(self.expected_entropy),
+            "mean_mutual_information": avg(self.mutual_information),
         }
         for name, a in self.attention.items():
             for k, v in a.summary().items():
@@ -300,19 +323,30 @@ class PredictionResult:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_network(network: Any) -> TransformerClassifier:
+def _check_network(network: Any) -> BayesianNetwork:
     if not isinstance(network, BayesianNetwork):
         raise TypeError(
-            f"network must be a bayesattn BayesianNetwork (TransformerClassifier or "
-            f"VisionTransformer); got {type(network).__name__}"
-        )
-    if not isinstance(network, TransformerClassifier):
-        raise TypeError(
-            f"predict supports classifiers (TransformerClassifier, VisionTransformer); got "
-            f"{type(network).__name__}: use network.generate() for per-token uncertainty of "
-            f"sequence models"
+            f"network must be a bayesattn BayesianNetwork (TransformerClassifier, "
+            f"VisionTransformer, Seq2Seq, CausalLM); got {type(network).__name__}"
         )
     return network
+
+
+def _check_targets(net: BayesianNetwork, x: Tensor, y: Tensor | None) -> None:
+    if isinstance(net, Seq2Seq) and y is None:
+        raise ValueError(
+            "Seq2Seq needs y (the target sequences, BOS first) for its per-token predictive "
+            "distribution (teacher forcing); use network.generate() to decode without targets"
+        )
+    if y is not None and not isinstance(net, Seq2Seq):
+        raise ValueError(
+            f"y is only used by Seq2Seq (teacher forcing); {type(net).__name__} predicts from x "
+            f"alone, got y of shape {tuple(y.shape)}"
+        )
+    if y is not None and y.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"x and y must have the same batch size; got x {tuple(x.shape)}, y {tuple(y.shape)}"
+        )
 
 
 def _draw_weights(network: BayesianNetwork, mode: str, num_samples: int) -> dict | None:
@@ -340,20 +374,21 @@ def _chunks(n: int, batch_size: int | None) -> Iterator[slice]:
 
 
 def _run_pass(
-    net: TransformerClassifier,
+    net: BayesianNetwork,
     xb: Tensor,
+    yb: Tensor | None,
     mode: str,
     values: dict[str, Tensor] | None,
     num_particles: int,
     layers: list[tuple[str, BayesianMultiheadAttention]],
     keep_attention: bool,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """One network pass with ``num_particles`` particles: probabilities ``(P, b, C)`` and the
+    """One network pass with ``num_particles`` particles: probabilities ``(P, b, ..., C)`` and the
     recorded attention weights ``(P, b, H, Tq, Tk)`` per layer."""
     with poutine.block(), attention_mode(mode), net._pyro_context, net._weights_from(values):
-        logits = net._forward_logits(xb, None, num_particles)  # (P?, b, C)
-    if logits.dim() == 2:
-        logits = logits.unsqueeze(0)  # (1, b, C)
+        logits = net._forward_logits(xb, yb, num_particles)  # (P?, b, ..., C)
+    if num_particles == 1:
+        logits = logits.unsqueeze(0)  # (1, b, ..., C)
     ws: dict[str, Tensor] = {}
     for name, m in layers if keep_attention else ():
         w = m.last_weights
@@ -361,6 +396,101 @@ def _run_pass(
             raise RuntimeError(f"attention layer {name} recorded no weights")
         ws[name] = w.unsqueeze(0) if w.dim() == 4 else w  # (P, b, H, Tq, Tk)
     return torch.softmax(logits, dim=-1), ws
+
+
+def _predictive_mask(net: BayesianNetwork, x: Tensor, y: Tensor | None) -> Tensor | None:
+    """Valid positions ``(B, T)`` of a sequence model's per-token predictive; ``None`` for
+    classifiers."""
+    if isinstance(net, TransformerClassifier):
+        return None
+    _, mask, _ = net._targets(x, y)
+    return mask
+
+
+def _check_int(name: str, v: Any, allow_none: bool = False) -> None:
+    if allow_none and v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        expected = "None or an int >= 1" if allow_none else "an int >= 1"
+        raise ValueError(f"{name} must be {expected}; got {v!r}")
+
+
+def _sample_predictive(
+    network: Any,
+    x: Tensor,
+    y: Tensor | None,
+    num_samples: int,
+    batch_size: int | None,
+    progress: bool,
+    mode: str,
+    keep_attention: bool,
+    dropout: bool = False,
+) -> PredictionResult:
+    """The posterior-predictive path every public predictor runs through (see :func:`predict`).
+
+    ``dropout=True`` keeps every ``nn.Dropout`` active (MC dropout); otherwise the network runs in
+    eval mode. Computation before the first random layer is shared by all samples
+    (:meth:`~bayesattn.nn.networks.TransformerClassifier.first_stochastic_layer`).
+    """
+    net = _check_network(network)
+    _check_int("num_samples", num_samples)
+    _check_int("batch_size", batch_size, allow_none=True)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor; got {type(x).__name__}")
+    _check_targets(net, x, y)
+    net._check_batch(x, y)
+    if x.shape[0] == 0:
+        raise ValueError(f"x must hold at least one input; got shape {tuple(x.shape)}")
+
+    S = num_samples
+    drops = [m for m in net.modules() if isinstance(m, nn.Dropout) and m.p > 0] if dropout else []
+    stochastic = bool(drops) or (
+        mode != "mean" and (bool(net.bayesian_layers) or net.weight_guide is not None)
+    )
+    S_run = S if stochastic else 1
+    layers = [(n, m) for n, m in net.named_modules() if isinstance(m, BayesianMultiheadAttention)]
+    saved_layers = [(m, m.record_weights, m.last_weights) for _, m in layers]
+    saved_training = [(m, m.training) for m in net.modules()]
+
+    probs_chunks: list[Tensor] = []
+    attn_chunks: dict[str, list[Tensor]] = {n: [] for n, _ in layers} if keep_attention else {}
+    chunks = list(_chunks(x.shape[0], batch_size))
+    it = chunks
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(chunks, desc="predict", unit="batch")
+    try:
+        net.eval()
+        for m in drops:
+            m.train()
+        for _, m in layers:
+            m.record_weights = keep_attention
+        with torch.no_grad():
+            values = _draw_weights(net, mode, S_run)
+            for sl in it:
+                yb = None if y is None else y[sl]
+                p, ws = _run_pass(net, x[sl], yb, mode, values, S_run, layers, keep_attention)
+                probs_chunks.append(p.expand((S,) + p.shape[1:]))  # (S, b, ..., C)
+                for name, w in ws.items():
+                    attn_chunks[name].append(w.expand((S,) + w.shape[1:]))  # (S, b, H, Tq, Tk)
+    finally:
+        for m, rec, last in saved_layers:
+            m.record_weights, m.last_weights = rec, last
+        for m, flag in saved_training:
+            m.training = flag
+
+    probs = torch.cat(probs_chunks, dim=1)  # (S, B, ..., C)
+    attention = {
+        name: AttentionSamples(torch.cat(ws, dim=1))  # (S, B, H, Tq, Tk)
+        for name, ws in attn_chunks.items()
+    }
+    mask = _predictive_mask(net, x, y)
+    return PredictionResult(
+        probs=probs, attention=attention, mode="mc_dropout" if dropout else mode, mask=mask
+    )
 
 
 def predict(
@@ -371,8 +501,16 @@ def predict(
     progress: bool = False,
     mode: str = "posterior",
     keep_attention: bool = True,
+    *,
+    y: Tensor | None = None,
 ) -> PredictionResult:
-    r"""Draw ``num_samples`` posterior-predictive samples for a classifier in one vectorised pass.
+    r"""Draw ``num_samples`` posterior-predictive samples of any network in one vectorised pass.
+
+    This is the library's one posterior-predictive path: classifiers and ViTs give ``(S, B, C)``,
+    sequence models their per-token predictive ``(S, B, T, V)`` (teacher-forced: ``Seq2Seq``
+    needs the targets ``y``; a ``CausalLM`` predicts ``x[:, 1:]`` from ``x[:, :-1]``) with the
+    valid positions in ``mask``. :func:`predict_mc_dropout` and :func:`predict_ensemble` (the
+    baselines) run through the same code.
 
     Each sample :math:`s` runs the network with attention weights drawn in ``mode`` (the amortised
     posterior :math:`q(w\mid x)` by default; ``"prior"``; ``"mean"`` for the deterministic posterior
@@ -392,8 +530,7 @@ def predict(
     ``last_weights`` are restored afterwards.
 
     Args:
-        network: a :class:`~bayesattn.nn.networks.TransformerClassifier` or
-            :class:`~bayesattn.nn.networks.VisionTransformer`.
+        network: any :class:`~bayesattn.nn.networks.BayesianNetwork`.
         x: inputs as the network takes them.
         num_samples: ``S >= 1``.
         batch_size: split ``x`` into chunks of at most this many inputs (``None``: one chunk).
@@ -401,61 +538,63 @@ def predict(
         mode: ``"posterior"`` (default), ``"prior"``, ``"mean"`` or ``"elbo"`` (posterior draws
             without Pyro sites); see :mod:`bayesattn.nn.modes`.
         keep_attention: record every attention layer's weights.
+        y: target sequences for a ``Seq2Seq`` (BOS first); not used by other networks.
 
     Shape:
         x ``(B, T)`` tokens, ``(B, T, D)`` vectors or ``(B, [C,] H, W)`` images →
-        ``probs (S, B, C)``, attention ``(S, B, H, Tq, Tk)`` per layer.
+        ``probs (S, B, C)`` (``(S, B, T, V)`` for sequence models), attention
+        ``(S, B, H, Tq, Tk)`` per layer.
     """
-    net = _check_network(network)
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be an int >= 1; got {num_samples!r}")
-    if batch_size is not None and (
-        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-    ):
-        raise ValueError(f"batch_size must be None or an int >= 1; got {batch_size!r}")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x must be a torch.Tensor; got {type(x).__name__}")
-    net._check_batch(x, None)
-    if x.shape[0] == 0:
-        raise ValueError(f"x must hold at least one input; got shape {tuple(x.shape)}")
+    return _sample_predictive(
+        network, x, y, num_samples, batch_size, progress, mode, keep_attention
+    )
 
-    S = num_samples
-    stochastic = mode != "mean" and (bool(net.bayesian_layers) or net.weight_guide is not None)
-    S_run = S if stochastic else 1
-    layers = [(n, m) for n, m in net.named_modules() if isinstance(m, BayesianMultiheadAttention)]
-    saved_layers = [(m, m.record_weights, m.last_weights) for _, m in layers]
-    saved_training = [(m, m.training) for m in net.modules()]
 
-    probs_chunks: list[Tensor] = []
-    attn_chunks: dict[str, list[Tensor]] = {n: [] for n, _ in layers} if keep_attention else {}
-    chunks = list(_chunks(x.shape[0], batch_size))
-    it = chunks
-    if progress:
-        from tqdm.auto import tqdm
+def predict_mc_dropout(
+    network: BayesianNetwork,
+    x: Tensor,
+    num_samples: int = 32,
+    batch_size: int | None = None,
+    *,
+    y: Tensor | None = None,
+    progress: bool = False,
+) -> PredictionResult:
+    r"""MC dropout (Gal & Ghahramani, 2016), the standard cheap baseline: every ``nn.Dropout`` of
+    the network stays active at prediction time and attention is the posterior mean, so
+    :math:`p_s = p(y\mid x, \text{dropout mask}_s)`. Same path, shapes and result as
+    :func:`predict` (``mode`` is recorded as ``"mc_dropout"``). A network without dropout gives
+    ``S`` identical samples (MI = 0)."""
+    return _sample_predictive(
+        network, x, y, num_samples, batch_size, progress, "mean", False, dropout=True
+    )
 
-        it = tqdm(chunks, desc="predict", unit="batch")
-    try:
-        net.eval()
-        for _, m in layers:
-            m.record_weights = keep_attention
-        with torch.no_grad():
-            values = _draw_weights(net, mode, S_run)
-            for sl in it:
-                p, ws = _run_pass(net, x[sl], mode, values, S_run, layers, keep_attention)
-                probs_chunks.append(p.expand((S,) + p.shape[1:]))  # (S, b, C)
-                for name, w in ws.items():
-                    attn_chunks[name].append(w.expand((S,) + w.shape[1:]))  # (S, b, H, Tq, Tk)
-    finally:
-        for m, rec, last in saved_layers:
-            m.record_weights, m.last_weights = rec, last
-        for m, flag in saved_training:
-            m.training = flag
 
-    probs = torch.cat(probs_chunks, dim=1)  # (S, B, C)
-    attention = {
-        name: AttentionSamples(torch.cat(ws, dim=1))  # (S, B, H, Tq, Tk)
-        for name, ws in attn_chunks.items()
-    }
-    return PredictionResult(probs=probs, attention=attention, mode=mode)
+def predict_ensemble(
+    networks: Sequence[BayesianNetwork],
+    x: Tensor,
+    batch_size: int | None = None,
+    *,
+    y: Tensor | None = None,
+    mode: str = "mean",
+    num_samples: int = 1,
+) -> PredictionResult:
+    r"""Deep ensemble (Lakshminarayanan et al., 2017): ``M`` independently trained networks, each
+    run through :func:`predict` (``num_samples`` draws each in ``mode``; deterministic
+    posterior-mean attention by default); the samples of all members are stacked,
+    ``probs (M·S, B, ..., C)``, and the decomposition reads member disagreement as epistemic."""
+    if isinstance(networks, BayesianNetwork) or not isinstance(networks, Sequence):
+        raise TypeError(
+            f"networks must be a sequence of BayesianNetworks; got {type(networks).__name__}"
+        )
+    if len(networks) < 1:
+        raise ValueError("networks must hold at least one network")
+    kinds = {type(n) for n in networks}
+    if len(kinds) > 1:
+        raise TypeError(
+            f"ensemble members must be of one network type; got {sorted(k.__name__ for k in kinds)}"
+        )
+    results = [
+        _sample_predictive(n, x, y, num_samples, batch_size, False, mode, False) for n in networks
+    ]
+    probs = torch.cat([r.probs[: (num_samples if mode != "mean" else 1)] for r in results])
+    return PredictionResult(probs=probs, mode=f"ensemble/{mode}", mask=results[0].mask)

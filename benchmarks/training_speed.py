@@ -40,7 +40,13 @@ B, T, D, H, FF, LAYERS, VOCAB, CLASSES = 64, 32, 64, 4, 128, 2, 100, 2
 NUM_DATA = 100 * B
 
 
-def bayes_net(posterior: str | None = "dirichlet") -> TransformerClassifier:
+def bayes_net(posterior: str | None = "dirichlet", pooling: str = "mean") -> TransformerClassifier:
+    """``posterior="recommended"``: :meth:`AttentionConfig.recommended` (use with CLS pooling)."""
+    att = (
+        AttentionConfig.recommended()
+        if posterior == "recommended"
+        else AttentionConfig(posterior=posterior)
+    )
     return TransformerClassifier(
         CLASSES,
         vocab_size=VOCAB,
@@ -50,7 +56,8 @@ def bayes_net(posterior: str | None = "dirichlet") -> TransformerClassifier:
         dim_feedforward=FF,
         dropout=0.1,
         max_len=T,
-        attention=AttentionConfig(posterior=posterior),
+        pooling=pooling,
+        attention=att,
     )
 
 
@@ -90,7 +97,11 @@ def plain_stepper(model: nn.Module):
 
 
 def trainer_stepper(
-    mode: str, particles: int = 1, vectorize: bool = True, posterior: str | None = "dirichlet"
+    mode: str,
+    particles: int = 1,
+    vectorize: bool = True,
+    posterior: str | None = "dirichlet",
+    pooling: str = "mean",
 ):
     cfg = TrainConfig(
         mode=mode,
@@ -103,7 +114,7 @@ def trainer_stepper(
         clip_norm=1.0,
         progress=False,
     )
-    trainer = Trainer(bayes_net(posterior), cfg)
+    trainer = Trainer(bayes_net(posterior, pooling), cfg)
     x = torch.randint(1, VOCAB, (NUM_DATA, T))
     y = torch.randint(0, CLASSES, (NUM_DATA,))
     trainer.fit((x, y))  # sets up optimiser, param store, schedules; one step
@@ -124,6 +135,11 @@ def make_steppers(families: list[str], particles: bool) -> dict:
         "hybrid, attention=None": trainer_stepper("hybrid", posterior=None),
         "svi, attention=None": trainer_stepper("svi", posterior=None),
     }
+    # the recommended recipe (AttentionConfig.recommended) against the same CLS-pooled network
+    steppers["plain (attention=None), cls pooling"] = plain_stepper(bayes_net(None, "cls"))
+    steppers["hybrid P=1 recommended, cls pooling"] = trainer_stepper(
+        "hybrid", posterior="recommended", pooling="cls"
+    )
     for fam in families:
         steppers[f"hybrid P=1 {fam}"] = trainer_stepper("hybrid", posterior=fam)
         steppers[f"svi P=1 {fam}"] = trainer_stepper("svi", posterior=fam)
@@ -200,10 +216,12 @@ def main() -> None:
     )
     res = benchmark(args.rounds, args.warmup, args.posteriors, not args.no_particles)
     base = res["plain (attention=None)"]
+    base_cls = res["plain (attention=None), cls pooling"]
     print(f"\nmedian of {args.rounds} interleaved steps after {args.warmup} warm-up rounds")
-    print(f"{'configuration':<42} {'ms/step':>9} {'vs plain':>9}")
+    print(f"{'configuration':<42} {'ms/step':>9} {'vs plain':>9}  (cls rows: vs plain cls)")
     for name, ms in res.items():
-        print(f"{name:<42} {ms:9.2f} {ms / base:8.2f}x")
+        ref = base_cls if name.endswith("cls pooling") else base
+        print(f"{name:<42} {ms:9.2f} {ms / ref:8.2f}x")
     if args.profile:
         profile(args.top)
 

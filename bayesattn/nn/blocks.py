@@ -60,6 +60,32 @@ class AttentionConfig:
         if self.posterior is not None:
             get_posterior(self.posterior, num_heads=1, head_dim=1)  # validates the name
 
+    @classmethod
+    def recommended(cls, **overrides) -> AttentionConfig:
+        r"""The library's recommended Bayesian attention (the study's ``recommended`` method).
+
+        Logistic-normal weights in the **last** layer only, with an input-dependent scale and a
+        prior centred on the softmax attention (``prior_location="attention"``):
+
+        .. math:: y_{ij}\sim\mathcal N(\log\bar p_{ij}, \sigma_0^2)\ \text{(prior)},\qquad
+                  y_{ij}\sim\mathcal N(\log\bar p_{ij}, \sigma_{hi}(q_i)^2)\ \text{(posterior)},
+                  \qquad w_i = \operatorname{softmax}(y_i).
+
+        Why: the KL then measures spread only (no price for attention being sharp), the latents
+        are few (with CLS pooling only the CLS row of the last layer reaches the output: ``H``
+        rows per example), so the plain ELBO (``kl_weight=1``) trains without collapse; and
+        everything before the last layer is computed once for all posterior samples, so ``S``
+        samples cost little more than one deterministic pass (``benchmarks/predictive_speed.py``,
+        ``docs/which-attention.md``). Keyword arguments override fields.
+        """
+        kw: dict = dict(
+            posterior="logistic_normal",
+            layers="last",
+            posterior_kwargs={"input_dependent": True, "prior_location": "attention"},
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
     def is_bayesian(self, index: int, num_layers: int, kind: str = "self") -> bool:
         if self.posterior is None or kind not in self.which:
             return False

@@ -32,7 +32,6 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroModule
 from torch import Tensor, nn
 
-from ..functional import entropy
 from .attention import linear
 from .blocks import AttentionConfig, Decoder, Encoder
 from .modes import attention_mode, collect_kl, current_mode
@@ -145,6 +144,8 @@ class BayesianNetwork(PyroModule):
         N = self._num_data(num_data, B)
         with self._pyro_context:
             values = self.weight_guide() if self.weight_guide is not None else None
+            if not self.bayesian_layers:
+                return  # no latent attention: nothing in the data plate to guide, no network pass
             with pyro.plate("data", N, subsample=torch.arange(B, device=x.device)):
                 with attention_mode("posterior"), self._weights_from(values):
                     self._forward_logits(x, y)
@@ -234,6 +235,26 @@ class _Embedding(nn.Module):
         h = self.tokens(x) * self.scale if self.tokens is not None else self.proj(x)  # (B, T, E)
         pos = torch.arange(offset, offset + T, device=x.device)
         return self.drop(h + self.pos(pos))
+
+
+def _query_rows_layer(layer, h: Tensor, rows: int, pad: Tensor | None, num_samples: int) -> Tensor:
+    """An :class:`~bayesattn.nn.blocks.EncoderLayer` evaluated for its first ``rows`` query tokens
+    only (keys and values: all tokens); equal to ``layer(h, ...)[..., :rows, :]``.
+
+    ``num_samples > 1`` draws that many attention samples for those rows in one pass (the
+    layer's input is shared, not copied). Shape: h ``(*P, B, T, E)`` → ``(*P|S, B, rows, E)``.
+    """
+    attn = layer.self_attn
+    ns = num_samples if num_samples > 1 else None
+    if layer.norm_first:
+        kv = layer.norm1(h)  # (…, B, T, E)
+        y = attn(kv[..., :rows, :], kv, kv, key_padding_mask=pad, need_weights=False,
+                 num_samples=ns)[0]
+        x = h[..., :rows, :] + layer.dropout1(y)  # (…, B, rows, E)
+        return x + layer._ff_block(layer.norm2(x))
+    y = attn(h[..., :rows, :], h, h, key_padding_mask=pad, need_weights=False, num_samples=ns)[0]
+    x = layer.norm1(h[..., :rows, :] + layer.dropout1(y))
+    return layer.norm2(x + layer._ff_block(x))
 
 
 def _particles(h: Tensor, num_particles: int) -> Tensor:
@@ -339,19 +360,60 @@ class TransformerClassifier(BayesianNetwork):
         pad = x == self.pad_id
         return pad if bool(pad.any()) else None  # no padding: no mask, no masking work
 
-    def encode(self, x: Tensor, num_particles: int = 1) -> tuple[Tensor, Tensor | None]:
-        """Encoder states ``(*P, B, T', E)`` and the padding mask ``(B, T')``."""
+    def encode(
+        self, x: Tensor, num_particles: int = 1, cls_only: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Encoder states ``(*P, B, T', E)`` and the padding mask ``(B, T')``.
+
+        Particles enter just before the first layer that is random in the current mode (see
+        :meth:`first_stochastic_layer`): everything before it is computed once and shared by
+        all ``P`` samples. With ``cls_only`` (CLS pooling) the last layer computes only the CLS
+        row, the one row the head reads (``(*P, B, 1, E)``): exact, since attention rows,
+        feed-forward and LayerNorm act on each query token separately.
+        """
         h = self.embed(x)  # (B, T, E)
         pad = self.padding_mask(x)
         if self.cls is not None:
             h = torch.cat([self.cls.expand(h.shape[0], 1, -1), h], dim=1)  # (B, 1+T, E)
             if pad is not None:
                 pad = torch.cat([pad.new_zeros(pad.shape[0], 1), pad], dim=1)
-        h = _particles(h, num_particles)
-        return self.encoder(h, src_key_padding_mask=pad), pad
+        layers = self.encoder.layers
+        n = len(layers)
+        first = self.first_stochastic_layer() if num_particles > 1 else n
+        for i, layer in enumerate(layers):
+            rows_only = cls_only and i == n - 1
+            if i == first and not rows_only:
+                h = _particles(h, num_particles)  # (P, B, T', E)
+            if rows_only:  # the layer draws the P samples itself when it is the first random one
+                h = _query_rows_layer(layer, h, 1, pad, num_particles if i == first else 1)
+            else:
+                h = layer(h, None, pad, False)
+        if first >= n:
+            h = _particles(h, num_particles)  # nothing random: P identical copies
+        norm = self.encoder.norm
+        return (norm(h) if norm is not None else h), pad
+
+    def first_stochastic_layer(self) -> int:
+        """Index of the first encoder layer whose output is random in the current attention
+        mode (``num_layers`` if none is): 0 while any dropout is active (training mode with
+        ``dropout > 0``) or the network has Bayesian projection weights, else the first layer
+        with a posterior family (none in ``"mean"`` mode)."""
+        n = len(self.encoder.layers)
+        if self.weight_guide is not None or any(
+            isinstance(m, nn.Dropout) and m.training and m.p > 0 for m in self.modules()
+        ):
+            return 0
+        if current_mode() == "mean":
+            return n
+        for i, layer in enumerate(self.encoder.layers):
+            if layer.self_attn.is_bayesian:
+                return i
+        return n
 
     def _forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
-        h, pad = self.encode(x, num_particles)
+        # the last layer's other rows are only computed when its attention map is being recorded
+        last = self.encoder.layers[-1].self_attn
+        h, pad = self.encode(x, num_particles, cls_only=self.cls is not None and not last.record_weights)
         if self.cls is not None:
             pooled = h[..., 0, :]
         elif pad is None:
@@ -479,9 +541,7 @@ class _Generative(BayesianNetwork):
                 logits = self._step_logits(prefix, state, S)[..., -1, :]  # (S?, B, V)
                 p = torch.softmax(logits, -1)
                 p = p if p.dim() == 3 else p.unsqueeze(0)  # (S, B, V)
-                pbar = p.mean(0)  # (B, V)
-                h = entropy(pbar)
-                eh = entropy(p).mean(0)
+                h, eh, pbar = _decompose(p)
                 nxt = pbar.argmax(-1)
                 nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
                 masks.append(~done)
@@ -499,9 +559,19 @@ class _Generative(BayesianNetwork):
             probs=torch.stack(probs_l, 1),
             entropy=H_t,
             expected_entropy=EH_t,
-            mutual_information=(H_t - EH_t).clamp_min(0.0),
+            mutual_information=(H_t - EH_t).clamp_min(0.0),  # as PredictionResult computes it
             mask=torch.stack(masks, 1),
         )
+
+
+def _decompose(p: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(H[p̄], E_s H[p_s], p̄)`` of per-step samples ``p (S, B, V)``, by the same
+    :class:`~bayesattn.uncertainty.PredictionResult` decomposition :func:`~bayesattn.uncertainty.predict`
+    returns (imported lazily: ``uncertainty`` sits above the networks)."""
+    from ..uncertainty import PredictionResult
+
+    r = PredictionResult(probs=p)
+    return r.predictive_entropy, r.expected_entropy, r.mean_probs
 
 
 class Seq2Seq(_Generative):
