@@ -6,6 +6,9 @@ Methods (all a small ViT on 8×8 digits, same architecture, split and seed):
 ``deterministic``      softmax attention, trained by cross-entropy (the ELBO with nothing random)
 ``mc_dropout``         the same trained network, dropout kept on at test time (Gal & Ghahramani)
 ``ensemble``           ``ensemble_size`` deterministic networks from different seeds
+``recommended``        :meth:`AttentionConfig.recommended`: logistic-normal attention in the last
+                       layer (CLS row), prior centred on softmax attention; the plain ELBO
+                       (KL weight 1)
 ``dirichlet``          Bayesian attention, Dirichlet posterior over the weights (hybrid, tempered
                        ELBO: ``kl_weight`` on the attention KL, see the report)
 ``logistic_normal``    Bayesian attention, logistic-normal posterior (input-dependent variance)
@@ -13,7 +16,11 @@ Methods (all a small ViT on 8×8 digits, same architecture, split and seed):
 ``weights``            softmax attention, Bayesian Q/K/V/out projections (mean-field normal)
 =====================  ==========================================================================
 
-Each is scored on the in-distribution test set (accuracy, NLL, ECE, Brier), on out-of-distribution
+Every method is trained and scored on ``seeds`` seeds (its own split, initialisation and
+sampling per seed); ``results.json`` keeps every seed's numbers and their mean ± sd, and
+``report.md`` the paired differences against the deterministic network and the ensemble, a Pareto
+figure of quality against cost, and which method wins what. Each is scored on the in-distribution
+test set (accuracy, NLL, ECE, Brier), on out-of-distribution
 detection with the predictive entropy as the score (held-out digit classes; corrupted test images:
 noise, rotation, occlusion), and on time (training seconds, inference ms per example). Writes
 ``results.json``, ``report.md``, PNG figures and ArviZ netCDF files to the output folder.
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import time
 from collections.abc import Sequence
@@ -38,23 +46,28 @@ from . import calibration as C
 from .data import corruption_suite, load_digits_data
 from .inference import fit
 from .nn.blocks import AttentionConfig
-from .nn.modes import attention_mode
 from .nn.networks import VisionTransformer
 from .nn.weights import bayesian_projections
-from .uncertainty import PredictionResult, predict
+from .uncertainty import PredictionResult, predict, predict_ensemble, predict_mc_dropout
 
-__all__ = ["StudyConfig", "METHODS", "run_study", "format_table"]
+__all__ = ["StudyConfig", "METHODS", "DEFAULT_METHODS", "run_study", "format_table"]
 
 METHODS = (
     "deterministic",
     "mc_dropout",
     "ensemble",
+    "recommended",
     "dirichlet",
     "logistic_normal",
     "weibull",
     "weights",
 )
+#: methods run by default (``weights`` on request: slow to train and the weakest in every run)
+DEFAULT_METHODS = METHODS[:-1]
+#: methods trained on the tempered ELBO (``kl_weight``); ``recommended`` uses the plain ELBO
+_TEMPERED = ("dirichlet", "logistic_normal", "weibull")
 _ATTENTION = {
+    "recommended": AttentionConfig.recommended(),
     "dirichlet": AttentionConfig(posterior="dirichlet"),
     "logistic_normal": AttentionConfig(
         posterior="logistic_normal", posterior_kwargs={"input_dependent": True}
@@ -69,10 +82,13 @@ class StudyConfig:
 
     out: str = "bayesattn-study"
     dataset: str = "digits"
-    methods: Sequence[str] = METHODS
+    methods: Sequence[str] = DEFAULT_METHODS
     epochs: int = 40
     seed: int = 0
-    num_samples: int = 32
+    seeds: int = 3
+    holdout_classes: Sequence[int] = (8, 9)
+    num_samples: int = 8
+    timing_samples: Sequence[int] = (1, 8, 32)
     ensemble_size: int = 5
     d_model: int = 32
     nhead: int = 4
@@ -90,7 +106,9 @@ class StudyConfig:
 
     @classmethod
     def quick(cls, **kw: Any) -> StudyConfig:
-        base = dict(epochs=5, num_samples=8, ensemble_size=2, severities=(3,), arviz_examples=4)
+        base = dict(
+            epochs=5, seeds=2, num_samples=8, ensemble_size=2, severities=(3,), arviz_examples=4
+        )
         base.update(kw)
         return cls(**base)
 
@@ -104,7 +122,7 @@ class StudyConfig:
             raise ValueError(
                 f"methods must be a non-empty subset of {METHODS}; got {list(self.methods)}"
             )
-        for name in ("epochs", "num_samples", "ensemble_size", "batch_size"):
+        for name in ("epochs", "seeds", "num_samples", "ensemble_size", "batch_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int; got {v!r}")
@@ -112,6 +130,19 @@ class StudyConfig:
             raise ValueError(f"kl_weight must be in (0, 1]; got {self.kl_weight}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
+        if not self.timing_samples or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.timing_samples
+        ):
+            raise ValueError(f"timing_samples must be ints >= 1; got {list(self.timing_samples)}")
+        h = list(self.holdout_classes)
+        if (
+            len(h) < 1
+            or len(set(h)) != len(h)
+            or any(isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= 9 for c in h)
+        ):
+            raise ValueError(f"holdout_classes must be distinct digits 0..9; got {h}")
+        if len(h) > 8:
+            raise ValueError(f"holdout_classes must leave >= 2 classes in distribution; got {h}")
         if any(s not in (1, 2, 3, 4, 5) for s in self.severities):
             raise ValueError(f"severities must be in 1..5; got {list(self.severities)}")
 
@@ -160,34 +191,14 @@ def _train(
     return time.perf_counter() - t0
 
 
-def _mc_dropout(net: nn.Module, x: Tensor, num_samples: int) -> PredictionResult:
-    """MC dropout: every ``nn.Dropout`` active, attention in posterior-mean mode."""
-    net.eval()
-    drops = [m for m in net.modules() if isinstance(m, nn.Dropout)]
-    for m in drops:
-        m.train()
-    try:
-        with torch.no_grad(), attention_mode("mean"):
-            logits = net(x, num_particles=num_samples)  # (S, B, C)
-    finally:
-        for m in drops:
-            m.eval()
-    return PredictionResult(probs=torch.softmax(logits, -1), mode="mc_dropout")
-
-
 def _predictor(method: str, nets: list[nn.Module], cfg: StudyConfig):
+    """The method's posterior predictive, all through :mod:`bayesattn.uncertainty`'s one path."""
     if method == "mc_dropout":
-        return lambda x: _mc_dropout(nets[0], x, cfg.num_samples)
+        return lambda x: predict_mc_dropout(nets[0], x, cfg.num_samples, batch_size=512)
     if method in ("deterministic", "ensemble"):
-
-        def det(x: Tensor) -> PredictionResult:
-            with torch.no_grad():
-                probs = torch.stack([torch.softmax(n.eval()(x), -1) for n in nets])  # (M, B, C)
-            return PredictionResult(probs=probs, mode="mean")
-
-        return det
+        return lambda x: predict_ensemble(nets, x, batch_size=512)
     return lambda x: predict(
-        nets[0].eval(), x, num_samples=cfg.num_samples, batch_size=256, keep_attention=False
+        nets[0], x, num_samples=cfg.num_samples, batch_size=512, keep_attention=False
     )
 
 
@@ -256,90 +267,287 @@ def _attention_outputs(out: Path, method: str, net, x: Tensor, cfg: StudyConfig)
     return {"figure": png.name, "netcdf": nc.name, "layer": layer, **att.summary()}
 
 
-def run_study(cfg: StudyConfig) -> dict[str, Any]:
-    """Train, evaluate and write every requested method; returns the results dict."""
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    data = load_digits_data(seed=cfg.seed)
+def _train_method(method: str, cfg: StudyConfig, data, seed: int, trained: dict):
+    """Trained networks of ``method`` and their training seconds (the ensemble's members are the
+    deterministic network and ``ensemble_size - 1`` more seeds, trained once and shared)."""
     C_in = data.num_classes
-    corrupted = corruption_suite(data.x_test, severities=tuple(cfg.severities), seed=cfg.seed)
-    results: dict[str, Any] = {
-        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
-        "data": {
-            "train": len(data.x_train),
-            "val": len(data.x_val),
-            "test": len(data.x_test),
-            "ood_classes": len(data.x_ood_classes),
-            "holdout_classes": list(data.holdout_classes),
-        },
-        "environment": {"torch": torch.__version__, "python": platform.python_version()},
-        "methods": {},
-    }
-    trained: dict[str, tuple[list[nn.Module], float]] = {}
 
     def deterministic_nets(n: int) -> tuple[list[nn.Module], float]:
         nets, secs = trained.get("deterministic", ([], 0.0))
         while len(nets) < n:
-            torch.manual_seed(cfg.seed + len(nets))
+            s = seed + 1000 * len(nets)  # member seeds never collide with other study seeds
+            torch.manual_seed(s)
             net = _vit(cfg, C_in, None)
-            secs += _train(net, data, cfg, cfg.seed + len(nets), bayes=False)
+            secs += _train(net, data, cfg, s, bayes=False)
             nets.append(net)
         trained["deterministic"] = (nets, secs)
         return nets, secs
 
+    if method in ("deterministic", "mc_dropout"):
+        nets, _ = deterministic_nets(1)
+        return nets[:1], trained["deterministic"][1] / len(trained["deterministic"][0])
+    if method == "ensemble":
+        nets, secs = deterministic_nets(cfg.ensemble_size)
+        return nets[: cfg.ensemble_size], secs
+    torch.manual_seed(seed)
+    net = _vit(cfg, C_in, _ATTENTION.get(method))
+    if method == "weights":
+        bayesian_projections(net, targets=("*self_attn.in_proj_weight", "*out_proj.weight"))
+    klw = cfg.kl_weight if method in _TEMPERED else 1.0
+    return [net], _train(net, data, cfg, seed, bayes=True, kl_weight=klw)
+
+
+def _timing(pred, x: Tensor) -> float:
+    """ms per example of one prediction call."""
+    t0 = time.perf_counter()
+    pred(x)
+    return 1e3 * (time.perf_counter() - t0) / len(x)
+
+
+def _predictive_cost(net: nn.Module, x: Tensor, cfg: StudyConfig) -> dict[str, float]:
+    """ms/example of the recommended network for each ``timing_samples`` S, and of one
+    deterministic forward pass of the same network (median of 3)."""
+
+    def med(fn) -> float:
+        return sorted(_timing(fn, x) for _ in range(3))[1]
+
+    def forward(xb: Tensor) -> Tensor:
+        with torch.no_grad():
+            return net(xb)
+
+    out = {"deterministic_forward": med(forward)}
+    for S in cfg.timing_samples:
+        out[f"S={S}"] = med(lambda xb, S=S: predict(net, xb, S, keep_attention=False))
+    return out
+
+
+def _evaluate(method: str, nets, cfg: StudyConfig, data, corrupted, seed: int) -> tuple[dict, Any]:
+    pred = _predictor(method, nets, cfg)
+    torch.manual_seed(seed)
+    pred(data.x_test[:8])  # warm-up: the first call pays one-off allocation costs
+    t0 = time.perf_counter()
+    res = pred(data.x_test)
+    infer_ms = 1e3 * (time.perf_counter() - t0) / len(data.x_test)
+    row: dict[str, Any] = _metrics(res, data.y_test)
+    res_ood = pred(data.x_ood_classes)
+    row["ood_classes"] = _ood(res, res_ood)
+    row["corruptions"] = {}
+    for (kind, sev), xc in corrupted.items():
+        rc = pred(xc)
+        row["corruptions"][f"{kind}_{sev}"] = {
+            **_ood(res, rc),
+            "accuracy": C.accuracy(rc.mean_probs, data.y_test),
+        }
+    row["corruption_auroc_mean"] = sum(
+        v["auroc_entropy"] for v in row["corruptions"].values()
+    ) / len(row["corruptions"])
+    row["infer_ms_per_example"] = infer_ms
+    return row, (res, res_ood)
+
+
+def run_study(cfg: StudyConfig) -> dict[str, Any]:
+    """Train, evaluate and write every requested method on every seed; returns the results dict.
+
+    Seeds are ``cfg.seed, cfg.seed + 1, …`` (``cfg.seeds`` of them); each seed has its own data
+    split, initialisations and posterior draws. Figures and ArviZ files come from the first seed.
+    """
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = [cfg.seed + i for i in range(cfg.seeds)]
+    results: dict[str, Any] = {
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+        "seeds": seeds,
+        "environment": {"torch": torch.__version__, "python": platform.python_version()},
+        "per_seed": {},
+    }
     from tqdm.auto import tqdm
 
-    bar = tqdm(cfg.methods, desc="study", disable=not cfg.progress)
-    for method in bar:
-        bar.set_postfix_str(method)
-        # every method starts from an empty global param store: networks of different methods
-        # share Pyro names, and a stale entry would otherwise be picked up (see inference.py)
-        pyro.clear_param_store()
-        if method in ("deterministic", "mc_dropout"):
-            nets, _ = deterministic_nets(1)
-            nets = nets[:1]
-            train_s = trained["deterministic"][1] / len(trained["deterministic"][0])
-        elif method == "ensemble":
-            nets, train_s = deterministic_nets(cfg.ensemble_size)
-            nets = nets[: cfg.ensemble_size]
-        else:
-            torch.manual_seed(cfg.seed)
-            net = _vit(cfg, C_in, _ATTENTION.get(method))
-            if method == "weights":
-                bayesian_projections(net, targets=("*self_attn.in_proj_weight", "*out_proj.weight"))
-            klw = cfg.kl_weight if method in _ATTENTION else 1.0
-            train_s = _train(net, data, cfg, cfg.seed, bayes=True, kl_weight=klw)
-            nets = [net]
-        pred = _predictor(method, nets, cfg)
-        torch.manual_seed(cfg.seed)
-        t0 = time.perf_counter()
-        res = pred(data.x_test)
-        infer_ms = 1e3 * (time.perf_counter() - t0) / len(data.x_test)
-        row: dict[str, Any] = _metrics(res, data.y_test)
-        res_ood = pred(data.x_ood_classes)
-        row["ood_classes"] = _ood(res, res_ood)
-        row["corruptions"] = {}
-        for (kind, sev), xc in corrupted.items():
-            rc = pred(xc)
-            row["corruptions"][f"{kind}_{sev}"] = {
-                **_ood(res, rc),
-                "accuracy": C.accuracy(rc.mean_probs, data.y_test),
+    bar = tqdm(total=len(seeds) * len(cfg.methods), desc="study", disable=not cfg.progress)
+    for seed in seeds:
+        torch.manual_seed(seed)
+        data = load_digits_data(seed=seed, holdout_classes=tuple(cfg.holdout_classes))
+        if "data" not in results:
+            results["data"] = {
+                "train": len(data.x_train),
+                "val": len(data.x_val),
+                "test": len(data.x_test),
+                "ood_classes": len(data.x_ood_classes),
+                "holdout_classes": list(data.holdout_classes),
             }
-        row["corruption_auroc_mean"] = sum(
-            v["auroc_entropy"] for v in row["corruptions"].values()
-        ) / len(row["corruptions"])
-        row["train_seconds"] = train_s
-        row["infer_ms_per_example"] = infer_ms
-        row["figures"] = _figures(out, method, res, data.y_test, res_ood)
-        if method in _ATTENTION:
-            row["attention"] = _attention_outputs(
-                out, method, nets[0], data.x_test[: cfg.arviz_examples], cfg
-            )
-        results["methods"][method] = row
-    (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
-    (out / "report.md").write_text(_report(results))
+        corrupted = corruption_suite(data.x_test, severities=tuple(cfg.severities), seed=seed)
+        trained: dict[str, tuple[list[nn.Module], float]] = {}
+        rows: dict[str, Any] = {}
+        for method in cfg.methods:
+            bar.set_postfix_str(f"seed {seed}: {method}")
+            # every method starts from an empty global param store: networks of different
+            # methods share Pyro names, and a stale entry would otherwise be picked up
+            pyro.clear_param_store()
+            nets, train_s = _train_method(method, cfg, data, seed, trained)
+            row, (res, res_ood) = _evaluate(method, nets, cfg, data, corrupted, seed)
+            row["train_seconds"] = train_s
+            if seed == seeds[0]:
+                row["figures"] = _figures(out, method, res, data.y_test, res_ood)
+                if method in _ATTENTION:
+                    row["attention"] = _attention_outputs(
+                        out, method, nets[0], data.x_test[: cfg.arviz_examples], cfg
+                    )
+                if method == "recommended":
+                    results["predictive_cost"] = _predictive_cost(nets[0], data.x_test, cfg)
+            rows[method] = row
+            bar.update()
+        results["per_seed"][str(seed)] = rows
+    bar.close()
+    results["methods"] = {m: _aggregate(m, results["per_seed"]) for m in cfg.methods}
+    results["paired"] = _paired(results["per_seed"], cfg.methods)
+    results["wins"] = _wins(results["methods"])
+    results["goal"] = _goal(results["methods"])
+    results["figures"] = {"pareto": _pareto_figure(out, results["methods"])}
+    _write_atomic(out / "results.json", json.dumps(results, indent=2, sort_keys=True))
+    _write_atomic(out / "report.md", _report(results))
     return results
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# aggregation over seeds
+
+#: scalar metrics aggregated over seeds: (key, where in a per-seed row, higher is better)
+_SCALARS = (
+    ("accuracy", ("accuracy",), True),
+    ("nll", ("nll",), False),
+    ("ece", ("ece",), False),
+    ("brier", ("brier",), False),
+    ("auroc_held_out", ("ood_classes", "auroc_entropy"), True),
+    ("auroc_held_out_mi", ("ood_classes", "auroc_mi"), True),
+    ("corruption_auroc_mean", ("corruption_auroc_mean",), True),
+    ("mean_entropy", ("mean_entropy",), None),
+    ("mean_mi", ("mean_mi",), None),
+    ("train_seconds", ("train_seconds",), False),
+    ("infer_ms_per_example", ("infer_ms_per_example",), False),
+)
+
+
+def _get(row: dict, path: tuple[str, ...]) -> float:
+    for k in path:
+        row = row[k]
+    return float(row)  # type: ignore[arg-type]
+
+
+def _mean_sd(xs: list[float]) -> tuple[float, float]:
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return m, sd
+
+
+def _aggregate(method: str, per_seed: dict[str, dict]) -> dict[str, Any]:
+    """Mean over seeds at the top level (the first seed's figures kept), ``sd`` and per-seed
+    values beside it."""
+    rows = [r[method] for r in per_seed.values()]
+    first = rows[0]
+    agg: dict[str, Any] = {"sd": {}, "per_seed": {}}
+    for key, path, _ in _SCALARS:
+        vals = [_get(r, path) for r in rows]
+        m, sd = _mean_sd(vals)
+        agg[key] = m
+        agg["sd"][key] = sd
+        agg["per_seed"][key] = vals
+    agg["ood_classes"] = {
+        k: _mean_sd([r["ood_classes"][k] for r in rows])[0] for k in first["ood_classes"]
+    }
+    agg["corruptions"] = {
+        c: {k: _mean_sd([r["corruptions"][c][k] for r in rows])[0] for k in v}
+        for c, v in first["corruptions"].items()
+    }
+    for k in ("figures", "attention"):
+        if k in first:
+            agg[k] = first[k]
+    return agg
+
+
+def _paired(per_seed: dict[str, dict], methods: Sequence[str]) -> dict[str, Any]:
+    """Per-seed differences ``method − reference`` (mean ± sd over seeds) against the
+    deterministic network and the ensemble, where those were run."""
+    out: dict[str, Any] = {}
+    for ref in ("deterministic", "ensemble"):
+        if ref not in methods:
+            continue
+        out[f"vs_{ref}"] = {}
+        for m in methods:
+            if m == ref:
+                continue
+            d = {}
+            for key, path, _ in _SCALARS:
+                diffs = [_get(r[m], path) - _get(r[ref], path) for r in per_seed.values()]
+                mean, sd = _mean_sd(diffs)
+                d[key] = {"mean": mean, "sd": sd}
+            out[f"vs_{ref}"][m] = d
+    return out
+
+
+def _wins(methods: dict[str, Any]) -> dict[str, str]:
+    """The best method (by mean over seeds) on each quality and cost metric."""
+    wins = {}
+    for key, _, higher in _SCALARS:
+        if higher is None:
+            continue
+        pick = max if higher else min
+        wins[key] = pick(methods, key=lambda m: methods[m][key])
+    return wins
+
+
+def _goal(methods: dict[str, Any]) -> dict[str, Any] | None:
+    """Issue 8's goal for the recommended method, each criterion with its numbers."""
+    need = ("recommended", "deterministic", "ensemble")
+    if any(m not in methods for m in need):
+        return None
+    r, d, e = (methods[m] for m in need)
+    checks = {
+        "accuracy >= deterministic - sd": r["accuracy"] >= d["accuracy"] - d["sd"]["accuracy"],
+        "nll <= deterministic + sd": r["nll"] <= d["nll"] + d["sd"]["nll"],
+        "ece <= deterministic + sd": r["ece"] <= d["ece"] + d["sd"]["ece"],
+        "auroc_held_out >= ensemble - 0.01": r["auroc_held_out"] >= e["auroc_held_out"] - 0.01,
+        "train_seconds <= ensemble / 3": r["train_seconds"] <= e["train_seconds"] / 3,
+        "infer_ms <= ensemble / 3": r["infer_ms_per_example"] <= e["infer_ms_per_example"] / 3,
+    }
+    return {"checks": checks, "reached": all(checks.values())}
+
+
+def _pareto_figure(out: Path, methods: dict[str, Any]) -> str:
+    """Quality (NLL, held-out AUROC) against cost (inference ms/example, training seconds), mean ±
+    sd over seeds; ``pareto.png``."""
+    from . import plots
+
+    fig = plots._new_figure(figsize=(10.0, 7.5), layout="constrained")
+    axes = fig.subplots(2, 2)
+    for i, (q, qlabel) in enumerate(
+        (("nll", "NLL (lower is better)"), ("auroc_held_out", "held-out AUROC (higher is better)"))
+    ):
+        for j, (c, clabel) in enumerate(
+            (
+                ("infer_ms_per_example", "inference ms / example"),
+                ("train_seconds", "training seconds"),
+            )
+        ):
+            ax = axes[i][j]
+            for m, r in methods.items():
+                ax.errorbar(
+                    r[c], r[q], xerr=r["sd"][c], yerr=r["sd"][q], fmt="o", capsize=3, label=m
+                )
+                ax.annotate(m, (r[c], r[q]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            ax.set_xscale("log")
+            ax.set_xlabel(clabel)
+            ax.set_ylabel(qlabel)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8, loc="best")
+    fig.suptitle("Quality against cost (mean ± sd over seeds)")
+    path = out / "pareto.png"
+    plots._finish(fig, path)
+    return path.name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,7 +557,7 @@ _COLUMNS = [
     ("nll", "NLL", "{:.3f}"),
     ("ece", "ECE", "{:.3f}"),
     ("brier", "Brier", "{:.3f}"),
-    ("ood_auroc", "AUROC held-out", "{:.3f}"),
+    ("auroc_held_out", "AUROC held-out", "{:.3f}"),
     ("corruption_auroc_mean", "AUROC corrupt", "{:.3f}"),
     ("train_seconds", "train s", "{:.1f}"),
     ("infer_ms_per_example", "infer ms/ex", "{:.3f}"),
@@ -357,14 +565,42 @@ _COLUMNS = [
 
 
 def format_table(results: dict[str, Any]) -> str:
-    """The results as a Markdown table (also printed by the CLI)."""
+    """The results as a Markdown table, mean ± sd over seeds (also printed by the CLI)."""
     head = "| method | " + " | ".join(c[1] for c in _COLUMNS) + " |"
     sep = "|---" * (len(_COLUMNS) + 1) + "|"
     lines = [head, sep]
     for m, r in results["methods"].items():
-        vals = dict(r, ood_auroc=r["ood_classes"]["auroc_entropy"])
-        lines.append(f"| {m} | " + " | ".join(fmt.format(vals[k]) for k, _, fmt in _COLUMNS) + " |")
+        cells = []
+        for k, _, fmt in _COLUMNS:
+            sd = r.get("sd", {}).get(k)
+            cells.append(fmt.format(r[k]) + (f" ± {fmt.format(sd)}" if sd else ""))
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _paired_table(paired: dict[str, Any], ref: str) -> list[str]:
+    keys = [
+        ("accuracy", "Δacc"),
+        ("nll", "ΔNLL"),
+        ("ece", "ΔECE"),
+        ("brier", "ΔBrier"),
+        ("auroc_held_out", "ΔAUROC held-out"),
+        ("train_seconds", "Δtrain s"),
+        ("infer_ms_per_example", "Δinfer ms/ex"),
+    ]
+    rows = paired.get(f"vs_{ref}", {})
+    if not rows:
+        return []
+    lines = [
+        f"### Paired differences against `{ref}` (method − {ref}, mean ± sd over seeds)",
+        "",
+        "| method | " + " | ".join(k[1] for k in keys) + " |",
+        "|---" * (len(keys) + 1) + "|",
+    ]
+    for m, d in rows.items():
+        cells = [f"{d[k]['mean']:+.3f} ± {d[k]['sd']:.3f}" for k, _ in keys]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _report(results: dict[str, Any]) -> str:
@@ -374,25 +610,74 @@ def _report(results: dict[str, Any]) -> str:
         "# bayesattn uncertainty study",
         "",
         f"Digits (scikit-learn, 8×8), classes {d['holdout_classes']} held out as OOD; "
-        f"train/val/test = {d['train']}/{d['val']}/{d['test']}, seed {cfg['seed']}, "
+        f"train/val/test = {d['train']}/{d['val']}/{d['test']}, seeds {results['seeds']}, "
         f"{cfg['epochs']} epochs, {cfg['num_samples']} posterior samples, ensemble of "
-        f"{cfg['ensemble_size']}. OOD score: predictive entropy. ECE: 15 equal-width bins.",
+        f"{cfg['ensemble_size']}. OOD score: predictive entropy. ECE: 15 equal-width bins. "
+        "Numbers are mean ± sd over seeds; every seed has its own split and initialisations.",
         "",
         format_table(results),
         "",
         "Training time of `mc_dropout` is that of the deterministic network it reuses; the "
-        "ensemble's is the sum over its members.",
+        "ensemble's is the sum over its members. Inference ms/example is one call on the whole "
+        "test set (all samples).",
         "",
-        f"Bayesian-attention methods maximise a tempered ELBO with KL weight "
-        f"{cfg['kl_weight']:g} on the attention latents: with the full ELBO (weight 1) the KL of "
-        "every attention row of an example (hundreds of rows, thousands of nats) outweighs the "
-        "log-likelihood of its one label (about 2 nats) and the posterior collapses to the "
-        "prior (chance accuracy; measured). The `weights` method's KL is global and uses "
-        "weight 1.",
+        "`recommended` (`AttentionConfig.recommended()`) is trained on the plain ELBO (KL weight "
+        "1). `dirichlet`, `logistic_normal` and `weibull` put a latent on every attention row of "
+        f"every layer with priors centred on key relevance, and need a tempered ELBO (KL weight "
+        f"{cfg['kl_weight']:g}): with weight 1 their KL (thousands of nats per image) swamps the "
+        "label's likelihood and the attention collapses to the prior (see `docs/training.md`). "
+        "The `weights` method's KL is global and uses weight 1.",
         "",
-        "## Corruptions (AUROC of predictive entropy, accuracy)",
+        "## Who wins what",
         "",
     ]
+    labels = {
+        "accuracy": "accuracy",
+        "nll": "NLL",
+        "ece": "ECE",
+        "brier": "Brier",
+        "auroc_held_out": "held-out AUROC (entropy)",
+        "auroc_held_out_mi": "held-out AUROC (mutual information)",
+        "corruption_auroc_mean": "corruption AUROC",
+        "train_seconds": "training time",
+        "infer_ms_per_example": "inference time",
+    }
+    for k, m in results["wins"].items():
+        r = results["methods"][m]
+        parts.append(f"- **{labels.get(k, k)}**: `{m}` ({r[k]:.3f} ± {r['sd'][k]:.3f})")
+    parts.append("")
+    goal = results.get("goal")
+    if goal is not None:
+        parts += ["## The goal for the recommended method", ""]
+        for name, ok in goal["checks"].items():
+            parts.append(f"- {'reached' if ok else 'NOT reached'}: {name}")
+        parts.append("")
+        parts.append(
+            "All criteria reached."
+            if goal["reached"]
+            else "Not every criterion is reached; the paired differences below and the Pareto figure "
+            "show the trade-off."
+        )
+        parts.append("")
+    cost = results.get("predictive_cost")
+    if cost:
+        base = cost["deterministic_forward"]
+        parts += [
+            "## Cost of posterior samples (recommended, first seed)",
+            "",
+            "| | ms/example | × deterministic forward |",
+            "|---|---|---|",
+            f"| deterministic forward | {base:.4f} | 1.00 |",
+        ]
+        for k, v in cost.items():
+            if k != "deterministic_forward":
+                parts.append(f"| {k} | {v:.4f} | {v / base:.2f} |")
+        parts.append("")
+    parts += ["## Paired differences", ""]
+    parts += _paired_table(results["paired"], "deterministic")
+    parts += _paired_table(results["paired"], "ensemble")
+    parts += ["## Quality against cost", "", f"![pareto]({results['figures']['pareto']})", ""]
+    parts += ["## Corruptions (AUROC of predictive entropy, accuracy; mean over seeds)", ""]
     kinds = sorted(next(iter(results["methods"].values()))["corruptions"])
     parts.append("| method | " + " | ".join(kinds) + " |")
     parts.append("|---" * (len(kinds) + 1) + "|")
@@ -402,11 +687,11 @@ def _report(results: dict[str, Any]) -> str:
             for k in kinds
         ]
         parts.append(f"| {m} | " + " | ".join(cells) + " |")
-    parts += ["", "## Figures", ""]
+    parts += ["", "## Figures (first seed)", ""]
     for m, r in results["methods"].items():
         parts.append(f"### {m}")
         parts.append("")
-        for f in r["figures"]:
+        for f in r.get("figures", []):
             parts.append(f"![{f}]({f})")
         if "attention" in r:
             a = r["attention"]
