@@ -379,13 +379,15 @@ class TransformerClassifier(BayesianNetwork):
                 pad = torch.cat([pad.new_zeros(pad.shape[0], 1), pad], dim=1)
         layers = self.encoder.layers
         n = len(layers)
-        first = self.first_stochastic_layer() if num_particles > 1 else n
+        first, by_attention = self._first_random() if num_particles > 1 else (n, False)
         for i, layer in enumerate(layers):
             rows_only = cls_only and i == n - 1
-            if i == first and not rows_only:
+            # the layer draws the P samples itself when its attention is the first random thing
+            draws = rows_only and i == first and by_attention
+            if i == first and not draws:
                 h = _particles(h, num_particles)  # (P, B, T', E)
-            if rows_only:  # the layer draws the P samples itself when it is the first random one
-                h = _query_rows_layer(layer, h, 1, pad, num_particles if i == first else 1)
+            if rows_only:
+                h = _query_rows_layer(layer, h, 1, pad, num_particles if draws else 1)
             else:
                 h = layer(h, None, pad, False)
         if first >= n:
@@ -397,18 +399,23 @@ class TransformerClassifier(BayesianNetwork):
         """Index of the first encoder layer whose output is random in the current attention
         mode (``num_layers`` if none is): 0 while any dropout is active (training mode with
         ``dropout > 0``) or the network has Bayesian projection weights, else the first layer
-        with a posterior family (none in ``"mean"`` mode)."""
+        with a posterior family (none in ``"mean"`` mode). Posterior samples share everything
+        computed before it."""
+        return self._first_random()[0]
+
+    def _first_random(self) -> tuple[int, bool]:
+        """``(first_stochastic_layer, whether that layer's randomness is its attention alone)``."""
         n = len(self.encoder.layers)
         if self.weight_guide is not None or any(
             isinstance(m, nn.Dropout) and m.training and m.p > 0 for m in self.modules()
         ):
-            return 0
+            return 0, False
         if current_mode() == "mean":
-            return n
+            return n, False
         for i, layer in enumerate(self.encoder.layers):
             if layer.self_attn.is_bayesian:
-                return i
-        return n
+                return i, True
+        return n, False
 
     def _forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
         # the last layer's other rows are only computed when its attention map is being recorded
