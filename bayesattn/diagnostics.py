@@ -73,6 +73,7 @@ __all__ = [
     "NetworkDraws",
     "network_draws",
     "predictive_to_arviz",
+    "prediction_to_arviz",
     # variational diagnostics
     "KHAT_INTERPRETATIONS",
     "interpret_khat",
@@ -720,6 +721,42 @@ def network_draws(
         if pred.shape[0] != S:
             pred = pred.expand((S,) + pred.shape[1:])
     return NetworkDraws(sites=sites, predictive=pred, log_likelihood=ll)
+
+
+def prediction_to_arviz(
+    result: Any,
+    y: Tensor | None = None,
+    *,
+    num_chains: int = 1,
+    tokens: Sequence[str] | None = None,
+) -> Any:
+    r"""Any predictor's output, from the one posterior-predictive path, as ArviZ data.
+
+    ``result`` is a :class:`~bayesattn.uncertainty.PredictionResult` from
+    :func:`~bayesattn.uncertainty.predict`, :func:`~bayesattn.uncertainty.predict_mc_dropout` or
+    :func:`~bayesattn.uncertainty.predict_ensemble`: the per-sample class probabilities (a
+    function of each posterior draw) and kept attention samples (``"<layer>.weights"``) go to the
+    ``posterior`` group as ``"probs"``, one label drawn from each sample's predictive to
+    ``posterior_predictive`` (``"obs"``), and with labels ``y`` the pointwise
+    :math:`\log p_s(y_b\mid x_b)` to ``log_likelihood`` (``"obs"``) and ``y`` to
+    ``observed_data``, so ``az.loo``/``az.compare`` rank Bayesian attention, MC dropout and
+    ensembles on the same footing. Draws are independent, ``(chain, draw) = (num_chains, S /
+    num_chains)``.
+    """
+    from .uncertainty import PredictionResult
+
+    if not isinstance(result, PredictionResult):
+        raise TypeError(f"result must be a PredictionResult; got {type(result).__name__}")
+    posterior = {f"{name}.weights": a.samples for name, a in result.attention.items()}
+    posterior["probs"] = result.probs  # (S, B, ..., C)
+    draws = torch.distributions.Categorical(probs=result.probs.double()).sample()  # (S, B, ...)
+    kw: dict[str, Any] = {"posterior_predictive": {"obs": draws}}
+    if y is not None:
+        kw["log_likelihood"] = {"obs": result.log_likelihood(y)}
+        kw["observed_data"] = {"obs": y}
+    return to_arviz(
+        posterior, sample_dims=("sample",), num_chains=num_chains, tokens=tokens, **kw
+    )
 
 
 def predictive_to_arviz(

@@ -287,6 +287,24 @@ class PredictionResult:
         mi = entropy(p.mean(0)) - entropy(p).mean(0)  # (B,)
         return mi.clamp_min(0.0).to(self.probs.dtype)
 
+    def log_likelihood(self, y: Tensor) -> Tensor:
+        r"""Pointwise log-likelihood of observed labels under every sample,
+        :math:`\ell_{sb} = \log p_s(y_b\mid x_b)`; per-token results sum over the valid tokens
+        of an example. Shape ``(S, B)`` (what ArviZ's ``log_likelihood`` group and LOO read)."""
+        if not isinstance(y, Tensor) or y.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"y must be an integer label tensor; got {getattr(y, 'dtype', y)!r}")
+        if y.shape != self.probs.shape[1:-1]:
+            raise ValueError(
+                f"y must have shape {tuple(self.probs.shape[1:-1])} (probs without S and C); "
+                f"got {tuple(y.shape)}"
+            )
+        idx = y.long().clamp(0, self.probs.shape[-1] - 1)
+        p = self.probs.gather(-1, idx.expand(self.probs.shape[:-1]).unsqueeze(-1)).squeeze(-1)
+        lp = p.double().clamp_min(torch.finfo(torch.float64).tiny).log()  # (S, B, ...)
+        if self.mask is not None:
+            lp = torch.where(self.mask, lp, torch.zeros_like(lp))
+        return lp.reshape(lp.shape[0], lp.shape[1], -1).sum(-1).to(self.probs.dtype)
+
     @property
     def predictions(self) -> Tensor:
         """Argmax of the posterior predictive. Shape ``(B,)`` int64."""

@@ -31,8 +31,15 @@ from bayesattn.uncertainty import predict, predict_ensemble, predict_mc_dropout
 
 def vit(attention: AttentionConfig | None, d_model: int) -> VisionTransformer:
     return VisionTransformer(
-        10, image_size=8, patch_size=2, d_model=d_model, nhead=4, num_layers=2,
-        dim_feedforward=2 * d_model, dropout=0.1, attention=attention,
+        10,
+        image_size=8,
+        patch_size=2,
+        d_model=d_model,
+        nhead=4,
+        num_layers=2,
+        dim_feedforward=2 * d_model,
+        dropout=0.1,
+        attention=attention,
     ).eval()
 
 

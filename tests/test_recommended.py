@@ -255,3 +255,30 @@ def test_ensemble_baseline_stacks_members():
         predict_ensemble([], x)
     with pytest.raises(TypeError, match="one network type"):
         predict_ensemble([members[0], TransformerClassifier(4, vocab_size=5, **SMALL)], x)
+
+
+def test_prediction_to_arviz_reads_any_predictor_and_loo_runs():
+    import warnings
+
+    import arviz as az
+
+    from bayesattn.diagnostics import prediction_to_arviz
+
+    members = [_vit(None, dropout=0.2).eval() for _ in range(2)]
+    x, y = torch.rand(5, 4, 4), torch.randint(0, 4, (5,))
+    for res in (predict_mc_dropout(members[0], x, 6), predict_ensemble(members, x),
+                predict(_vit(AttentionConfig.recommended()), x, 6)):
+        ll = res.log_likelihood(y)  # (S, B), checked against a plain gather
+        manual = torch.stack([res.probs[s, torch.arange(5), y].log() for s in range(len(ll))])
+        torch.testing.assert_close(ll, manual)
+        idata = prediction_to_arviz(res, y)
+        got = idata.log_likelihood["obs"].values  # (chain, draw, example)
+        assert got.shape == (1, res.num_samples, 5)
+        torch.testing.assert_close(torch.from_numpy(got[0]), ll.double(), check_dtype=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert float(az.loo(idata).elpd_loo) < 0
+    with pytest.raises(ValueError, match="y must have shape"):
+        res.log_likelihood(y[:3])
+    with pytest.raises(TypeError, match="PredictionResult"):
+        prediction_to_arviz(res.probs, y)
