@@ -39,6 +39,7 @@ __all__ = [
     "attention",
     "check_finite",
     "entropy",
+    "uncertainty_decomposition",
 ]
 
 
@@ -67,6 +68,27 @@ def entropy(probs: Tensor, dim: int = -1) -> Tensor:
     if not isinstance(probs, Tensor):
         raise TypeError(f"probs must be a torch.Tensor; got {type(probs).__name__}")
     return -torch.special.xlogy(probs, probs).sum(dim)
+
+
+def uncertainty_decomposition(probs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Split the predictive entropy of ``S`` samples into aleatoric and epistemic parts:
+    :math:`H[\bar p] = \frac1S\sum_s H[p_s] + I`, with :math:`\bar p = \frac1S\sum_s p_s`.
+
+    Returns ``(total H[p̄], expected entropy, mutual information I ≥ 0)``, computed in float64
+    and returned in ``probs``' dtype; ``I`` is clamped at 0 only to remove round-off.
+
+    Shape:
+        ``(S, ..., C)`` → three ``(...)`` tensors.
+    """
+    if not isinstance(probs, Tensor):
+        raise TypeError(f"probs must be a torch.Tensor; got {type(probs).__name__}")
+    if probs.dim() < 2:
+        raise ValueError(f"probs must be (S, ..., C); got shape {tuple(probs.shape)}")
+    p = probs.double()
+    total = entropy(p.mean(0))
+    expected = entropy(p).mean(0)
+    mi = (total - expected).clamp_min(0.0)
+    return total.to(probs.dtype), expected.to(probs.dtype), mi.to(probs.dtype)
 
 
 def attention_logits(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor:

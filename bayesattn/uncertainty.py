@@ -48,7 +48,7 @@ import torch
 from pyro import poutine
 from torch import Tensor, nn
 
-from .functional import entropy
+from .functional import entropy, uncertainty_decomposition
 from .nn.attention import BayesianMultiheadAttention
 from .nn.modes import MODES, attention_mode
 from .nn.networks import BayesianNetwork, Seq2Seq, TransformerClassifier
@@ -272,20 +272,18 @@ class PredictionResult:
     @property
     def predictive_entropy(self) -> Tensor:
         r"""Total uncertainty :math:`H[\bar p]`. Shape ``(B,)``."""
-        return entropy(self.probs.double().mean(0)).to(self.probs.dtype)
+        return uncertainty_decomposition(self.probs)[0]
 
     @property
     def expected_entropy(self) -> Tensor:
         r"""Aleatoric uncertainty :math:`\frac1S\sum_s H[p_s]`. Shape ``(B,)``."""
-        return entropy(self.probs.double()).mean(0).to(self.probs.dtype)
+        return uncertainty_decomposition(self.probs)[1]
 
     @property
     def mutual_information(self) -> Tensor:
         r"""Epistemic uncertainty :math:`I = H[\bar p] - \frac1S\sum_s H[p_s] \ge 0`.
         Shape ``(B,)``."""
-        p = self.probs.double()  # (S, B, C)
-        mi = entropy(p.mean(0)) - entropy(p).mean(0)  # (B,)
-        return mi.clamp_min(0.0).to(self.probs.dtype)
+        return uncertainty_decomposition(self.probs)[2]
 
     def log_likelihood(self, y: Tensor) -> Tensor:
         r"""Pointwise log-likelihood of observed labels under every sample,

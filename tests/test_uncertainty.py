@@ -319,7 +319,7 @@ def test_predict_bad_networks_and_inputs():
     with pytest.raises(TypeError, match="BayesianNetwork"):
         predict(torch.nn.Linear(3, 3), torch.zeros(2, 3))
     s2s = Seq2Seq(6, 7, **SMALL)
-    with pytest.raises(TypeError, match="generate"):
+    with pytest.raises(ValueError, match="needs y .*generate"):  # sequence models: teacher forcing
         predict(s2s, torch.randint(3, 6, (2, 4)))
     net = _clf()
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
@@ -333,8 +333,10 @@ def test_predict_bad_networks_and_inputs():
 
 
 def test_result_and_samples_bad_inputs():
-    with pytest.raises(ValueError, match=r"probs must be 3-D \(S, B, C\)"):
+    with pytest.raises(ValueError, match=r"probs must be \(S, B, C\) or \(S, B, T, V\)"):
         PredictionResult(torch.rand(4, 3))
+    with pytest.raises(ValueError, match="mask must have shape"):
+        PredictionResult(torch.rand(2, 3, 4, 5), mask=torch.ones(3, 5, dtype=torch.bool))
     with pytest.raises(TypeError, match="probs must be a torch.Tensor"):
         PredictionResult([[0.5, 0.5]])
     with pytest.raises(ValueError, match=r"samples must be 5-D \(S, B, H, Tq, Tk\)"):

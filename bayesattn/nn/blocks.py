@@ -238,6 +238,44 @@ class EncoderLayer(_FeedForward):
             x = self.norm2(x + self._ff_block(x))
         return x
 
+    def forward_rows(
+        self,
+        src: Tensor,
+        rows: int,
+        src_key_padding_mask: Tensor | None = None,
+        num_samples: int | None = None,
+    ) -> Tensor:
+        """The layer's output for its first ``rows`` query tokens only (keys and values: every
+        token): equal to ``forward(src, src_key_padding_mask=...)[..., :rows, :]`` without the
+        other rows' work (attention rows, feed-forward and LayerNorm act per token). A CLS
+        read-out needs ``rows=1``. ``num_samples`` draws that many attention samples in one pass
+        from the shared input (stochastic modes).
+
+        Shape:
+            src ``(*S, B, T, E)`` → ``(*S | num_samples, B, rows, E)``.
+        """
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= src.shape[-2]:
+            raise ValueError(f"rows must be an int in [1, {src.shape[-2]}]; got {rows!r}")
+
+        def attend(q: Tensor, kv: Tensor) -> Tensor:
+            y = self.self_attn(
+                q,
+                kv,
+                kv,
+                key_padding_mask=src_key_padding_mask,
+                need_weights=False,
+                num_samples=num_samples,
+            )[0]
+            return self.dropout1(y)
+
+        x = src[..., :rows, :]  # (…, B, rows, E)
+        if self.norm_first:
+            kv = self.norm1(src)
+            x = x + attend(kv[..., :rows, :], kv)
+            return x + self._ff_block(self.norm2(x))
+        x = self.norm1(x + attend(x, src))
+        return self.norm2(x + self._ff_block(x))
+
 
 class DecoderLayer(_FeedForward):
     r"""Causal self-attention, cross-attention to the encoder memory (fusing two evidence sources),

@@ -32,6 +32,7 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroModule
 from torch import Tensor, nn
 
+from ..functional import uncertainty_decomposition
 from .attention import linear
 from .blocks import AttentionConfig, Decoder, Encoder
 from .modes import attention_mode, collect_kl, current_mode
@@ -237,26 +238,6 @@ class _Embedding(nn.Module):
         return self.drop(h + self.pos(pos))
 
 
-def _query_rows_layer(layer, h: Tensor, rows: int, pad: Tensor | None, num_samples: int) -> Tensor:
-    """An :class:`~bayesattn.nn.blocks.EncoderLayer` evaluated for its first ``rows`` query tokens
-    only (keys and values: all tokens); equal to ``layer(h, ...)[..., :rows, :]``.
-
-    ``num_samples > 1`` draws that many attention samples for those rows in one pass (the
-    layer's input is shared, not copied). Shape: h ``(*P, B, T, E)`` → ``(*P|S, B, rows, E)``.
-    """
-    attn = layer.self_attn
-    ns = num_samples if num_samples > 1 else None
-    if layer.norm_first:
-        kv = layer.norm1(h)  # (…, B, T, E)
-        y = attn(kv[..., :rows, :], kv, kv, key_padding_mask=pad, need_weights=False,
-                 num_samples=ns)[0]
-        x = h[..., :rows, :] + layer.dropout1(y)  # (…, B, rows, E)
-        return x + layer._ff_block(layer.norm2(x))
-    y = attn(h[..., :rows, :], h, h, key_padding_mask=pad, need_weights=False, num_samples=ns)[0]
-    x = layer.norm1(h[..., :rows, :] + layer.dropout1(y))
-    return layer.norm2(x + layer._ff_block(x))
-
-
 def _particles(h: Tensor, num_particles: int) -> Tensor:
     """Prepend a particle dim ``(P, B, T, E)`` when ``num_particles > 1``."""
     return h.expand((num_particles,) + h.shape) if num_particles > 1 else h
@@ -387,9 +368,9 @@ class TransformerClassifier(BayesianNetwork):
             if i == first and not draws:
                 h = _particles(h, num_particles)  # (P, B, T', E)
             if rows_only:
-                h = _query_rows_layer(layer, h, 1, pad, num_particles if draws else 1)
+                h = layer.forward_rows(h, 1, pad, num_particles if draws else None)
             else:
-                h = layer(h, None, pad, False)
+                h = layer(h, src_key_padding_mask=pad)
         if first >= n:
             h = _particles(h, num_particles)  # nothing random: P identical copies
         norm = self.encoder.norm
@@ -419,8 +400,8 @@ class TransformerClassifier(BayesianNetwork):
 
     def _forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
         # the last layer's other rows are only computed when its attention map is being recorded
-        last = self.encoder.layers[-1].self_attn
-        h, pad = self.encode(x, num_particles, cls_only=self.cls is not None and not last.record_weights)
+        recording = self.encoder.layers[-1].self_attn.record_weights
+        h, pad = self.encode(x, num_particles, cls_only=self.cls is not None and not recording)
         if self.cls is not None:
             pooled = h[..., 0, :]
         elif pad is None:
@@ -543,42 +524,32 @@ class _Generative(BayesianNetwork):
             state, B, device = self._start(x, S)
             prefix = torch.full((B, 1), self.bos_id, dtype=torch.long, device=device)
             done = torch.zeros(B, dtype=torch.bool, device=device)
-            out, probs_l, H, EH, masks = [], [], [], [], []
+            out, probs_l, masks = [], [], []
+            stats: list[tuple[Tensor, Tensor, Tensor]] = []  # (H, E[H], MI) per step
             for _ in range(max_len):
                 logits = self._step_logits(prefix, state, S)[..., -1, :]  # (S?, B, V)
                 p = torch.softmax(logits, -1)
                 p = p if p.dim() == 3 else p.unsqueeze(0)  # (S, B, V)
-                h, eh, pbar = _decompose(p)
+                stats.append(uncertainty_decomposition(p))  # as PredictionResult: (B,) each
+                pbar = p.mean(0)  # (B, V)
                 nxt = pbar.argmax(-1)
                 nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
                 masks.append(~done)
                 out.append(nxt)
                 probs_l.append(pbar)
-                H.append(h)
-                EH.append(eh)
                 done = done | (nxt == self.eos_id)
                 prefix = torch.cat([prefix, nxt[:, None]], dim=1)
                 if bool(done.all()):
                     break
-        H_t, EH_t = torch.stack(H, 1), torch.stack(EH, 1)
+        H_t, EH_t, MI_t = (torch.stack(t, 1) for t in zip(*stats, strict=True))  # (B, L)
         return GenerationResult(
             tokens=torch.stack(out, 1),
             probs=torch.stack(probs_l, 1),
             entropy=H_t,
             expected_entropy=EH_t,
-            mutual_information=(H_t - EH_t).clamp_min(0.0),  # as PredictionResult computes it
+            mutual_information=MI_t,
             mask=torch.stack(masks, 1),
         )
-
-
-def _decompose(p: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(H[p̄], E_s H[p_s], p̄)`` of per-step samples ``p (S, B, V)``, by the same
-    :class:`~bayesattn.uncertainty.PredictionResult` decomposition :func:`~bayesattn.uncertainty.predict`
-    returns (imported lazily: ``uncertainty`` sits above the networks)."""
-    from ..uncertainty import PredictionResult
-
-    r = PredictionResult(probs=p)
-    return r.predictive_entropy, r.expected_entropy, r.mean_probs
 
 
 class Seq2Seq(_Generative):
