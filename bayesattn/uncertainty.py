@@ -510,7 +510,7 @@ def _sample_predictive(
 
 
 def predict(
-    network: TransformerClassifier,
+    network: BayesianNetwork,
     x: Tensor,
     num_samples: int = 32,
     batch_size: int | None = None,
@@ -533,8 +533,9 @@ def predict(
     mean) and, if the network has Bayesian projections, with projection weights
     :math:`\theta_s \sim q(\theta)` (one draw per sample shared by all inputs and batches; the
     weight *prior* in ``"prior"`` mode, the guide's median in ``"mean"`` mode). The ``S`` samples
-    travel as a leading particle dim through the whole network (``forward(x, num_particles=S)``),
-    sampled weights broadcasting through :func:`bayesattn.nn.attention.linear` (which is why
+    travel as a leading particle dim (``forward(x, num_particles=S)``), entering a classifier just
+    before its first random layer (the computation before it is shared), sampled weights
+    broadcasting through :func:`bayesattn.nn.attention.linear` (which is why
     :func:`~bayesattn.nn.weights.bayesian_projections` accepts only attention and linear weights).
 
     A network with nothing random in ``mode`` (no Bayesian attention layer and no weight guide, or
