@@ -2,21 +2,19 @@ r"""What the trainers accept as data, and the epoch order that makes resume exac
 
 :func:`as_train_data` turns any of these into a :class:`DataSource`:
 
-==============================================  ==========================================  =========================================
-``train_data``                                  batches                                     resume from a checkpoint (mid-epoch too)
-==============================================  ==========================================  =========================================
-``(x, y)``, ``(x,)``, ``TensorDataset``,        ``TrainConfig.batch_size`` slices of a      exact: the epoch's permutation and
-``SequenceTask``                                seeded permutation                          position are saved
-map-style ``Dataset`` (``__getitem__`` +        the same permutation, items collated by     exact (as tensors)
-``__len__``) of ``(x_i, y_i)`` or ``x_i``       ``default_collate``
-``DataLoader`` over a map-style dataset         the loader's own sampler, batch size,       exact: the epoch's batches (indices) are
-                                                ``collate_fn`` and workers                  saved; the sampler is run under a seed
-                                                                                            drawn from ``TrainConfig.seed``
-``IterableDataset`` (a stream), or a            ``batch_size`` batches (a raw dataset) or   the stream restarts and the batches of
-``DataLoader`` over one                         the loader's; an epoch is one pass          the open epoch already trained on are
-                                                                                            skipped: exact when every pass yields
-                                                                                            the same items in the same order
-==============================================  ==========================================  =========================================
+- ``(x, y)``, ``(x,)``, a ``TensorDataset`` or a ``SequenceTask``: ``TrainConfig.batch_size``
+  slices of a seeded permutation. Resume is exact (the epoch's permutation and position are
+  saved).
+- a map-style ``Dataset`` (``__getitem__`` and ``__len__``) of ``(x_i, y_i)`` or ``x_i``: the same
+  permutation, items collated by ``default_collate``. Resume is exact.
+- a ``DataLoader`` over a map-style dataset: its own sampler, batch size, ``collate_fn`` and
+  workers. The sampler runs under a seed drawn from ``TrainConfig.seed`` and the epoch's batches
+  (indices) are saved, so resume is exact.
+- an ``IterableDataset`` (a stream), or a ``DataLoader`` over one: ``batch_size`` batches (a raw
+  dataset) or the loader's; an epoch is one pass. Resume restarts the stream and skips the
+  batches of the open epoch already trained on: exact when every pass yields the same items in
+  the same order, otherwise the run continues at the right step, epoch and schedule position on
+  whatever the stream yields next.
 
 A batch is ``(x, y)`` (a list or tuple of two tensors), ``(x,)`` or ``x`` (``y = None``, e.g. a
 :class:`~bayesattn.nn.networks.CausalLM`). A stream is never held in memory: it is iterated once per
