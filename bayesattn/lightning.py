@@ -54,13 +54,20 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import lightning as L
 import torch
 from pyro import poutine
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch import Tensor
-from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError
+
+try:
+    import lightning as L
+    from torchmetrics import MeanMetric
+    from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"bayesattn.lightning needs the optional 'lightning' extra "
+        f'(pip install "bayesattn[lightning]"): {e}'
+    ) from e
 
 from .inference import ScaleLatents, TrainConfig, _resolve_config, kl_beta, sync_param_store
 from .nn.modes import attention_mode
@@ -373,4 +380,3 @@ class BayesianLightningModule(L.LightningModule):
                 f"checkpoint was trained with num_data={meta['num_data']}; this module has "
                 f"num_data={self.num_data}"
             )
-

@@ -24,6 +24,7 @@ EXPECTED = {
     ],
     "04_translation_uncertainty.py": ["token_mutual_information.png", "cross_attention.png"],
     "05_online_belief_updates.py": ["belief_updates.png"],
+    "06_scaling_out.py": ["validation_metrics.png", "reliability_diagram.png"],
 }
 
 
