@@ -321,6 +321,13 @@ class LoaderSource(DatasetSource):
     def batches_per_epoch(self) -> int:
         return len(self.batch_sampler)
 
+    def first_batch(self) -> Batch:
+        with fork_rng():
+            first = next(iter(self.batch_sampler), None)
+            if first is None:
+                raise ValueError(f"{self.name}: the DataLoader yields no batch")
+            return next(iter(self._load([torch.as_tensor(list(first), dtype=torch.int64)], 0)))
+
     def plan(self, generator, epoch):
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         sampler = getattr(self.batch_sampler, "sampler", None)
