@@ -62,14 +62,15 @@ def main() -> None:
         raise SystemExit(f"--batch-size {args.batch_size} must be divisible by {world} processes")
     per_rank = args.batch_size // world
 
+    d_model, layers, samples = (16, 1, 4) if args.quick else (32, 2, 8)
     net = VisionTransformer(
         len(data.classes),
         image_size=8,
         patch_size=2,
-        d_model=32,
+        d_model=d_model,
         nhead=4,
-        num_layers=2,
-        dim_feedforward=64,
+        num_layers=layers,
+        dim_feedforward=2 * d_model,
         dropout=0.1,
         attention=AttentionConfig(posterior="dirichlet"),
     )
@@ -81,7 +82,7 @@ def main() -> None:
         lr_decay="cosine",
         kl_anneal_steps=100,
         kl_weight=1e-3,  # tempered KL for the local attention latents (docs/training.md)
-        num_samples=8,
+        num_samples=samples,
         seed=args.seed,
     )
     train = torch.utils.data.TensorDataset(data.x_train[:n_train], data.y_train[:n_train])
@@ -131,7 +132,7 @@ def main() -> None:
     fig.savefig(out / "validation_metrics.png", dpi=100)
 
     net = module.network.cpu()
-    res = predict(net, data.x_test, num_samples=16, batch_size=256)
+    res = predict(net, data.x_test, num_samples=2 * samples, batch_size=256)
     p = res.mean_probs
     plot_reliability_diagram(p, data.y_test, title="test set", path=out / "reliability_diagram.png")
     print(

@@ -106,7 +106,7 @@ class Batches(IterableDataset):
 def test_torch_schedule_reproduces_the_closed_form_step_by_step(decay):
     """The torch scheduler chain gives lr·lr_factor(s) at every step s, past the decay too."""
     worst = 0.0
-    for W, T, r, k, g in itertools.product([0, 1, 3], [1, 4, 17], [0.0, 0.2], [1, 5], [0.5, 1.0]):
+    for W, T, r, k, g in itertools.product([0, 1, 3], [1, 17], [0.0, 0.2], [1, 5], [0.5, 1.0]):
         p = torch.nn.Parameter(torch.zeros(1))
         opt = torch.optim.AdamW([p], lr=0.3)
         kw = dict(warmup_steps=W, decay=decay, decay_steps=T, min_lr_ratio=r, step_size=k, gamma=g)
