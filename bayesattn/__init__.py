@@ -8,6 +8,7 @@ check their uncertainty (calibration, OOD, ArviZ diagnostics).
 
 Heavy optional pieces (ArviZ, matplotlib, scikit-learn) are imported only when used:
 ``bayesattn.diagnostics``, ``bayesattn.plots`` and ``bayesattn.data`` load them lazily.
+``bayesattn.lightning`` needs the ``lightning`` extra and is imported only when asked for.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ _SUBMODULES = (
     "plots",
     "uncertainty",
     "cli",
+    "training",
+    "lightning",
 )
 
 __all__ = [

@@ -7,14 +7,20 @@ Two objectives, one loop (:class:`Trainer`, or the function :func:`fit`):
     ``pyro.infer`` ELBO (``Trace_ELBO`` or ``TraceMeanField_ELBO``) of ``network.model`` against
     ``network.guide``: the guide runs the network once with attention drawn from the amortised
     posteriors, the model runs it again, replayed, scoring those draws under the priors. Steps are
-    taken by a :class:`pyro.optim.PyroLRScheduler` (``LambdaLR`` over ``torch.optim.AdamW``) on the
+    taken by a :class:`pyro.optim.PyroLRScheduler` (our :func:`lr_scheduler` over
+    ``torch.optim.AdamW``) on the
     parameters captured from the trace, exactly like :meth:`pyro.infer.SVI.step`, with one addition:
     the gradients are clipped to a *global* norm (over all parameters together, as in hybrid mode)
     before the per-parameter optimisers step.
 ``mode="hybrid"``
     ``network.elbo_loss``: the same negative ELBO in **one** network pass with analytic
     :math:`\mathrm{KL}(q\|p)` per attention layer, optimised by ``torch.optim.AdamW`` on
-    ``network.parameters()`` with ``LambdaLR`` and ``clip_grad_norm_``.
+    ``network.parameters()`` with :func:`lr_scheduler` and ``clip_grad_norm_``.
+
+The learning-rate schedule (warm-up, then cosine, linear or step decay) is built from stock
+:mod:`torch.optim.lr_scheduler` objects by :func:`bayesattn.training.schedules.lr_scheduler`;
+:func:`lr_factor` is its closed form. Training data may be tensors, map-style or iterable
+(streaming) datasets, or ``DataLoader`` objects (:mod:`bayesattn.training.data`).
 
 In both modes the optimised objective is the minibatch estimate of the dataset's negative ELBO
 divided by ``num_data`` (the negative ELBO *per training example*):
@@ -34,6 +40,10 @@ Checkpoints (:func:`save_checkpoint`, :func:`load_checkpoint`) are written atomi
 ``torch.load(path, weights_only=True)``, carry a SHA-256 digest of their contents, and hold
 everything needed to continue bit-for-bit: network, optimiser and scheduler states, counters, the
 current epoch's data order and position, history, early-stopping state and all RNG states.
+Resume is exact for tensors, map-style datasets and ``DataLoader`` objects over them (the epoch's order
+is saved); for a stream (an ``IterableDataset``) it restarts the stream and skips the batches of
+the open epoch already trained on, which is exact when every pass over the stream yields the same
+items in the same order.
 
 Example:
     >>> from bayesattn.nn.blocks import AttentionConfig
@@ -58,7 +68,7 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +84,15 @@ from pyro.poutine.subsample_messenger import _Subsample
 from torch import Tensor
 
 from .nn.networks import BayesianNetwork
+from .training.data import (
+    DataSource,
+    TensorSource,
+    _as_tensors,
+    as_train_data,
+    iter_eval_batches,
+)
+from .training.data import fork_rng as _fork_rng
+from .training.schedules import LR_DECAYS, lr_factor, lr_scheduler
 
 __all__ = [
     "TrainConfig",
@@ -83,18 +102,18 @@ __all__ = [
     "ScaleLatents",
     "kl_beta",
     "lr_factor",
+    "lr_scheduler",
     "save_checkpoint",
     "load_checkpoint",
     "CheckpointError",
 ]
 
 MODES = ("svi", "hybrid")
-LR_DECAYS = ("cosine", "linear", "step", "none")
 ELBOS = ("trace", "meanfield")
 VAL_LOSSES = ("nll", "elbo")
 
 _FORMAT = "bayesattn.checkpoint"
-_VERSION = 1
+_VERSION = 2  # 2: torch.optim.lr_scheduler schedules, data sources (loaders, streams)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,38 +303,6 @@ def kl_beta(step: int, anneal_steps: int, start: float = 1e-3, final: float = 1.
     if anneal_steps <= 0:
         return final
     return final * (start + (1.0 - start) * min(1.0, step / anneal_steps))
-
-
-def lr_factor(
-    step: int,
-    *,
-    warmup_steps: int = 0,
-    decay: str = "cosine",
-    decay_steps: int = 1,
-    min_lr_ratio: float = 0.0,
-    step_size: int = 1000,
-    gamma: float = 0.1,
-) -> float:
-    r"""Multiplier of the peak LR at (0-based) step ``step``.
-
-    Warm-up: :math:`(s + 1)/W` for :math:`s < W`. Then, with :math:`p = \min(1, (s - W)/(T - W))`:
-    cosine :math:`r + (1 - r)\tfrac12(1 + \cos\pi p)`, linear :math:`1 - (1 - r)p`, step
-    :math:`\max(r, \gamma^{\lfloor (s - W)/k\rfloor})`, none 1 (:math:`r` = ``min_lr_ratio``,
-    :math:`T` = ``decay_steps``).
-    """
-    if warmup_steps and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    t = step - warmup_steps
-    if decay == "none":
-        return 1.0
-    if decay == "step":
-        return max(min_lr_ratio, gamma ** (t // step_size))
-    p = min(1.0, t / max(1, decay_steps - warmup_steps))
-    if decay == "cosine":
-        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * p))
-    if decay == "linear":
-        return 1.0 - (1.0 - min_lr_ratio) * p
-    raise ValueError(f"decay must be one of {LR_DECAYS}; got {decay!r}")
 
 
 class ScaleLatents(Messenger):
@@ -608,41 +595,6 @@ def _set_rng_state(state: dict[str, Any], gen: torch.Generator) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _as_tensors(data: Any, name: str) -> tuple[Tensor, Tensor | None]:
-    """``(x, y)`` tuple/list, a ``TensorDataset`` of 1 or 2 tensors, or an object with
-    ``.src``/``.tgt`` (a :class:`bayesattn.data.SequenceTask`) → ``(x, y or None)``."""
-    if isinstance(data, torch.utils.data.TensorDataset):
-        tensors = tuple(data.tensors)
-    elif isinstance(data, (tuple, list)):
-        tensors = tuple(data)
-    elif hasattr(data, "src") and hasattr(data, "tgt"):
-        tensors = (data.src, data.tgt)
-    else:
-        raise TypeError(
-            f"{name} must be a tuple (x, y), a TensorDataset or a SequenceTask; "
-            f"got {type(data).__name__}"
-        )
-    if len(tensors) == 1:
-        tensors = (tensors[0], None)
-    if len(tensors) != 2:
-        raise ValueError(f"{name} must hold (x, y) or (x,); got {len(tensors)} items")
-    x, y = tensors
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name}: x must be a torch.Tensor; got {type(x).__name__}")
-    if y is not None and not isinstance(y, Tensor):
-        raise TypeError(f"{name}: y must be a torch.Tensor or None; got {type(y).__name__}")
-    if x.dim() == 0 or len(x) == 0:
-        raise ValueError(f"{name} is empty (x has shape {tuple(x.shape)})")
-    if y is not None:
-        if y.dim() == 0 or len(y) != len(x):
-            raise ValueError(
-                f"{name}: len(x) != len(y) ({len(x)} vs {len(y) if y.dim() else 'scalar'})"
-            )
-        if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
-            raise TypeError(f"{name}: y must hold integer labels/tokens; got dtype {y.dtype}")
-    return x, y
-
-
 def _check_data(net: BayesianNetwork, x: Tensor, y: Tensor | None, name: str) -> None:
     """Validate the whole dataset once, before any step; re-raise naming the argument."""
     try:
@@ -664,14 +616,34 @@ def _check_data(net: BayesianNetwork, x: Tensor, y: Tensor | None, name: str) ->
 # ---------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _fork_rng() -> Iterator[None]:
-    """Run a block without disturbing the global RNG streams training draws from."""
-    py, npst = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        yield
-    random.setstate(py)
-    np.random.set_state(npst)
+def sync_param_store(
+    network: BayesianNetwork, x: Tensor, y: Tensor | None, num_data: int | None
+) -> list[str]:
+    """Make Pyro's global param store point at ``network``'s tensors; returns the param names of
+    its model and guide.
+
+    PyroModules register their parameters in the global store by name; a stale entry of the
+    same name (another network built earlier in the process) would otherwise be what SVI
+    optimises (``pyro.module``) or be silently copied into this network (``PyroParam``).
+    Names used by this network's model and guide are found in a scoped, empty store; stale
+    entries under those names are removed so that the next trace registers ours.
+    """
+    net = network
+    store = pyro.get_param_store()
+    with _fork_rng(), torch.no_grad(), store.scope():
+        gtr = poutine.trace(net.guide).get_trace(x, y, num_data)
+        mtr = poutine.trace(poutine.replay(net.model, trace=gtr)).get_trace(x, y, num_data)
+    names: list[str] = []
+    for tr in (gtr, mtr):
+        for name, site in tr.nodes.items():
+            if site["type"] == "param" and name not in names:
+                names.append(name)
+    own = {id(p) for p in net.parameters()}
+    current = dict(store.named_parameters())
+    for name in names:
+        if name in current and id(current[name]) not in own:
+            del store[name]
+    return names
 
 
 class Trainer:
@@ -713,13 +685,16 @@ class Trainer:
         self.epoch = 0
         self.last_grad_norm: float | None = None
         self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.pyro_optim: pyro.optim.PyroLRScheduler | None = None
         self._generator = torch.Generator().manual_seed(self.config.seed)
         self._num_data: int | None = None
         self._decay_steps: int | None = None
         self._perm: Tensor | None = None  # (N,) data order of the current epoch
+        self._batch_sizes: Tensor | None = None  # (batches,) when a DataLoader sets them
+        self._open = False  # an epoch is in progress (``_perm`` is None for streams)
         self._pos = 0  # batches of the current epoch already taken
+        self._data: DataSource | None = None
         self._accum = self._new_accum()
         self._best_state: dict[str, Tensor] | None = None
         self._bad_evals = 0
@@ -759,53 +734,46 @@ class Trainer:
     def _new_accum() -> dict[str, float]:
         return {"loss": 0.0, "batches": 0.0, "correct": 0.0, "count": 0.0, "seconds": 0.0}
 
-    def _batches_per_epoch(self, n: int) -> int:
-        bs = self.config.batch_size
-        return n // bs if self.config.drop_last else math.ceil(n / bs)
-
     def _sync_param_store(self, x: Tensor, y: Tensor | None) -> None:
-        """Make Pyro's global param store point at *this* network's tensors.
+        """Make Pyro's global param store point at *this* network's tensors
+        (see :func:`sync_param_store`)."""
+        self._param_names = sync_param_store(self.network, x, y, self._num_data)
 
-        PyroModules register their parameters in the global store by name; a stale entry of the
-        same name (another network built earlier in the process) would otherwise be what SVI
-        optimises (``pyro.module``) or be silently copied into this network (``PyroParam``).
-        Names used by this network's model and guide are found in a scoped, empty store; stale
-        entries under those names are removed so that the next trace registers ours.
-        """
-        net = self.network
-        store = pyro.get_param_store()
-        with _fork_rng(), torch.no_grad(), store.scope():
-            gtr = poutine.trace(net.guide).get_trace(x, y, self._num_data)
-            mtr = poutine.trace(poutine.replay(net.model, trace=gtr)).get_trace(
-                x, y, self._num_data
-            )
-        names: list[str] = []
-        for tr in (gtr, mtr):
-            for name, site in tr.nodes.items():
-                if site["type"] == "param" and name not in names:
-                    names.append(name)
-        own = {id(p) for p in net.parameters()}
-        current = dict(store.named_parameters())
-        for name in names:
-            if name in current and id(current[name]) not in own:
-                del store[name]
-        self._param_names = names
+    def make_scheduler(
+        self, optimizer: torch.optim.Optimizer
+    ) -> torch.optim.lr_scheduler.LRScheduler:
+        """The configured :func:`lr_scheduler` over ``optimizer`` (after set-up: it needs the
+        schedule length)."""
+        c = self.config
+        return lr_scheduler(
+            optimizer,
+            warmup_steps=c.warmup_steps,
+            decay=c.lr_decay,
+            decay_steps=self._decay_steps or c.decay_steps or 1,
+            min_lr_ratio=c.min_lr_ratio,
+            step_size=c.lr_step_size,
+            gamma=c.lr_gamma,
+        )
 
-    def _setup(self, x: Tensor, y: Tensor | None) -> None:
+    def _setup(self, src: DataSource) -> None:
         """Build optimiser/scheduler once; needs the training data for the schedule length and
         one dry call that creates any lazily built parameters (e.g. a weight autoguide)."""
         c, net = self.config, self.network
-        n = len(x)
+        n = src.num_data
+        assert n is not None
         self._num_data = n
-        self._decay_steps = c.decay_steps or max(1, c.epochs * self._batches_per_epoch(n))
+        nb = src.batches_per_epoch()
+        if c.decay_steps is None and nb is None and c.lr_decay in ("cosine", "linear"):
+            raise ValueError(
+                f"lr_decay={c.lr_decay!r} needs the schedule length, and the number of batches "
+                f"per epoch of train_data is unknown: set TrainConfig.decay_steps"
+            )
+        self._decay_steps = c.decay_steps or max(1, c.epochs * (nb or 1))
         net.to(self.device)
-        xb = x[: min(n, c.batch_size)].to(self.device)
-        yb = None if y is None else y[: min(n, c.batch_size)].to(self.device)
+        xb, yb = src.first_batch()
+        xb = xb.to(self.device)
+        yb = None if yb is None else yb.to(self.device)
         self._sync_param_store(xb, yb)
-        factor = self._lr_factor
-
-        def lr_lambda(step: int) -> float:  # a plain function keeps LambdaLR's state_dict plain
-            return factor(step)
 
         if c.mode == "hybrid":
             with _fork_rng(), torch.no_grad():  # creates lazily built parameters, if any
@@ -813,14 +781,14 @@ class Trainer:
             self.optimizer = torch.optim.AdamW(
                 net.parameters(), lr=c.lr, weight_decay=c.weight_decay
             )
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda)
+            self.scheduler = self.make_scheduler(self.optimizer)
         else:
-            self.pyro_optim = pyro.optim.LambdaLR(
+            self.pyro_optim = pyro.optim.PyroLRScheduler(
+                self.make_scheduler,
                 {
                     "optimizer": torch.optim.AdamW,
                     "optim_args": {"lr": c.lr, "weight_decay": c.weight_decay},
-                    "lr_lambda": lr_lambda,
-                }
+                },
             )
             elbo_cls = Trace_ELBO if c.elbo == "trace" else TraceMeanField_ELBO
             self._elbo = elbo_cls(
@@ -928,21 +896,39 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, data: Any, name: str = "data") -> dict[str, float]:
         """Loss (``config.val_loss``: deterministic NLL or negative ELBO, per example) and
-        accuracy (token-level for sequence models) of ``data``; in eval mode, RNG untouched."""
-        x, y = _as_tensors(data, name)
-        _check_data(self.network, x, y, name)
+        accuracy (token-level for sequence models) of ``data``; in eval mode, RNG untouched.
+
+        ``data`` takes the forms of ``train_data`` (tensors, datasets, ``DataLoader`` objects, streams);
+        it is read in order. ``val_loss="elbo"`` needs the number of examples up front (a stream
+        without ``__len__`` supports ``"nll"`` only)."""
         c, net = self.config, self.network
         bs = c.eval_batch_size or max(c.batch_size, 256)
-        n = len(x)
+        batches, n = iter_eval_batches(data, name, bs)
+        tud = torch.utils.data
+        tensors = isinstance(data, tud.TensorDataset) or not isinstance(
+            data, (tud.DataLoader, tud.Dataset)
+        )
+        if tensors:  # in memory: validated in full up front
+            _check_data(net, *_as_tensors(data, name), name)
+        if c.val_loss == "elbo" and n is None:
+            raise ValueError(
+                f"{name}: val_loss='elbo' needs the number of examples; give a dataset with "
+                f"__len__ or use val_loss='nll'"
+            )
         was_training = net.training
         net.eval()
         total = correct = count = 0.0
+        seen = 0
         try:
             with _fork_rng():
-                for i in range(0, n, bs):
-                    xb = x[i : i + bs].to(self.device)
-                    yb = None if y is None else y[i : i + bs].to(self.device)
+                for k, (xb, yb) in enumerate(batches):
+                    if not tensors:
+                        _check_data(net, xb, yb, f"{name} (batch {k})")
+                    xb = xb.to(self.device)
+                    yb = None if yb is None else yb.to(self.device)
+                    seen += len(xb)
                     if c.val_loss == "elbo":
+                        assert n is not None
                         loss, logits = net.elbo_loss(xb, yb, num_data=n)
                         total += float(loss) * len(xb) / n
                     else:
@@ -953,7 +939,9 @@ class Trainer:
                     correct, count = correct + k, count + m
         finally:
             net.train(was_training)
-        return {"loss": total / n, "accuracy": correct / max(count, 1.0)}
+        if seen == 0:
+            raise ValueError(f"{name} is empty: it yields no batch")
+        return {"loss": total / (n or seen), "accuracy": correct / max(count, 1.0)}
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -983,7 +971,10 @@ class Trainer:
             "num_data": self._num_data,
             "decay_steps": self._decay_steps,
             "perm": None if self._perm is None else self._perm.clone(),
+            "batch_sizes": None if self._batch_sizes is None else self._batch_sizes.clone(),
+            "open": self._open,
             "pos": self._pos,
+            "data": None if self._data is None else self._data.describe(),
             "accum": dict(self._accum),
             "history": self.history.to_dict(),
             "early_stopping": {
@@ -1000,7 +991,20 @@ class Trainer:
                 f"checkpoint {where} was made in mode {state['mode']!r}; the trainer is in "
                 f"mode {self.config.mode!r}"
             )
-        for key in ("batch_size", "drop_last"):  # they define the saved position in the data
+        data = state.get("data") or {"kind": "tensors"}
+        if self._data is not None and data.get("kind") != self._data.kind:
+            raise CheckpointError(
+                f"checkpoint {where} was made on train_data of kind {data.get('kind')!r}; "
+                f"got {self._data.kind!r}"
+            )
+        if self._data is not None and self._data.kind == "stream":
+            if data.get("batch_size") != self._data.batch_size:  # position counted in batches
+                raise CheckpointError(
+                    f"checkpoint {where} was made on a stream with batch_size="
+                    f"{data.get('batch_size')!r}; got {self._data.batch_size!r}"
+                )
+        keys = ("batch_size", "drop_last") if data.get("kind") in ("tensors", "dataset") else ()
+        for key in keys:  # they define the saved position in the data
             if state["config"].get(key) != getattr(self.config, key):
                 raise CheckpointError(
                     f"checkpoint {where} was made with {key}={state['config'].get(key)!r}; "
@@ -1062,6 +1066,8 @@ class Trainer:
             self.epoch = int(state["epoch"])
             self._decay_steps = int(state["decay_steps"])
             self._perm = state["perm"]
+            self._batch_sizes = state.get("batch_sizes")
+            self._open = bool(state.get("open", self._perm is not None))
             self._pos = int(state["pos"])
             self._accum = {k: float(v) for k, v in state["accum"].items()}
             self.history = History.from_dict(state["history"])
@@ -1078,9 +1084,7 @@ class Trainer:
         self.load_state_dict(load_checkpoint(path), where=repr(str(path)))
 
     # ---- the loop -----------------------------------------------------------------------------
-    def _epoch_record(
-        self, val: tuple[Tensor, Tensor | None] | None, evaluate: bool
-    ) -> dict[str, Any]:
+    def _epoch_record(self, val: Any, evaluate: bool) -> dict[str, Any]:
         """The record of the current (open) epoch, evaluated on ``val`` when asked."""
         a = self._accum
         last = max(self.step - 1, 0)
@@ -1121,16 +1125,24 @@ class Trainer:
         val_data: Any = None,
         checkpoint_path: str | os.PathLike | None = None,
         resume: bool = False,
+        num_data: int | None = None,
     ) -> History:
         """Train until ``config.epochs`` epochs, ``config.max_steps`` steps or early stopping.
 
         Args:
             train_data: ``(x, y)`` tensors (``y`` may be ``None`` for a ``CausalLM``), a
-                ``TensorDataset`` or a ``SequenceTask``. Validated in full before any step.
+                ``TensorDataset``, a ``SequenceTask`` (all validated in full before any step), a
+                map-style ``Dataset``, an ``IterableDataset`` (a stream, never held in memory)
+                or a ``DataLoader`` over either (its own batching; batches validated as they
+                come). See :mod:`bayesattn.training.data`.
             val_data: same forms; evaluated every ``eval_every`` epochs (early stopping).
             checkpoint_path: written (atomically) after every epoch and when training stops.
             resume: continue from ``checkpoint_path`` (which must exist) exactly where it
-                stopped: weights, optimiser, schedule, data order, RNG, history.
+                stopped: weights, optimiser, schedule, data order, RNG, history. For a stream
+                the open epoch restarts the stream and skips the batches already trained on
+                (exact when each pass yields the same items in the same order).
+            num_data: the number of training examples :math:`N` the ELBO is scaled to; needed
+                only for a stream without ``__len__`` (default: the length of the data).
 
         The network is left in eval mode; with early stopping and ``restore_best`` it holds the
         best validation weights.
@@ -1145,50 +1157,85 @@ class Trainer:
             raise TypeError(f"resume must be a bool; got {type(resume).__name__}")
         if resume and checkpoint_path is None:
             raise ValueError("resume=True needs a checkpoint_path")
-        x, y = _as_tensors(train_data, "train_data")
-        _check_data(net, x, y, "train_data")
-        val = None
+        src = as_train_data(train_data, "train_data", c.batch_size, c.drop_last, num_data)
+        if isinstance(src, TensorSource):
+            _check_data(net, src.x, src.y, "train_data")
+        else:
+            _check_data(net, *src.first_batch(), "train_data (batch 0)")
         if val_data is not None:
-            val = _as_tensors(val_data, "val_data")
-            _check_data(net, val[0], val[1], "val_data")
-        if c.drop_last and len(x) < c.batch_size:
+            batches, _ = iter_eval_batches(val_data, "val_data", c.batch_size)
+            with _fork_rng():
+                first = next(batches, None)
+            if first is None:
+                raise ValueError("val_data is empty: it yields no batch")
+            _check_data(net, *first, "val_data")
+            if isinstance(val_data, (tuple, list)) or not isinstance(
+                val_data, (torch.utils.data.DataLoader, torch.utils.data.Dataset)
+            ):
+                _check_data(net, *_as_tensors(val_data, "val_data"), "val_data")
+        if src.kind in ("tensors", "dataset") and c.drop_last and src.num_data < c.batch_size:
             raise ValueError(
                 f"batch_size={c.batch_size} with drop_last=True leaves no batch for "
-                f"{len(x)} training examples"
+                f"{src.num_data} training examples"
             )
-        if self._set_up and self._num_data != len(x):
+        if self._set_up and self._num_data != src.num_data:
             raise ValueError(
-                f"train_data has {len(x)} examples; this trainer was set up with {self._num_data}"
+                f"train_data has {src.num_data} examples; this trainer was set up with "
+                f"{self._num_data}"
             )
+        self._data = src
         ckpt_state = None
         if resume:
             ckpt_state = load_checkpoint(checkpoint_path)  # verify before any work
         if not self._set_up:
             if ckpt_state is None and self.step == 0:
                 pyro.set_rng_seed(c.seed)  # torch, random, numpy
-            self._setup(x, y)
+            self._setup(src)
         if ckpt_state is not None:
             self.load_state_dict(ckpt_state, where=repr(str(checkpoint_path)))
 
-        n, bs = len(x), c.batch_size
-        nb = self._batches_per_epoch(n)
+        nb = src.batches_per_epoch()
+        exact_nb = nb if src.kind != "stream" else None  # a stream ends when it ends
         max_steps = c.max_steps if c.max_steps is not None else math.inf
-        total = min(c.epochs * nb, max_steps) - self.step
+        total = min(c.epochs * nb, max_steps) - self.step if nb is not None else max_steps
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=max(0, int(total)), disable=not c.progress, desc=c.mode, leave=False)
+        bar = tqdm(
+            total=None if math.isinf(total) else max(0, int(total)),
+            disable=not c.progress,
+            desc=c.mode,
+            leave=False,
+        )
         net.train()
         try:
             while (
                 self.epoch < c.epochs and self.step < max_steps and not self.history.stopped_early
             ):
-                if self._perm is None:
-                    self._perm = torch.randperm(n, generator=self._generator)
-                    self._pos, self._accum = 0, self._new_accum()
-                while self._pos < nb and self.step < max_steps:
-                    idx = self._perm[self._pos * bs : (self._pos + 1) * bs]
-                    xb = x[idx].to(self.device)
-                    yb = None if y is None else y[idx].to(self.device)
+                if not self._open:
+                    plan = src.plan(self._generator, self.epoch)
+                    self._perm, self._batch_sizes = plan if plan is not None else (None, None)
+                    self._pos, self._accum, self._open = 0, self._new_accum(), True
+                plan = None if self._perm is None else (self._perm, self._batch_sizes)
+                batches = src.batches(plan, self._pos)
+                finished = False
+                while True:
+                    if self.step >= max_steps:  # does the epoch end here too?
+                        if exact_nb is not None:
+                            finished = self._pos >= exact_nb
+                        else:
+                            with _fork_rng():
+                                finished = next(batches, None) is None
+                        break
+                    batch = next(batches, None)
+                    if batch is None:
+                        finished = True
+                        break
+                    xb, yb = batch
+                    if not isinstance(src, TensorSource):
+                        where = f"train_data (epoch {self.epoch + 1}, batch {self._pos})"
+                        _check_data(net, xb, yb, where)
+                    xb = xb.to(self.device)
+                    yb = None if yb is None else yb.to(self.device)
                     t0 = time.perf_counter()
                     loss, logits = self.train_step(xb, yb)
                     self._accum["seconds"] += time.perf_counter() - t0
@@ -1211,28 +1258,30 @@ class Trainer:
                         acc=f"{a['correct'] / max(a['count'], 1):.3f}",
                         refresh=False,
                     )
-                if self._pos < nb:  # stopped mid-epoch by max_steps
+                if not finished:  # stopped mid-epoch by max_steps
                     break
+                if self._pos == 0:
+                    raise ValueError(f"train_data yielded no batch in epoch {self.epoch + 1}")
                 last = self.epoch + 1 == c.epochs or self.step >= max_steps
-                rec = self._epoch_record(val, (self.epoch + 1) % c.eval_every == 0 or last)
+                rec = self._epoch_record(val_data, (self.epoch + 1) % c.eval_every == 0 or last)
                 if rec["val_loss"] is not None and self._early_stopping(rec["val_loss"]):
                     self.history.stopped_early = True
                 self.history.append(**rec)
                 self.epoch += 1
-                self._perm = None
+                self._perm, self._batch_sizes, self._open = None, None, False
                 if checkpoint_path is not None:
                     save_checkpoint(checkpoint_path, self)
         finally:
             bar.close()
 
         history = self.history
-        if self._perm is not None and self._pos > 0:
+        if self._open and self._pos > 0:
             # interrupted mid-epoch by max_steps: the checkpoint keeps the open epoch (a resumed
             # run continues it exactly); the returned history ends with a partial-epoch record
             if checkpoint_path is not None:
                 save_checkpoint(checkpoint_path, self)
             history = copy.deepcopy(self.history)
-            history.append(**self._epoch_record(val, evaluate=True))
+            history.append(**self._epoch_record(val_data, evaluate=True))
         if c.early_stopping_patience is not None and c.restore_best and self._best_state:
             net.load_state_dict(self._best_state)
         net.eval()
@@ -1246,6 +1295,7 @@ def fit(
     config: TrainConfig | dict | None = None,
     checkpoint_path: str | os.PathLike | None = None,
     resume: bool = False,
+    num_data: int | None = None,
     **overrides: Any,
 ) -> History:
     """Train ``network`` on ``train_data``: ``Trainer(network, config, **overrides).fit(...)``.
@@ -1253,10 +1303,15 @@ def fit(
     Keyword overrides are :class:`TrainConfig` fields (``fit(net, data, mode="svi", epochs=5)``).
     See :class:`Trainer` and :meth:`Trainer.fit`. With ``resume=True`` and ``config=None`` the
     configuration saved in the checkpoint is used (override e.g. ``max_steps`` or ``epochs``).
+    ``num_data`` is the number of training examples, for a stream without ``__len__``.
     """
     if config is None and resume and checkpoint_path is not None:
         if Path(checkpoint_path).is_file():
             config = TrainConfig.from_dict(load_checkpoint(checkpoint_path)["config"])
     return Trainer(network, config, **overrides).fit(
-        train_data, val_data=val_data, checkpoint_path=checkpoint_path, resume=resume
+        train_data,
+        val_data=val_data,
+        checkpoint_path=checkpoint_path,
+        resume=resume,
+        num_data=num_data,
     )

@@ -1,0 +1,21 @@
+"""Building blocks of the training loops (:mod:`bayesattn.inference`, :mod:`bayesattn.lightning`).
+
+* :mod:`bayesattn.training.schedules`: learning-rate schedules built from
+  :mod:`torch.optim.lr_scheduler` (warm-up, then cosine, linear or step decay).
+* :mod:`bayesattn.training.data`: what ``fit`` accepts as data (tensors, map-style and iterable
+  datasets, ``DataLoader`` objects) and the epoch order that makes resume exact.
+"""
+
+from __future__ import annotations
+
+from .data import as_train_data, fork_rng, iter_eval_batches
+from .schedules import LR_DECAYS, lr_factor, lr_scheduler
+
+__all__ = [
+    "LR_DECAYS",
+    "lr_factor",
+    "lr_scheduler",
+    "as_train_data",
+    "iter_eval_batches",
+    "fork_rng",
+]

@@ -1,0 +1,305 @@
+"""Tests for bayesattn.training: torch LR schedules against the closed form, and ``fit`` on
+map-style datasets, DataLoaders and streams (exact resume)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from bayesattn.inference import TrainConfig, Trainer, fit, load_checkpoint
+from bayesattn.nn.blocks import AttentionConfig
+from bayesattn.nn.networks import TransformerClassifier
+from bayesattn.training.data import as_train_data
+from bayesattn.training.schedules import lr_factor, lr_scheduler
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def contains3(n: int, seed: int, T: int = 8, vocab: int = 10):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(1, vocab, (n, T), generator=g)
+    return x, (x == 3).any(1).long()
+
+
+def classifier(seed=0, dropout=0.1):
+    torch.manual_seed(seed)
+    return TransformerClassifier(
+        2,
+        vocab_size=10,
+        d_model=16,
+        nhead=2,
+        num_layers=1,
+        dim_feedforward=32,
+        dropout=dropout,
+        max_len=16,
+        attention=AttentionConfig(posterior="dirichlet"),
+    )
+
+
+def state(net):
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def assert_same_state(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=0, rtol=0, msg=k)
+
+
+class Pairs(Dataset):
+    """A map-style dataset (not a TensorDataset): item i is (x_i, y_i)."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+class Stream(IterableDataset):
+    """A deterministic stream generated on the fly, chunk by chunk (never all in memory); no
+    ``__len__`` unless ``sized``."""
+
+    def __init__(self, n: int, seed: int = 0, sized: bool = False):
+        self.n, self.seed, self.sized = n, seed, sized
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed)
+        for _ in range(self.n):
+            x = torch.randint(1, 10, (8,), generator=g)
+            yield x, (x == 3).any().long()
+
+    def __len__(self):
+        if not self.sized:
+            raise TypeError("unsized")
+        return self.n
+
+
+class Batches(IterableDataset):
+    """A stream that yields whole batches of 8 (a DataLoader with batch_size=None)."""
+
+    def __iter__(self):
+        x, y = contains3(32, 3)
+        yield from zip(x.split(8), y.split(8), strict=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# schedules
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("decay", ["cosine", "linear", "step", "none"])
+def test_torch_schedule_reproduces_the_closed_form_step_by_step(decay):
+    """The torch scheduler chain gives lr·lr_factor(s) at every step s, past the decay too."""
+    worst = 0.0
+    for W, T, r, k, g in itertools.product([0, 1, 3], [1, 17], [0.0, 0.2], [1, 5], [0.5, 1.0]):
+        p = torch.nn.Parameter(torch.zeros(1))
+        opt = torch.optim.AdamW([p], lr=0.3)
+        kw = dict(warmup_steps=W, decay=decay, decay_steps=T, min_lr_ratio=r, step_size=k, gamma=g)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no scheduler-order or deprecation warnings
+            sched = lr_scheduler(opt, **kw)
+            for s in range(40):
+                worst = max(worst, abs(opt.param_groups[0]["lr"] - 0.3 * lr_factor(s, **kw)))
+                p.grad = torch.ones(1)
+                opt.step()
+                sched.step()
+    assert worst < 1e-12
+
+
+def test_schedule_uses_stock_torch_schedulers():
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    s = lr_scheduler(opt, warmup_steps=2, decay="cosine", decay_steps=10, min_lr_ratio=0.1)
+    assert isinstance(s, torch.optim.lr_scheduler.SequentialLR)
+    kinds = [type(x).__name__ for x in s._schedulers]
+    assert kinds == ["LinearLR", "CosineAnnealingLR", "ConstantLR"]
+    with pytest.raises(ValueError, match="decay"):
+        lr_scheduler(opt, decay="exp")
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "svi"])
+def test_trainer_lr_follows_the_closed_form_and_history(mode):
+    """The optimiser's lr at every step equals TrainConfig.lr·lr_factor (the old behaviour)."""
+    cfg = TrainConfig(
+        mode=mode,
+        epochs=3,
+        batch_size=16,
+        lr=0.02,
+        warmup_steps=2,
+        lr_decay="cosine",
+        min_lr_ratio=0.1,
+        progress=False,
+    )
+    trainer = Trainer(classifier(), cfg)
+    seen = []
+    orig = torch.optim.AdamW.step
+
+    def spy(self, *a, **k):
+        seen.append(self.param_groups[0]["lr"])
+        return orig(self, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.optim.AdamW, "step", spy)
+        h = trainer.fit(contains3(48, 0))
+    steps = 9
+    expected = [
+        0.02 * lr_factor(s, warmup_steps=2, decay_steps=steps, min_lr_ratio=0.1)
+        for s in range(steps)
+    ]
+    if mode == "svi":  # one AdamW per parameter, all on the same schedule
+        per = len(seen) // steps
+        seen = seen[::per]
+    assert seen == pytest.approx(expected, rel=1e-12)
+    assert h.lr == pytest.approx([expected[2], expected[5], expected[8]], rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# data sources
+# ---------------------------------------------------------------------------------------------
+
+
+def test_map_style_dataset_trains_exactly_like_tensors():
+    """Same permutation, same batches: a map-style Dataset gives the tensors' run bit for bit."""
+    x, y = contains3(40, 0)
+    a, b = classifier(), classifier()
+    ha = fit(a, (x, y), epochs=2, batch_size=16, progress=False)
+    hb = fit(b, Pairs(x, y), epochs=2, batch_size=16, progress=False)
+    assert_same_state(state(a), state(b))
+    assert ha.train_loss == hb.train_loss
+
+
+def _resume_pair(make_data, tmp_path, cfg, **kw):
+    """An uninterrupted run, and the same run stopped after 3 steps and resumed in a fresh
+    network/trainer; returns both networks and histories."""
+    full = classifier()
+    h_full = fit(full, make_data(), config=cfg, **kw)
+    path = tmp_path / "ckpt.pt"
+    fit(
+        classifier(),
+        make_data(),
+        config=dataclasses.replace(cfg, max_steps=3),
+        checkpoint_path=path,
+        **kw,
+    )
+    assert load_checkpoint(path)["pos"] == 3  # stopped mid-epoch
+    resumed = classifier(seed=7)
+    h2 = fit(resumed, make_data(), config=cfg, checkpoint_path=path, resume=True, **kw)
+    return full, resumed, h_full, h2
+
+
+@pytest.mark.parametrize("kind", ["dataset", "loader", "stream", "stream_loader"])
+def test_resume_is_exact_for_datasets_loaders_and_deterministic_streams(kind, tmp_path):
+    x, y = contains3(80, 0)
+    cfg = TrainConfig(epochs=2, batch_size=16, lr=3e-3, warmup_steps=2, progress=False)
+    kw = {}
+    if kind == "dataset":
+
+        def make():
+            return Pairs(x, y)
+    elif kind == "loader":  # its own sampler (shuffled, seeded by the trainer) and batch size
+
+        def make():
+            return DataLoader(Pairs(x, y), batch_size=12, shuffle=True)
+    elif kind == "stream":
+
+        def make():
+            return Stream(80)
+
+        kw = {"num_data": 80}
+    else:
+
+        def make():
+            return DataLoader(Stream(80, sized=True), batch_size=16)
+
+    full, resumed, h_full, h2 = _resume_pair(make, tmp_path, cfg, **kw)
+    assert_same_state(state(full), state(resumed))
+    for key in ("epoch", "step", "train_loss", "train_acc", "lr"):
+        assert getattr(h2, key) == getattr(h_full, key), key
+
+
+def test_shuffled_loader_order_is_seeded_and_changes_per_epoch():
+    x, y = contains3(30, 0)
+    src = as_train_data(DataLoader(Pairs(x, y), batch_size=7, shuffle=True), "train_data", 64)
+    assert src.kind == "loader" and src.num_data == 30 and src.batches_per_epoch() == 5
+    g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    before = torch.get_rng_state()
+    o1, s1 = src.plan(g1, 0)
+    o2, _ = src.plan(g2, 0)
+    o3, _ = src.plan(g1, 1)
+    assert torch.equal(torch.get_rng_state(), before)  # the global RNG is untouched
+    assert torch.equal(o1, o2) and not torch.equal(o1, o3)
+    assert sorted(o1.tolist()) == list(range(30)) and s1.tolist() == [7, 7, 7, 7, 2]
+
+
+def test_stream_is_not_materialised_and_elbo_uses_num_data(monkeypatch):
+    """A stream trains batch by batch; the data plate's scale is the given N."""
+    seen = []
+    orig = TransformerClassifier.elbo_loss
+
+    def spy(self, x, y, num_data=None, **k):
+        seen.append((len(x), num_data))
+        return orig(self, x, y, num_data=num_data, **k)
+
+    monkeypatch.setattr(TransformerClassifier, "elbo_loss", spy)
+    h = fit(
+        classifier(),
+        Stream(40),
+        num_data=1000,
+        epochs=2,
+        batch_size=16,
+        lr_decay="none",
+        progress=False,
+    )
+    train_calls = seen[1:]  # the first is the set-up's dry run
+    assert [b for b, _ in train_calls] == [16, 16, 8] * 2
+    assert {n for _, n in train_calls} == {1000}
+    assert h.step == [3, 6]
+
+
+def test_data_errors_name_the_argument():
+    x, y = contains3(32, 0)
+    with pytest.raises(ValueError, match="num_data"):
+        fit(classifier(), Stream(32), epochs=1, progress=False)  # unsized, no num_data
+    with pytest.raises(ValueError, match=r"train_data \(batch 0\).*labels y"):
+        fit(classifier(), Pairs(x, y + 1), epochs=1, progress=False)
+    with pytest.raises(TypeError, match="batch must be a tensor x or a pair"):
+        fit(
+            classifier(),
+            DataLoader(Pairs(x, y), batch_size=8, collate_fn=lambda b: b),
+            epochs=1,
+            progress=False,
+        )
+    batched = DataLoader(Batches(), batch_size=None)  # the stream yields whole batches
+    with pytest.raises(ValueError, match="decay_steps"):  # batches per epoch unknown
+        fit(classifier(), batched, num_data=32, epochs=1, progress=False)
+    h = fit(classifier(), batched, num_data=32, epochs=1, decay_steps=4, progress=False)
+    assert h.step == [4]
+    with pytest.raises(ValueError, match="val_loss='elbo'"):
+        fit(classifier(), (x, y), Stream(16), epochs=1, val_loss="elbo", progress=False)
+
+
+def test_validation_on_a_loader_matches_tensors():
+    x, y = contains3(32, 0)
+    xv, yv = contains3(20, 1)
+    trainer = Trainer(classifier(), epochs=1, batch_size=16, progress=False)
+    trainer.fit((x, y))
+    a = trainer.evaluate((xv, yv))
+    b = trainer.evaluate(DataLoader(Pairs(xv, yv), batch_size=6))
+    c = trainer.evaluate(Stream(20, seed=5))
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+    assert a["accuracy"] == b["accuracy"]
+    assert 0 < c["loss"] < 5
