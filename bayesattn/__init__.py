@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 
 from . import functional
+from .interop.convert import convert, unconvert
 from .nn import (
     AttentionConfig,
     BayesianMultiheadAttention,
@@ -30,6 +31,7 @@ from .nn import (
     bayesian_projections,
     collect_kl,
 )
+from .nn.sampling import num_samples
 from .posteriors import (
     AttentionPosterior,
     ConcreteWeights,
@@ -88,6 +90,9 @@ __all__ = [
     "bayesian_projections",
     "attention_mode",
     "collect_kl",
+    "convert",
+    "unconvert",
+    "num_samples",
     *_SUBMODULES,
 ]
 

@@ -31,6 +31,7 @@ from .. import functional as BF
 from ..posteriors import AttentionPosterior, get_posterior
 from ..priors import KeyRelevancePrior, UniformPrior
 from .modes import current_kl_collector, current_mode
+from .sampling import current_num_samples
 
 __all__ = ["BayesianMultiheadAttention", "linear"]
 
@@ -123,7 +124,8 @@ class BayesianMultiheadAttention(PyroModule):
     Shape:
         query ``(Tq, B, E)`` (``(B, Tq, E)`` if ``batch_first``; ``(Tq, E)`` unbatched; with
         ``batch_first`` any extra leading sample dims ``(*S, B, Tq, E)`` broadcast), key/value
-        ``(Tk, B, kdim/vdim)``. Returns ``(output, weights)``; output like query, weights
+        ``(Tk, B, kdim/vdim)``; without ``batch_first`` extra leading dims ``(*S, Tq, B, E)``
+        are sample dims too. Returns ``(output, weights)``; output like query, weights
         ``(B, Tq, Tk)`` averaged over heads or ``(B, H, Tq, Tk)``; ``num_samples=S`` prepends
         ``S`` to both.
 
@@ -384,9 +386,10 @@ class BayesianMultiheadAttention(PyroModule):
                 f"query, key and value must have the same number of dims; got "
                 f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
             )
-        if query.dim() not in (2, 3) and not (self.batch_first and query.dim() > 3):
+        if query.dim() < 2:
             raise ValueError(
-                f"query must be 2-D (unbatched) or 3-D (batched); got shape {tuple(query.shape)}"
+                f"query must be 2-D (unbatched), 3-D (batched) or have leading sample dims; got "
+                f"shape {tuple(query.shape)}"
             )
         if key.shape[:-1] != value.shape[:-1]:
             raise ValueError(
@@ -441,6 +444,8 @@ class BayesianMultiheadAttention(PyroModule):
         if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
             raise ValueError(f"num_samples must be a positive int or None; got {num_samples!r}")
         self_attn = query is key and key is value
+        if num_samples is None and query.dim() == 3 and self.posterior is not None:
+            num_samples = current_num_samples()  # set from outside: bayesattn.num_samples(S)
         unbatched = query.dim() == 2
         if unbatched:  # (T, E) → (1, T, E)
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
@@ -451,8 +456,8 @@ class BayesianMultiheadAttention(PyroModule):
                         f"{tuple(key_padding_mask.shape)}"
                     )
                 key_padding_mask = key_padding_mask.unsqueeze(0)
-        elif not self.batch_first:  # (T, B, E) → (B, T, E)
-            query, key, value = (x.transpose(0, 1) for x in (query, key, value))
+        elif not self.batch_first:  # (*S, T, B, E) → (*S, B, T, E)
+            query, key, value = (x.transpose(-3, -2) for x in (query, key, value))
         B, Tq = query.shape[-3], query.shape[-2]
         if key.shape[-3] != B:
             raise ValueError(
