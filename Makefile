@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine (Python >= 3.11 and pip only):
 #   make study   -> builds .venv, installs bayesattn, runs the main job
-#   make test    -> builds .venv, installs bayesattn with dev extras, runs lint + the test suite
+#   make test    -> builds .venv, installs bayesattn with dev, examples and hf extras, runs lint + the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -c constraints.txt -e ".[dev,examples]"
+	$(PIP) install -c constraints.txt -e ".[dev,examples,hf]"
 	touch $@
 
 venv install: $(VENV)/.installed
