@@ -95,6 +95,7 @@ def _check_finite(name: str, x: Tensor) -> None:
 
 
 _current_mode_at_trace = torch.compiler.assume_constant_result(current_mode)
+_num_samples_at_trace = torch.compiler.assume_constant_result(current_num_samples)
 
 
 def _nested_lengths(x: Tensor) -> list[int]:
@@ -445,7 +446,10 @@ class BayesianMultiheadAttention(PyroModule):
             raise ValueError(f"num_samples must be a positive int or None; got {num_samples!r}")
         self_attn = query is key and key is value
         if num_samples is None and query.dim() == 3 and self.posterior is not None:
-            num_samples = current_num_samples()  # set from outside: bayesattn.num_samples(S)
+            # set from outside: bayesattn.num_samples(S); read once at trace time when compiling
+            num_samples = (
+                _num_samples_at_trace() if torch.compiler.is_compiling() else current_num_samples()
+            )
         unbatched = query.dim() == 2
         if unbatched:  # (T, E) → (1, T, E)
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
