@@ -148,7 +148,9 @@ def fit_posthoc(
     progress: bool = False,
 ) -> PosthocCalibration:
     """Fit the attention posteriors (and ``log T``) of a converted, trained ``model`` by SVI on
-    the calibration split ``(x, y)``; all other weights are frozen and dropout is off.
+    the calibration split ``(x, y)``; all other weights are frozen (only the posteriors' parameters
+    and ``log T`` are given to the optimiser; ``requires_grad`` flags are restored afterwards) and
+    dropout is off.
 
     Returns a :class:`PosthocCalibration`; ``history`` holds the negative ELBO per example.
     """
@@ -161,7 +163,9 @@ def fit_posthoc(
             raise ValueError(f"{name} must be a positive int; got {v!r}")
     if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
         raise ValueError(f"lr must be a positive finite float; got {lr!r}")
+    flags = [(p, p.requires_grad) for p in model.parameters()]
     params = freeze_for_posthoc(model)
+    trainable = {id(p) for p in params}
     ref = params[0]
     log_t = torch.zeros((), device=ref.device, dtype=ref.dtype, requires_grad=fit_temperature)
     opt = torch.optim.Adam(params + ([log_t] if fit_temperature else []), lr=lr)
@@ -186,6 +190,12 @@ def fit_posthoc(
         loss.backward()
         opt.step()
         history.append(float(loss.detach()))
+    # Pyro's param store turns requires_grad back on for PyroModule parameters it registers:
+    # the frozen weights never reach the optimiser, and their flags and grads are restored here
+    for p, flag in flags:
+        if id(p) not in trainable:
+            p.grad = None
+        p.requires_grad_(flag)
     model.train(was_training)
     return PosthocCalibration(model, fwd, log_t.detach(), history)
 
