@@ -27,6 +27,7 @@ study: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) benchmarks/attention_speed.py
 	$(PY) benchmarks/training_speed.py
+	$(PY) benchmarks/interop_speed.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
