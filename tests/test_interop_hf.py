@@ -139,3 +139,21 @@ def test_elbo_mode_collects_one_kl_per_layer_and_grads_reach_posteriors():
     assert all(p.grad is not None for p in fam.parameters())
     with pytest.raises(ValueError, match="AttentionInterface"):
         convert_hf(torch.nn.Linear(2, 2))
+
+
+def test_default_sdpa_model_round_trip():
+    cfg = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        vocab_size=50,
+    )  # fmt: skip
+    model = transformers.BertModel(cfg).eval()
+    assert model.config._attn_implementation == "sdpa"
+    ids = torch.randint(0, 50, (2, 7))
+    with torch.no_grad():
+        want = model(input_ids=ids)[0]
+        convert_hf(model)
+        with attention_mode("mean"):  # eager maths against torch's fused SDPA: rounding only
+            torch.testing.assert_close(model(input_ids=ids)[0], want, atol=1e-5, rtol=0)
+        unconvert_hf(model)
+        assert model.config._attn_implementation == "sdpa"
+        torch.testing.assert_close(model(input_ids=ids)[0], want, atol=0, rtol=0)

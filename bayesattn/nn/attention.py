@@ -288,7 +288,7 @@ class BayesianMultiheadAttention(PyroModule):
 
     def to_torch(self) -> nn.MultiheadAttention:
         """The deterministic (posterior-mean) layer as a plain ``torch.nn.MultiheadAttention``
-        with the same parameters (shared storage copied). Only a uniform prior has one."""
+        with copies of the same parameters. Only a uniform prior has one."""
         if not isinstance(self.prior, UniformPrior):
             raise TypeError(
                 f"to_torch: a layer with prior {type(self.prior).__name__} has no "
