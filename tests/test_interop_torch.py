@@ -209,6 +209,11 @@ def test_compile_fullgraph_and_export_in_mean_mode_with_validation_on():
         bad[0, 0, 0] = float("nan")
         with pytest.raises(RuntimeError, match="finite"):  # validation lives in the graph
             ep.module()(bad)
+        layer = nn.TransformerEncoderLayer(E, H, 32, 0.0, batch_first=True).eval()
+        want = layer(x)
+        _swap_attention(layer, posterior="dirichlet")  # inside torch's own layer
+        compiled = torch.compile(layer, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(x), want, atol=1e-5, rtol=0)
 
 
 # ------------------------------------------------------------------------------------------
