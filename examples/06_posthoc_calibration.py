@@ -77,7 +77,8 @@ def digits_setup(quick: bool, seed: int):
     model = DigitsEncoder(classes=d.num_classes)
     def fwd(m, x):
         return m(x)
-    train(model, d.x_train, d.y_train, fwd, epochs=3 if quick else 40)
+    n = 256 if quick else len(d.y_train)
+    train(model, d.x_train[:n], d.y_train[:n], fwd, epochs=2 if quick else 40)
     return model, fwd, (d.x_val, d.y_val), (d.x_test, d.y_test), d.x_ood_classes
 
 
@@ -105,12 +106,12 @@ def hf_setup(quick: bool, seed: int):
     model = BertForSequenceClassification(cfg)
     def fwd(m, x):
         return m(**x).logits
-    n = 256 if quick else 3000
+    n = 128 if quick else 3000
     x_tr, y_tr = token_task(n, seed)
     train(model, x_tr, y_tr, fwd, epochs=2 if quick else 15, lr=1e-3)
-    cal = token_task(128 if quick else 600, seed + 1)
-    test = token_task(128 if quick else 1000, seed + 2)
-    x_ood, _ = token_task(128 if quick else 1000, seed + 3, low=10, high=20)
+    cal = token_task(64 if quick else 600, seed + 1)
+    test = token_task(64 if quick else 1000, seed + 2)
+    x_ood, _ = token_task(64 if quick else 1000, seed + 3, low=10, high=20)
     return model, fwd, cal, test, x_ood
 
 
@@ -119,7 +120,7 @@ def run(name: str, quick: bool, seed: int, out: Path) -> dict[str, dict[str, flo
     model, fwd, (x_cal, y_cal), (x_test, y_test), x_ood = (
         digits_setup if name == "torch" else hf_setup
     )(quick, seed)
-    S = 8 if quick else 64
+    S = 4 if quick else 64
     # before: the trained model as it is
     before = posthoc.mean_probs(model, x_test, forward=fwd)
     before_ood = posthoc.mean_probs(model, x_ood, forward=fwd)
@@ -138,7 +139,7 @@ def run(name: str, quick: bool, seed: int, out: Path) -> dict[str, dict[str, flo
     with torch.no_grad():  # mean mode is still the trained model
         assert torch.allclose(posthoc.mean_probs(model, x_test, forward=fwd), before, atol=1e-5)
     cal = posthoc.fit_posthoc(
-        model, x_cal, y_cal, forward=fwd, steps=20 if quick else 300, seed=seed, progress=not quick
+        model, x_cal, y_cal, forward=fwd, steps=10 if quick else 300, seed=seed, progress=not quick
     )
     after = cal.sample_probs(x_test, S)  # (S, B, C)
     after_ood = cal.sample_probs(x_ood, S)
