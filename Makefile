@@ -1,7 +1,7 @@
 # Two commands do all the set-up on a fresh machine (Python >= 3.11 and pip only):
 #   make study   -> builds .venv, installs bayesattn, runs the main job
-#   make test    -> builds .venv, installs bayesattn with dev, examples and lightning extras, runs
-#                   lint + the test suite (including a 2-process DDP run on CPU)
+#   make test    -> builds .venv, installs bayesattn with dev, examples, lightning and hf extras,
+#                   runs lint + the test suite (including a 2-process DDP run on CPU)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -11,7 +11,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -c constraints.txt -e ".[dev,examples,lightning]"
+	$(PIP) install -c constraints.txt -e ".[dev,examples,lightning,hf]"
 	touch $@
 
 venv install: $(VENV)/.installed
@@ -28,6 +28,7 @@ study: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) benchmarks/attention_speed.py
 	$(PY) benchmarks/training_speed.py
+	$(PY) benchmarks/interop_speed.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 
 from . import functional
+from .interop.convert import convert, unconvert
 from .nn import (
     AttentionConfig,
     BayesianMultiheadAttention,
@@ -31,6 +32,7 @@ from .nn import (
     bayesian_projections,
     collect_kl,
 )
+from .nn.sampling import num_samples
 from .posteriors import (
     AttentionPosterior,
     ConcreteWeights,
@@ -91,6 +93,9 @@ __all__ = [
     "bayesian_projections",
     "attention_mode",
     "collect_kl",
+    "convert",
+    "unconvert",
+    "num_samples",
     *_SUBMODULES,
 ]
 

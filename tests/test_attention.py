@@ -80,7 +80,14 @@ def test_causal_self_attention_and_unbatched():
     with torch.no_grad():
         r = ref(x, x, x, attn_mask=cm, is_causal=True)
         torch.testing.assert_close(ours(x, x, x, attn_mask=cm, is_causal=True)[0], r[0])
-        torch.testing.assert_close(ours(x, x, x, is_causal=True)[0], r[0])  # mask built for us
+        # torch's rule: is_causal is a hint that needs the mask (torch's eval fast path skips
+        # the check and silently ignores the hint; we always raise)
+        with pytest.raises(RuntimeError, match="Need attn_mask"):
+            ours(x, x, x, is_causal=True)
+    with pytest.raises(RuntimeError, match="Need attn_mask"):
+        ref.train()(x, x, x, is_causal=True)
+    ref.eval()
+    with torch.no_grad():
         u = torch.randn(6, E)
         for avg in (True, False):
             r, o = ref(u, u, u, average_attn_weights=avg), ours(u, u, u, average_attn_weights=avg)

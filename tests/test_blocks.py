@@ -13,7 +13,7 @@ def test_encoder_layer_reproduces_torch(norm_first, activation):
     ref = torch.nn.TransformerEncoderLayer(
         16, 4, 32, 0.1, activation, batch_first=True, norm_first=norm_first
     ).eval()
-    ours = EncoderLayer(16, 4, 32, 0.1, activation, norm_first=norm_first).eval()
+    ours = EncoderLayer(16, 4, 32, 0.1, activation, batch_first=True, norm_first=norm_first).eval()
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(3, 5, 16)
     kpm = torch.zeros(3, 5, dtype=torch.bool)
@@ -29,7 +29,7 @@ def test_encoder_layer_reproduces_torch(norm_first, activation):
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_decoder_layer_reproduces_torch(norm_first):
     ref = torch.nn.TransformerDecoderLayer(16, 4, 32, 0.1, batch_first=True, norm_first=norm_first)
-    ours = DecoderLayer(16, 4, 32, 0.1, norm_first=norm_first)
+    ours = DecoderLayer(16, 4, 32, 0.1, batch_first=True, norm_first=norm_first)
     ours.load_state_dict(ref.state_dict())
     ref.eval(), ours.eval()
     t, m = torch.randn(3, 4, 16), torch.randn(3, 6, 16)

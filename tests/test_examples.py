@@ -25,6 +25,12 @@ EXPECTED = {
     "04_translation_uncertainty.py": ["token_mutual_information.png", "cross_attention.png"],
     "05_online_belief_updates.py": ["belief_updates.png"],
     "06_scaling_out.py": ["validation_metrics.png", "reliability_diagram.png"],
+    "07_posthoc_calibration.py": [
+        "posthoc_torch_reliability.png",
+        "posthoc_torch_ood_entropy.png",
+        "posthoc_hf_reliability.png",
+        "posthoc_hf_ood_entropy.png",
+    ],
 }
 
 

@@ -288,7 +288,7 @@ def test_prediction_to_arviz_reads_any_predictor_and_loo_runs():
 def test_encoder_layer_forward_rows_equals_forward(norm_first):
     from bayesattn.nn.blocks import EncoderLayer
 
-    layer = EncoderLayer(8, 2, 16, dropout=0.0, norm_first=norm_first).eval()
+    layer = EncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, norm_first=norm_first).eval()
     x = torch.randn(3, 6, 8)
     pad = torch.zeros(3, 6, dtype=torch.bool)
     pad[0, -2:] = True
@@ -296,3 +296,5 @@ def test_encoder_layer_forward_rows_equals_forward(norm_first):
     torch.testing.assert_close(layer.forward_rows(x, 2, pad), full[:, :2], atol=1e-6, rtol=1e-5)
     with pytest.raises(ValueError, match="rows must be an int in"):
         layer.forward_rows(x, 7)
+    with pytest.raises(ValueError, match="batch_first=True"):
+        EncoderLayer(8, 2, 16, norm_first=norm_first).forward_rows(x, 1)

@@ -31,6 +31,7 @@ from .. import functional as BF
 from ..posteriors import AttentionPosterior, get_posterior
 from ..priors import KeyRelevancePrior, UniformPrior
 from .modes import current_kl_collector, current_mode
+from .sampling import current_num_samples
 
 __all__ = ["BayesianMultiheadAttention", "linear"]
 
@@ -72,6 +73,40 @@ def _allow_missing_prior_posterior(module: nn.Module, incompatible) -> None:
 
 _PRIOR_POSTERIOR_KEY = re.compile(r"(^|\.)(prior|posterior)\.")
 
+_CAUSAL_HINT_ERROR = (
+    "Need attn_mask if specifying the is_causal hint. You may use the Transformer module method "
+    "`generate_square_subsequent_mask` to create this mask."
+)  # torch's own message, raised in the same case
+
+
+def _own_forward_guard(module: nn.Module, args) -> None:
+    """Forward pre-hook that does nothing. Its presence keeps ``torch.nn.TransformerEncoderLayer``
+    off its fused fast path (which reads the projections and never calls our ``forward``) while
+    the layer is Bayesian, has a non-uniform prior or records its weights."""
+    return None
+
+
+def _check_finite(name: str, x: Tensor) -> None:
+    """Finite check that also works inside ``torch.compile``/``torch.export`` graphs."""
+    if torch.compiler.is_compiling():
+        torch._assert_async(torch.isfinite(x).all(), f"{name} must be finite (NaN or Inf found)")
+    else:
+        BF.check_finite(name, x)
+
+
+_current_mode_at_trace = torch.compiler.assume_constant_result(current_mode)
+_num_samples_at_trace = torch.compiler.assume_constant_result(current_num_samples)
+
+
+def _nested_lengths(x: Tensor) -> list[int]:
+    return [int(t.shape[0]) for t in x.unbind()]
+
+
+def _lengths_to_padding_mask(lengths: list[int], T: int, device) -> Tensor:
+    """``(B, T)`` bool, True where a position is padding."""
+    ar = torch.arange(T, device=device)  # (T,)
+    return ar.unsqueeze(0) >= torch.tensor(lengths, device=device).unsqueeze(1)  # (B, T)
+
 
 class BayesianMultiheadAttention(PyroModule):
     r"""Multi-head attention as posterior inference over the key each query reads.
@@ -90,7 +125,8 @@ class BayesianMultiheadAttention(PyroModule):
     Shape:
         query ``(Tq, B, E)`` (``(B, Tq, E)`` if ``batch_first``; ``(Tq, E)`` unbatched; with
         ``batch_first`` any extra leading sample dims ``(*S, B, Tq, E)`` broadcast), key/value
-        ``(Tk, B, kdim/vdim)``. Returns ``(output, weights)``; output like query, weights
+        ``(Tk, B, kdim/vdim)``; without ``batch_first`` extra leading dims ``(*S, Tq, B, E)``
+        are sample dims too. Returns ``(output, weights)``; output like query, weights
         ``(B, Tq, Tk)`` averaged over heads or ``(B, H, Tq, Tk)``; ``num_samples=S`` prepends
         ``S`` to both.
 
@@ -186,6 +222,101 @@ class BayesianMultiheadAttention(PyroModule):
         self.record_weights = False  # when True, forward keeps its weights in ``last_weights``
         self.last_weights: Tensor | None = None  # (…, B, H, Tq, Tk)
         self.register_load_state_dict_post_hook(_allow_missing_prior_posterior)
+        self._sync_fastpath_guard()
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if name in ("posterior", "prior", "record_weights") and "record_weights" in self.__dict__:
+            self._sync_fastpath_guard()
+
+    def _matches_torch(self) -> bool:
+        """True when torch's fused kernels compute exactly this layer (deterministic, uniform
+        prior, weights not recorded): the only case torch's layers may skip our ``forward``."""
+        return (
+            self.posterior is None
+            and isinstance(self.prior, UniformPrior)
+            and not self.record_weights
+        )
+
+    def _sync_fastpath_guard(self) -> None:
+        hooks = self._forward_pre_hooks
+        present = [k for k, h in hooks.items() if h is _own_forward_guard]
+        if self._matches_torch():
+            for k in present:
+                del hooks[k]
+        elif not present:
+            self.register_forward_pre_hook(_own_forward_guard)
+
+    def __call__(self, *args, **kwargs):
+        # PyroModule.__call__ enters a Pyro context manager that torch.compile cannot trace;
+        # a layer without Pyro parameters/samples needs none of it.
+        if (
+            torch.compiler.is_compiling()
+            and not self._pyro_params
+            and not self._pyro_samples
+        ):
+            return nn.Module.__call__(self, *args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+    # ------------------------------------------------------------------------------------------
+    def merge_masks(
+        self, attn_mask: Tensor | None, key_padding_mask: Tensor | None, query: Tensor
+    ) -> tuple[Tensor | None, int | None]:
+        """As ``torch.nn.MultiheadAttention.merge_masks`` (called by torch's encoder layer on its
+        fast path): one mask and its type, 0 ``attn_mask`` ``(T, T)``, 1 ``key_padding_mask``
+        ``(B, T)``, 2 both merged to ``(B, H, T, T)``.
+
+        Shape:
+            query ``(B, T, E)``.
+        """
+        mask_type: int | None = None
+        merged: Tensor | None = None
+        if key_padding_mask is not None:
+            mask_type, merged = 1, key_padding_mask
+        if attn_mask is not None:
+            B, T, _ = query.shape
+            mask_type = 2
+            if attn_mask.dim() == 3:
+                am = attn_mask.view(B, -1, T, T)  # (B, H, T, T)
+            else:
+                am = attn_mask.view(1, 1, T, T).expand(B, self.num_heads, -1, -1)  # (B, H, T, T)
+            merged = am
+            if key_padding_mask is not None:
+                kp = key_padding_mask.view(B, 1, 1, T).expand(-1, self.num_heads, -1, -1)
+                merged = am + kp
+        return merged, mask_type
+
+    def to_torch(self) -> nn.MultiheadAttention:
+        """The deterministic (posterior-mean) layer as a plain ``torch.nn.MultiheadAttention``
+        with copies of the same parameters. Only a uniform prior has one."""
+        if not isinstance(self.prior, UniformPrior):
+            raise TypeError(
+                f"to_torch: a layer with prior {type(self.prior).__name__} has no "
+                "torch.nn.MultiheadAttention equivalent (only UniformPrior)"
+            )
+        ref = self.in_proj_weight if self.in_proj_weight is not None else self.q_proj_weight
+        m = nn.MultiheadAttention(
+            self.embed_dim,
+            self.num_heads,
+            dropout=self.dropout,
+            bias=self.in_proj_bias is not None,
+            add_bias_kv=self.bias_k is not None,
+            add_zero_attn=self.add_zero_attn,
+            kdim=self.kdim,
+            vdim=self.vdim,
+            batch_first=self.batch_first,
+            device=ref.device,
+            dtype=ref.dtype,
+        )
+        sd = {k: v for k, v in self.state_dict().items() if not _PRIOR_POSTERIOR_KEY.search(k)}
+        m.load_state_dict(sd)
+        m.train(self.training)
+        return m
+
+    def __prepare_scriptable__(self) -> nn.MultiheadAttention:
+        """``torch.jit.script`` scripts the posterior-mean layer (:meth:`to_torch`): TorchScript
+        cannot compile Pyro sample sites, so a scripted layer is always deterministic."""
+        return self.to_torch()
 
     def _reset_parameters(self) -> None:
         """Same initialisation as ``torch.nn.MultiheadAttention``."""
@@ -210,10 +341,11 @@ class BayesianMultiheadAttention(PyroModule):
     def mode(self) -> str:
         """The effective mode: the context's (:func:`~bayesattn.nn.modes.attention_mode`) or the
         layer default (``"posterior"`` with a family, ``"mean"`` without)."""
-        m = current_mode()
-        if self.posterior is None or m is None:
-            return "posterior" if self.posterior is not None else "mean"
-        return m
+        if self.posterior is None:
+            return "mean"
+        # Dynamo cannot trace ContextVar.get: read the mode once at trace time (compile in one mode)
+        m = _current_mode_at_trace() if torch.compiler.is_compiling() else current_mode()
+        return "posterior" if m is None else m
 
     # ------------------------------------------------------------------------------------------
     def _projections(self, query: Tensor, key: Tensor, value: Tensor, self_attn: bool):
@@ -225,6 +357,9 @@ class BayesianMultiheadAttention(PyroModule):
             wq, wk, wv = w[..., :E, :], w[..., E : 2 * E, :], w[..., 2 * E :, :]
         else:
             wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        if b is not None and b.dtype != wq.dtype:  # as torch's fused kernel: bias follows weights
+            b = b.to(wq.dtype)
+            bq, bk, bv = b[:E], b[E : 2 * E], b[2 * E :]
         if b is not None and b.dim() > 1:  # sampled biases (*S, 3E)
             bq, bk, bv = b[..., :E], b[..., E : 2 * E], b[..., 2 * E :]
         if self._qkv_same_embed_dim and self_attn and w.dim() == 2 and (b is None or b.dim() == 1):
@@ -252,9 +387,10 @@ class BayesianMultiheadAttention(PyroModule):
                 f"query, key and value must have the same number of dims; got "
                 f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
             )
-        if query.dim() not in (2, 3) and not (self.batch_first and query.dim() > 3):
+        if query.dim() < 2:
             raise ValueError(
-                f"query must be 2-D (unbatched) or 3-D (batched); got shape {tuple(query.shape)}"
+                f"query must be 2-D (unbatched), 3-D (batched) or have leading sample dims; got "
+                f"shape {tuple(query.shape)}"
             )
         if key.shape[:-1] != value.shape[:-1]:
             raise ValueError(
@@ -265,11 +401,11 @@ class BayesianMultiheadAttention(PyroModule):
             if m is not None and not isinstance(m, Tensor):
                 raise TypeError(f"{name} must be a Tensor or None; got {type(m).__name__}")
         if is_validation_enabled():
-            BF.check_finite("query", query)
+            _check_finite("query", query)
             if key is not query:
-                BF.check_finite("key", key)
+                _check_finite("key", key)
             if value is not key:
-                BF.check_finite("value", value)
+                _check_finite("value", value)
 
     def forward(
         self,
@@ -287,11 +423,33 @@ class BayesianMultiheadAttention(PyroModule):
         k_pos: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """See the class docstring. ``num_samples`` draws that many weight samples in one pass
-        (stochastic modes only); ``q_pos``/``k_pos`` are positions passed to positional priors."""
+        (stochastic modes only); ``q_pos``/``k_pos`` are positions passed to positional priors.
+
+        ``is_causal`` follows torch: it is a hint that ``attn_mask`` is causal and needs that mask
+        (``RuntimeError`` otherwise); without ``key_padding_mask`` and with ``need_weights=False``
+        the causal structure is used, else the mask. NestedTensor inputs (batch-first, no masks)
+        are padded, masked and returned as NestedTensors."""
+        if any(isinstance(t, Tensor) and t.is_nested for t in (query, key, value)):
+            return self._forward_nested(
+                query, key, value, key_padding_mask, need_weights, attn_mask,
+                average_attn_weights, is_causal, num_samples, q_pos, k_pos,
+            )  # fmt: skip
+        if is_causal:
+            if attn_mask is None:
+                raise RuntimeError(_CAUSAL_HINT_ERROR)
+            if key_padding_mask is None and not need_weights:
+                attn_mask = None  # torch: the hint stands for the mask
+            else:
+                is_causal = False  # torch: the mask is used, the hint dropped
         self._validate(query, key, value, key_padding_mask, attn_mask)
         if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
             raise ValueError(f"num_samples must be a positive int or None; got {num_samples!r}")
         self_attn = query is key and key is value
+        if num_samples is None and query.dim() == 3 and self.posterior is not None:
+            # set from outside: bayesattn.num_samples(S); read once at trace time when compiling
+            num_samples = (
+                _num_samples_at_trace() if torch.compiler.is_compiling() else current_num_samples()
+            )
         unbatched = query.dim() == 2
         if unbatched:  # (T, E) → (1, T, E)
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
@@ -302,8 +460,8 @@ class BayesianMultiheadAttention(PyroModule):
                         f"{tuple(key_padding_mask.shape)}"
                     )
                 key_padding_mask = key_padding_mask.unsqueeze(0)
-        elif not self.batch_first:  # (T, B, E) → (B, T, E)
-            query, key, value = (x.transpose(0, 1) for x in (query, key, value))
+        elif not self.batch_first:  # (*S, T, B, E) → (*S, B, T, E)
+            query, key, value = (x.transpose(-3, -2) for x in (query, key, value))
         B, Tq = query.shape[-3], query.shape[-2]
         if key.shape[-3] != B:
             raise ValueError(
@@ -377,6 +535,40 @@ class BayesianMultiheadAttention(PyroModule):
             w = w.squeeze(-3 if average_attn_weights else -4)
         return out, w
 
+    def _forward_nested(
+        self, query, key, value, key_padding_mask, need_weights, attn_mask,
+        average_attn_weights, is_causal, num_samples, q_pos, k_pos,
+    ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+        """NestedTensor inputs ``(B, T_b, E)``: pad, mask the padding, run, re-nest the output."""
+        if not self.batch_first:
+            raise ValueError("NestedTensor inputs need batch_first=True (they are batch-first)")
+        if attn_mask is not None or key_padding_mask is not None:
+            raise ValueError(
+                "attn_mask/key_padding_mask are not supported with NestedTensor inputs: the "
+                "nested lengths already define the padding"
+            )
+        if not (query.is_nested and key.is_nested and value.is_nested):
+            raise ValueError("query, key and value must all be NestedTensors or all be Tensors")
+        q_len = _nested_lengths(query)
+        k_len = _nested_lengths(key)
+        if _nested_lengths(value) != k_len:
+            raise ValueError(f"key and value lengths differ: {k_len} vs {_nested_lengths(value)}")
+        self_attn = query is key and key is value
+        q = torch.nested.to_padded_tensor(query, 0.0)  # (B, Tq, E)
+        k = q if self_attn else torch.nested.to_padded_tensor(key, 0.0)  # (B, Tk, kdim)
+        v = k if self_attn else torch.nested.to_padded_tensor(value, 0.0)  # (B, Tk, vdim)
+        kpm = _lengths_to_padding_mask(k_len, k.shape[1], k.device)  # (B, Tk)
+        if is_causal:  # the nested form carries no mask: build torch's causal one
+            Tq, Tk = q.shape[1], k.shape[1]
+            attn_mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).triu(1)
+        out, w = self.forward(
+            q, k, v, kpm, need_weights, attn_mask, average_attn_weights, False,
+            num_samples=num_samples, q_pos=q_pos, k_pos=k_pos,
+        )  # fmt: skip
+        # (…, B, Tq, E) padded → nested over the batch (sample dims stay in each component)
+        pieces = [out[..., b, : q_len[b], :] for b in range(len(q_len))]
+        return torch.nested.as_nested_tensor(pieces, layout=query.layout), w
+
     def _add_prior(self, log_prior: Tensor | None, q: Tensor, k: Tensor, q_pos, k_pos) -> Tensor:
         """Add the key-relevance prior; leading sample dims are folded into the batch for it."""
         lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3])  # (…, B)
@@ -392,7 +584,9 @@ class BayesianMultiheadAttention(PyroModule):
         dead = None
         if log_prior is not None:
             dead = ~(log_prior > float("-inf")).any(-1, keepdim=True)  # (…, Tq|1, 1)
-            if bool(dead.any()):
+            if torch.compiler.is_compiling():  # no data-dependent branch in a graph
+                log_prior = log_prior.masked_fill(dead, 0.0)
+            elif bool(dead.any()):
                 log_prior = log_prior.masked_fill(dead, 0.0)
             else:
                 dead = None

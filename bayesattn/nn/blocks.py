@@ -3,8 +3,9 @@ r"""Transformer encoder/decoder blocks built from :class:`BayesianMultiheadAtten
 Parameter names follow ``torch.nn.TransformerEncoderLayer``/``TransformerDecoderLayer`` so their
 ``state_dict`` loads and, in deterministic (posterior-mean) mode, the outputs agree. Unlike torch
 (DESIGN §5), the blocks always call our attention's ``forward``; there is no fused fast path that
-skips it. All blocks are ``batch_first=True``: ``(B, T, E)``, with optional extra leading sample
-dims ``(*S, B, T, E)``.
+skips it. The layers take torch's arguments in torch's order (``batch_first=False`` by default);
+the stacks (:class:`Encoder`, :class:`Decoder`) are ``batch_first=True``: ``(B, T, E)``, with
+optional extra leading sample dims ``(*S, B, T, E)``.
 
 Which attentions are Bayesian, with which prior and posterior family, is chosen per network by an
 :class:`AttentionConfig`.
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
 import torch.nn.functional as F
 from pyro.nn import PyroModule
 from torch import Tensor, nn
@@ -180,12 +182,16 @@ class _FeedForward(PyroModule):
 class EncoderLayer(_FeedForward):
     r"""Self-attention + feed-forward block; ``norm_first`` picks pre- or post-norm.
 
+    Arguments are ``torch.nn.TransformerEncoderLayer``'s, in its positional order (``batch_first``
+    included, default ``False`` as in torch), then keyword-only ``attn_dropout``, ``prior`` and
+    ``posterior`` for the self-attention.
+
     Post-norm: :math:`x \leftarrow \mathrm{LN}(x + \mathrm{SA}(x))`,
     :math:`x \leftarrow \mathrm{LN}(x + \mathrm{FF}(x))`; pre-norm: :math:`x \leftarrow x +
     \mathrm{SA}(\mathrm{LN}(x))`, :math:`x \leftarrow x + \mathrm{FF}(\mathrm{LN}(x))`.
 
     Shape:
-        src ``(*S, B, T, E)`` → same.
+        src ``(T, B, E)``, or ``(*S, B, T, E)`` with ``batch_first`` → same.
     """
 
     def __init__(
@@ -196,13 +202,15 @@ class EncoderLayer(_FeedForward):
         dropout: float = 0.1,
         activation: str | Callable[[Tensor], Tensor] = "relu",
         layer_norm_eps: float = 1e-5,
+        batch_first: bool = False,
         norm_first: bool = False,
         bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
         attn_dropout: float | None = None,
         prior: P.KeyRelevancePrior | None = None,
         posterior=None,
-        device=None,
-        dtype=None,
     ) -> None:
         _check_block_args(d_model, nhead, dim_feedforward, dropout)
         super().__init__()
@@ -212,7 +220,7 @@ class EncoderLayer(_FeedForward):
             nhead,
             dropout=dropout if attn_dropout is None else attn_dropout,
             bias=bias,
-            batch_first=True,
+            batch_first=batch_first,
             prior=prior,
             posterior=posterior,
             **fk,
@@ -252,8 +260,13 @@ class EncoderLayer(_FeedForward):
         from the shared input (stochastic modes).
 
         Shape:
-            src ``(*S, B, T, E)`` → ``(*S | num_samples, B, rows, E)``.
+            src ``(*S, B, T, E)`` → ``(*S | num_samples, B, rows, E)``; needs ``batch_first``.
         """
+        if not self.self_attn.batch_first:
+            raise ValueError(
+                "forward_rows needs a batch_first=True layer (src (*S, B, T, E)); this layer "
+                f"has batch_first=False, got src of shape {tuple(src.shape)}"
+            )
         if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= src.shape[-2]:
             raise ValueError(f"rows must be an int in [1, {src.shape[-2]}]; got {rows!r}")
 
@@ -281,8 +294,13 @@ class DecoderLayer(_FeedForward):
     r"""Causal self-attention, cross-attention to the encoder memory (fusing two evidence sources),
     feed-forward; pre- or post-norm like :class:`EncoderLayer`.
 
+    Arguments are ``torch.nn.TransformerDecoderLayer``'s, in its positional order (``batch_first``
+    default ``False`` as in torch), then keyword-only ``attn_dropout`` and ``self_``/``cross_``
+    ``prior``/``posterior``.
+
     Shape:
-        tgt ``(*S, B, Tt, E)``, memory ``(*S, B, Ts, E)`` → ``(*S, B, Tt, E)``.
+        tgt ``(Tt, B, E)``, memory ``(Ts, B, E)``; with ``batch_first`` tgt ``(*S, B, Tt, E)``,
+        memory ``(*S, B, Ts, E)`` → like tgt.
     """
 
     _ff_dropout = "dropout3"
@@ -295,15 +313,17 @@ class DecoderLayer(_FeedForward):
         dropout: float = 0.1,
         activation: str | Callable[[Tensor], Tensor] = "relu",
         layer_norm_eps: float = 1e-5,
+        batch_first: bool = False,
         norm_first: bool = False,
         bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
         attn_dropout: float | None = None,
         self_prior: P.KeyRelevancePrior | None = None,
         self_posterior=None,
         cross_prior: P.KeyRelevancePrior | None = None,
         cross_posterior=None,
-        device=None,
-        dtype=None,
     ) -> None:
         _check_block_args(d_model, nhead, dim_feedforward, dropout)
         super().__init__()
@@ -314,7 +334,7 @@ class DecoderLayer(_FeedForward):
             nhead,
             ad,
             bias,
-            batch_first=True,
+            batch_first=batch_first,
             prior=self_prior,
             posterior=self_posterior,
             **fk,
@@ -324,7 +344,7 @@ class DecoderLayer(_FeedForward):
             nhead,
             ad,
             bias,
-            batch_first=True,
+            batch_first=batch_first,
             prior=cross_prior,
             posterior=cross_posterior,
             **fk,
@@ -416,7 +436,11 @@ class Encoder(PyroModule):
         layers = []
         for i in range(num_layers):
             a = cfg.build(d_model, nhead, i, num_layers, "self")
-            layers.append(EncoderLayer(d_model, nhead, prior=a.prior, posterior=a.posterior, **kw))
+            layers.append(
+                EncoderLayer(
+                    d_model, nhead, batch_first=True, prior=a.prior, posterior=a.posterior, **kw
+                )
+            )
         self.layers = PyroModule[nn.ModuleList](layers)
         self.norm = nn.LayerNorm(d_model) if kw.get("norm_first", False) else None
 
@@ -463,6 +487,7 @@ class Decoder(PyroModule):
                     DecoderLayer(
                         d_model,
                         nhead,
+                        batch_first=True,
                         self_prior=sa.prior,
                         self_posterior=sa.posterior,
                         cross_prior=ca.prior,
@@ -472,7 +497,14 @@ class Decoder(PyroModule):
                 )
             else:
                 layers.append(
-                    EncoderLayer(d_model, nhead, prior=sa.prior, posterior=sa.posterior, **kw)
+                    EncoderLayer(
+                        d_model,
+                        nhead,
+                        batch_first=True,
+                        prior=sa.prior,
+                        posterior=sa.posterior,
+                        **kw,
+                    )
                 )
         self.layers = PyroModule[nn.ModuleList](layers)
         self.norm = nn.LayerNorm(d_model) if kw.get("norm_first", False) else None
@@ -487,15 +519,18 @@ class Decoder(PyroModule):
         if self.cross_attention and memory is None:
             raise ValueError("Decoder with cross_attention=True needs memory")
         x = tgt
+        T = tgt.shape[-2]
+        causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device).triu(1)  # (Tt, Tt)
         for layer in self.layers:
             if self.cross_attention:
                 x = layer(
                     x,
                     memory,
+                    tgt_mask=causal,
                     tgt_key_padding_mask=tgt_key_padding_mask,
                     memory_key_padding_mask=memory_key_padding_mask,
                     tgt_is_causal=True,
                 )
             else:
-                x = layer(x, None, tgt_key_padding_mask, is_causal=True)
+                x = layer(x, causal, tgt_key_padding_mask, is_causal=True)
         return self.norm(x) if self.norm is not None else x

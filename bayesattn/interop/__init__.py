@@ -1,0 +1,14 @@
+"""Bayesian attention inside models you did not write.
+
+* :mod:`bayesattn.interop.convert` — :func:`convert` swaps every ``torch.nn.MultiheadAttention``
+  of any ``nn.Module`` for a :class:`~bayesattn.nn.attention.BayesianMultiheadAttention` (same
+  weights, same mean-mode outputs, Pyro sites named by module path); :func:`unconvert` goes back.
+* :mod:`bayesattn.interop.hf` — Hugging Face ``transformers`` models through their
+  ``AttentionInterface`` (optional extra ``bayesattn[hf]``; imported lazily).
+* :mod:`bayesattn.interop.posthoc` — post-hoc calibration of a trained model: frozen weights,
+  attention posteriors and a temperature fitted by SVI, posterior-predictive probabilities.
+"""
+
+from .convert import bayesian_attention_modules, convert, unconvert
+
+__all__ = ["convert", "unconvert", "bayesian_attention_modules"]

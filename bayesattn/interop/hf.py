@@ -1,0 +1,258 @@
+r"""Bayesian attention in Hugging Face ``transformers`` models (optional extra ``bayesattn[hf]``).
+
+:func:`convert_hf` registers the attention function :func:`bayesian_attention_forward` under the
+name ``"bayesattn"`` in transformers' ``AttentionInterface`` (with transformers' eager additive
+mask in ``AttentionMaskInterface``), switches the model to it, and gives every attention module
+that dispatches through the interface its own posterior family (``module.bayesattn_posterior``,
+a registered submodule: its parameters live in ``model.parameters()`` and ``state_dict``) and its
+own Pyro site ``"<module path>.latent"``. Nothing in transformers is patched: models that use the
+interface (BERT, ViT, GPT-2, Llama and most current architectures) work unchanged.
+
+Per attention module and query :math:`i`, with transformers' own scores
+:math:`\ell_{ij} = s\,q_i\cdot k_j` (its scaling :math:`s`) and additive mask :math:`m_{ij}`:
+
+* ``"mean"`` mode: :math:`w_i = \operatorname{softmax}(\ell_i + m_i)`, exactly transformers'
+  eager attention (the model's own output);
+* ``"posterior"``/``"prior"``/``"elbo"`` modes: :math:`w_i` drawn from the module's posterior family
+  :math:`q(w_i\mid\ell_i, \log\pi_i)` (or its prior), masked keys (``m_{ij}`` at the dtype's
+  minimum) getting zero weight, exactly as in :class:`~bayesattn.nn.attention.BayesianMultiheadAttention`.
+
+Grouped-query attention (Llama) repeats key/value heads like transformers' ``repeat_kv``.
+``transformers`` is imported only when these functions run.
+
+Example:
+    >>> from transformers import BertConfig, BertModel
+    >>> cfg = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    ...                  intermediate_size=64, vocab_size=50, attn_implementation="eager")
+    >>> model = convert_hf(BertModel(cfg).eval(), posterior="dirichlet")
+    >>> len(hf_attention_modules(model))
+    2
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pyro
+import torch
+from torch import Tensor, nn
+
+from .. import functional as BF
+from ..nn.attention import _current_mode_at_trace
+from ..nn.modes import current_kl_collector, current_mode
+from ..posteriors import AttentionPosterior, get_posterior
+
+__all__ = [
+    "ATTN_NAME",
+    "register",
+    "bayesian_attention_forward",
+    "convert_hf",
+    "unconvert_hf",
+    "hf_attention_modules",
+]
+
+ATTN_NAME = "bayesattn"
+_POSTERIOR_ATTR = "bayesattn_posterior"
+_SITE_ATTR = "_bayesattn_site"
+_PREV_ATTR = "_bayesattn_previous_attn_implementation"
+
+
+def register() -> None:
+    """Register ``"bayesattn"`` in transformers' attention and attention-mask interfaces."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    except ImportError as e:  # pragma: no cover - exercised only without the extra
+        raise ImportError(
+            "bayesattn.interop.hf needs transformers: pip install 'bayesattn[hf]'"
+        ) from e
+    AttentionInterface.register(ATTN_NAME, bayesian_attention_forward)
+    AttentionMaskInterface.register(ATTN_NAME, eager_mask)
+
+
+def _mode(fam: AttentionPosterior | None) -> str:
+    if fam is None:
+        return "mean"
+    m = _current_mode_at_trace() if torch.compiler.is_compiling() else current_mode()
+    return "posterior" if m is None else m
+
+
+def _repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """``(B, Hkv, T, D)`` → ``(B, Hkv*n_rep, T, D)``, each kv head repeated ``n_rep`` times."""
+    if n_rep == 1:
+        return x
+    B, Hkv, T, D = x.shape
+    return x[:, :, None].expand(B, Hkv, n_rep, T, D).reshape(B, Hkv * n_rep, T, D)
+
+
+def _as_log_prior(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """transformers' mask (bool, True = attend; or additive float with the dtype's minimum for
+    masked keys) → log-prior with ``-inf`` on masked keys."""
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        return torch.zeros((), dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+    mask = mask.to(dtype)
+    return mask.masked_fill(mask <= torch.finfo(dtype).min / 2, float("-inf"))
+
+
+def bayesian_attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[Tensor, Tensor]:
+    """transformers attention-interface function.
+
+    Shape:
+        query ``(B, H, Tq, D)``, key/value ``(B, Hkv, Tk, D)``, attention_mask broadcastable to
+        ``(B, H, Tq, Tk)``; returns output ``(B, Tq, H, D)`` and weights ``(B, H, Tq, Tk)``.
+    """
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    n_rep = query.shape[1] // key.shape[1]
+    key, value = _repeat_kv(key, n_rep), _repeat_kv(value, n_rep)  # (B, H, Tk, D)
+    logits = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, Tq, Tk)
+    fam = getattr(module, _POSTERIOR_ATTR, None)
+    mode = _mode(fam)
+    if mode == "mean":  # transformers' eager attention, operation for operation
+        if attention_mask is not None:
+            if attention_mask.dtype == torch.bool:
+                logits = logits.masked_fill(~attention_mask, torch.finfo(logits.dtype).min)
+            else:
+                logits = logits + attention_mask
+        w = nn.functional.softmax(logits, dim=-1).type(value.dtype)
+    else:
+        lp = _as_log_prior(attention_mask, logits.dtype)
+        w = _sample_weights(fam, getattr(module, _SITE_ATTR, "latent"), mode, logits, lp, query,
+                            key)  # fmt: skip
+    w = nn.functional.dropout(w, p=dropout, training=module.training)
+    out = torch.matmul(w, value)  # (B, H, Tq, D)
+    return out.transpose(1, 2).contiguous(), w  # (B, Tq, H, D)
+
+
+def _sample_weights(
+    fam: AttentionPosterior,
+    site: str,
+    mode: str,
+    logits: Tensor,
+    log_prior: Tensor | None,
+    q: Tensor,
+    k: Tensor,
+) -> Tensor:
+    """Draw simplex weights ``(B, H, Tq, Tk)`` at Pyro site ``site`` (as the torch layer does)."""
+    lp_full = log_prior.expand_as(logits) if log_prior is not None else None
+    allowed = None if lp_full is None else BF.allowed_keys(logits + lp_full)
+    if mode == "prior":
+        d = fam.prior(lp_full, logits, key=k)
+    else:
+        d = fam.posterior(logits, lp_full, query=q)
+    if mode == "elbo":
+        latent = d.rsample()
+        col = current_kl_collector()
+        if col is not None:
+            col.add(site, fam.kl(d, fam.prior(lp_full, logits, key=k)).sum((-2, -1)))  # (B,)
+        return fam.to_weights(latent, allowed)
+    latent = pyro.sample(site, d.to_event(2))
+    w = fam.to_weights(latent, allowed)
+    if mode == "prior":
+        pyro.deterministic(site.rsplit(".", 1)[0] + ".weights", w, event_dim=3)
+    return w
+
+
+_DISPATCHES: dict[type, bool] = {}
+
+
+def _dispatches_through_interface(m: nn.Module) -> bool:
+    """True for modules whose ``forward`` calls transformers' attention interface."""
+    cls = type(m)
+    if cls not in _DISPATCHES:
+        try:
+            src = inspect.getsource(cls.forward)
+        except (OSError, TypeError):
+            src = ""
+        _DISPATCHES[cls] = "ALL_ATTENTION_FUNCTIONS" in src and hasattr(m, "config")
+    return _DISPATCHES[cls]
+
+
+def hf_attention_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """``{module path: module}`` for every attention module that dispatches through the
+    interface (converted or not)."""
+    return {n: m for n, m in model.named_modules() if _dispatches_through_interface(m)}
+
+
+def _heads(m: nn.Module) -> tuple[int, int]:
+    cfg = m.config
+    H = getattr(m, "num_heads", None) or getattr(m, "num_attention_heads", None)
+    H = H or cfg.num_attention_heads
+    D = getattr(m, "head_dim", None) or getattr(m, "attention_head_size", None)
+    D = D or cfg.hidden_size // H
+    return int(H), int(D)
+
+
+def convert_hf(
+    model: nn.Module,
+    posterior: str | AttentionPosterior | None = "dirichlet",
+    layers: str | list[int] | list[str] = "all",
+    **posterior_kwargs,
+) -> nn.Module:
+    """Make the attention of a transformers ``PreTrainedModel`` Bayesian, in place.
+
+    Args:
+        model: a transformers model whose attention modules use ``AttentionInterface``.
+        posterior: family name or an :class:`~bayesattn.posteriors.AttentionPosterior` (deep-copied
+            per module); ``None`` installs the deterministic function only.
+        layers: ``"all"``, ``"last"`` or module paths / indices into :func:`hf_attention_modules`.
+        posterior_kwargs: passed to :func:`~bayesattn.posteriors.get_posterior`.
+
+    Returns:
+        ``model``; its mean-mode output equals its own eager-attention output.
+    """
+    import copy
+
+    from .convert import _select
+
+    register()
+    mods = hf_attention_modules(model)
+    if not mods:
+        raise ValueError(
+            f"{type(model).__name__} has no attention module that dispatches through "
+            "transformers' AttentionInterface"
+        )
+    chosen = _select(layers, list(mods), model)
+    for path, m in mods.items():
+        if path not in chosen or posterior is None:
+            continue
+        H, D = _heads(m)
+        if isinstance(posterior, AttentionPosterior):
+            fam = copy.deepcopy(posterior)
+        elif isinstance(posterior, str):
+            fam = get_posterior(posterior, num_heads=H, head_dim=D, **posterior_kwargs)
+        else:
+            raise TypeError(f"posterior must be a name, an AttentionPosterior or None; got {posterior!r}")
+        ref = next(m.parameters())
+        setattr(m, _POSTERIOR_ATTR, fam.to(device=ref.device))
+        setattr(m, _SITE_ATTR, f"{path}.latent")
+    prev = getattr(model.config, "_attn_implementation", None)
+    if prev != ATTN_NAME:
+        setattr(model, _PREV_ATTR, prev)
+    model.set_attn_implementation(ATTN_NAME)
+    return model
+
+
+def unconvert_hf(model: nn.Module) -> nn.Module:
+    """Remove the posteriors and restore the model's previous attention implementation."""
+    for m in hf_attention_modules(model).values():
+        if hasattr(m, _POSTERIOR_ATTR):
+            delattr(m, _POSTERIOR_ATTR)
+        if hasattr(m, _SITE_ATTR):
+            delattr(m, _SITE_ATTR)
+    prev = getattr(model, _PREV_ATTR, None) or "eager"
+    model.set_attn_implementation(prev)
+    if hasattr(model, _PREV_ATTR):
+        delattr(model, _PREV_ATTR)
+    return model

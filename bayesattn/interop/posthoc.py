@@ -1,0 +1,293 @@
+r"""Post-hoc calibration of a trained model: freeze its weights, fit only the attention
+posteriors (and a temperature) by SVI on a calibration split, then draw the posterior predictive.
+
+The model's attention is made Bayesian first (:func:`bayesattn.convert` for
+``torch.nn.MultiheadAttention`` models, :func:`bayesattn.interop.hf.convert_hf` for Hugging Face
+models); every other parameter stays frozen. With attention weights :math:`w_b` of example
+:math:`b` (all layers), amortised posterior :math:`q_\phi(w_b\mid x_b)` and temperature
+:math:`T`, :func:`fit_posthoc` maximises the per-example ELBO
+
+.. math::
+
+    \frac1B\sum_{b}\Big(E_{q_\phi}\log\operatorname{softmax}\big(f(x_b, w_b)/T\big)_{y_b}
+    - \mathrm{KL}\big(q_\phi(w_b\mid x_b)\,\|\,p(w_b\mid x_b)\big)\Big)
+
+over :math:`\phi` and :math:`\log T` with reparameterised draws and analytic KL per layer (the
+one-pass ``"elbo"`` mode of :mod:`bayesattn.nn.modes`): stochastic variational inference with
+:math:`T` as a point estimate. The predictive is
+
+.. math::
+
+    p(y\mid x) \approx \frac1S\sum_s \operatorname{softmax}\big(f(x, w_s)/T\big),
+    \qquad w_s\sim q_\phi(w\mid x),
+
+drawn by :func:`sample_probs` (``(S, B, C)``), the one sampling step of this module.
+
+Inputs ``x`` are a tensor or a dict of tensors (e.g. ``input_ids``/``attention_mask``) with the
+batch along dim 0; ``forward(model, x)`` maps them to logits ``(B, C)`` (default ``model(x)``;
+for transformers ``lambda m, x: m(**x).logits``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .. import calibration as C
+from ..nn.attention import BayesianMultiheadAttention
+from ..nn.modes import attention_mode, collect_kl
+from ..nn.sampling import num_samples as _num_samples_ctx
+
+__all__ = [
+    "PosthocCalibration",
+    "posterior_parameters",
+    "freeze_for_posthoc",
+    "fit_posthoc",
+    "sample_probs",
+    "mean_probs",
+    "evaluate",
+]
+
+Inputs = Tensor | Mapping[str, Tensor]
+Forward = Callable[[nn.Module, Any], Tensor]
+
+
+def _default_forward(model: nn.Module, x: Inputs) -> Tensor:
+    return model(**x) if isinstance(x, Mapping) else model(x)
+
+
+def _batch_size(x: Inputs) -> int:
+    if isinstance(x, Mapping):
+        sizes = {k: int(v.shape[0]) for k, v in x.items()}
+        if len(set(sizes.values())) != 1:
+            raise ValueError(f"inputs must share their batch size (dim 0); got {sizes}")
+        return next(iter(sizes.values()))
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a Tensor or a dict of Tensors; got {type(x).__name__}")
+    return int(x.shape[0])
+
+
+def _take(x: Inputs, idx: Tensor | slice) -> Inputs:
+    return {k: v[idx] for k, v in x.items()} if isinstance(x, Mapping) else x[idx]
+
+
+def _repeat(x: Inputs, S: int) -> Inputs:
+    """Each example ``S`` times, sample-major: row ``s * B + b`` is example ``b``."""
+    def rep(v: Tensor) -> Tensor:
+        return v.repeat((S,) + (1,) * (v.dim() - 1))  # (S*B, ...)
+
+    return {k: rep(v) for k, v in x.items()} if isinstance(x, Mapping) else rep(x)
+
+
+def posterior_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters of every attention posterior family in ``model`` (torch or transformers)."""
+    params: list[nn.Parameter] = []
+    seen: set[int] = set()
+    for m in model.modules():
+        fam = m.posterior if isinstance(m, BayesianMultiheadAttention) else None
+        fam = fam if fam is not None else getattr(m, "bayesattn_posterior", None)
+        if fam is None:
+            continue
+        for p in fam.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    return params
+
+
+def freeze_for_posthoc(model: nn.Module) -> list[nn.Parameter]:
+    """``requires_grad=False`` on every parameter but the attention posteriors'; returns those."""
+    keep = posterior_parameters(model)
+    if not keep:
+        raise ValueError(
+            "model has no Bayesian attention with trainable posterior parameters: convert it first "
+            "(bayesattn.convert(model, posterior=...) or bayesattn.interop.hf.convert_hf)"
+        )
+    ids = {id(p) for p in keep}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in ids)
+    return keep
+
+
+@dataclass
+class PosthocCalibration:
+    """A model with fitted attention posteriors and temperature (see :func:`fit_posthoc`)."""
+
+    model: nn.Module
+    forward: Forward
+    log_temperature: Tensor
+    history: list[float] = field(default_factory=list)  # per-step negative ELBO per example
+
+    @property
+    def temperature(self) -> float:
+        return float(self.log_temperature.exp())
+
+    def sample_probs(self, x: Inputs, num_samples: int = 32, **kw) -> Tensor:
+        """Posterior-predictive probability samples ``(S, B, C)`` (see :func:`sample_probs`)."""
+        return sample_probs(
+            self.model, x, num_samples, forward=self.forward, temperature=self.temperature, **kw
+        )
+
+
+def fit_posthoc(
+    model: nn.Module,
+    x: Inputs,
+    y: Tensor,
+    *,
+    forward: Forward | None = None,
+    steps: int = 200,
+    lr: float = 0.03,
+    batch_size: int = 64,
+    fit_temperature: bool = True,
+    seed: int = 0,
+    progress: bool = False,
+) -> PosthocCalibration:
+    """Fit the attention posteriors (and ``log T``) of a converted, trained ``model`` by SVI on
+    the calibration split ``(x, y)``; all other weights are frozen (only the posteriors' parameters
+    and ``log T`` are given to the optimiser; ``requires_grad`` flags are restored afterwards) and
+    dropout is off.
+
+    Returns a :class:`PosthocCalibration`; ``history`` holds the negative ELBO per example.
+    """
+    fwd = forward or _default_forward
+    n = _batch_size(x)
+    if not isinstance(y, Tensor) or y.dim() != 1 or y.shape[0] != n:
+        raise ValueError(f"y must be a 1-D label tensor of length {n}; got {getattr(y, 'shape', y)}")
+    for name, v in (("steps", steps), ("batch_size", batch_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int; got {v!r}")
+    if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
+        raise ValueError(f"lr must be a positive finite float; got {lr!r}")
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    params = freeze_for_posthoc(model)
+    trainable = {id(p) for p in params}
+    ref = params[0]
+    log_t = torch.zeros((), device=ref.device, dtype=ref.dtype, requires_grad=fit_temperature)
+    opt = torch.optim.Adam(params + ([log_t] if fit_temperature else []), lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    history: list[float] = []
+    it = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(it, desc="post-hoc SVI")
+    for _ in it:
+        idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
+        xb, yb = _take(x, idx), y[idx].to(ref.device)
+        with collect_kl() as col:
+            logits = fwd(model, xb)  # (B, C)
+            kl = col.total()  # (B,) or 0.0
+        nll = nn.functional.cross_entropy(logits / log_t.exp(), yb, reduction="none")  # (B,)
+        loss = (nll + kl).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        history.append(float(loss.detach()))
+    # Pyro's param store turns requires_grad back on for PyroModule parameters it registers:
+    # the frozen weights never reach the optimiser, and their flags and grads are restored here
+    for p, flag in flags:
+        if id(p) not in trainable:
+            p.grad = None
+        p.requires_grad_(flag)
+    model.train(was_training)
+    return PosthocCalibration(model, fwd, log_t.detach(), history)
+
+
+@torch.no_grad()
+def sample_probs(
+    model: nn.Module,
+    x: Inputs,
+    num_samples: int = 32,
+    *,
+    forward: Forward | None = None,
+    temperature: float = 1.0,
+    method: str = "repeat",
+    batch_size: int = 4096,
+) -> Tensor:
+    """Posterior-predictive probability samples ``softmax(f(x, w_s)/T)``, ``w_s ~ q(w|x)``.
+
+    ``method="repeat"`` (batched repetition, any model): each example is repeated ``S`` times in
+    the batch, so every copy draws its own attention weights in one ordinary forward pass (rows of
+    at most ``batch_size``). ``method="vectorised"``: one pass under
+    :func:`bayesattn.num_samples` for models whose other operations broadcast over a leading
+    sample dim (they must return ``(S, B, C)``).
+
+    Shape:
+        returns ``(S, B, C)``.
+    """
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive int; got {num_samples!r}")
+    if method not in ("repeat", "vectorised"):
+        raise ValueError(f"method must be 'repeat' or 'vectorised'; got {method!r}")
+    fwd = forward or _default_forward
+    S, B = num_samples, _batch_size(x)
+    was_training = model.training
+    model.eval()
+    try:
+        with attention_mode("posterior"):
+            if method == "vectorised":
+                with _num_samples_ctx(S):
+                    logits = fwd(model, x)  # (S, B, C)
+                if logits.dim() != 3 or tuple(logits.shape[:2]) != (S, B):
+                    raise ValueError(
+                        f"vectorised sampling needs a model that returns (S, B, C) = ({S}, {B}, "
+                        f"C); got {tuple(logits.shape)}: use method='repeat'"
+                    )
+            else:
+                per = max(1, batch_size // S)  # examples per pass
+                chunks = []
+                for i in range(0, B, per):
+                    xb = _take(x, slice(i, i + per))
+                    b = _batch_size(xb)
+                    out = fwd(model, _repeat(xb, S))  # (S*b, C)
+                    chunks.append(out.reshape(S, b, -1))  # (S, b, C)
+                logits = torch.cat(chunks, dim=1)  # (S, B, C)
+    finally:
+        model.train(was_training)
+    return torch.softmax(logits.float() / temperature, dim=-1)
+
+
+@torch.no_grad()
+def mean_probs(
+    model: nn.Module, x: Inputs, *, forward: Forward | None = None, temperature: float = 1.0
+) -> Tensor:
+    """Deterministic (posterior-mean attention) probabilities ``(1, B, C)``: the model as trained."""
+    fwd = forward or _default_forward
+    was_training = model.training
+    model.eval()
+    try:
+        with attention_mode("mean"):
+            logits = fwd(model, x)  # (B, C)
+    finally:
+        model.train(was_training)
+    return torch.softmax(logits.float() / temperature, dim=-1).unsqueeze(0)
+
+
+def evaluate(
+    probs: Tensor, y: Tensor, probs_ood: Tensor | None = None, n_bins: int = 15
+) -> dict[str, float]:
+    """Accuracy, ECE, NLL, Brier of the predictive mean of ``probs`` ``(S, B, C)`` against ``y``,
+    and OOD AUROC (predictive entropy as the score) when ``probs_ood`` ``(S, B', C)`` is given."""
+    if probs.dim() != 3:
+        raise ValueError(f"probs must be (S, B, C); got shape {tuple(probs.shape)}")
+    p = probs.mean(0).double()  # (B, C)
+    out = {
+        "accuracy": C.accuracy(p, y),
+        "ece": C.expected_calibration_error(p, y, n_bins=n_bins),
+        "nll": C.negative_log_likelihood(p, y),
+        "brier": C.brier_score(p, y),
+    }
+    if probs_ood is not None:
+        if probs_ood.dim() != 3:
+            raise ValueError(f"probs_ood must be (S, B, C); got shape {tuple(probs_ood.shape)}")
+        h_in = C.predictive_entropy(p)
+        h_out = C.predictive_entropy(probs_ood.mean(0).double())
+        out["ood_auroc"] = C.ood_auroc(h_in, h_out)
+    return out

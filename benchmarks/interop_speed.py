@@ -1,0 +1,107 @@
+"""Speed of a torch model after ``bayesattn.convert``, against the same model unconverted.
+
+One process, candidates timed alternately (median ms), ratios against torch (lower is better):
+
+* ``convert`` (deterministic drop-in, uniform prior): torch's encoder layers keep their fused fast
+  path in eval under ``no_grad``; with gradients both run the ordinary path;
+* ``convert(posterior="dirichlet")`` in ``"mean"`` mode: torch's fast path is off (our ``forward``
+  must run), so the price of being Bayesian-capable at inference;
+* the same in ``"posterior"`` mode, and the posterior predictive of ``S`` samples by batched
+  repetition vs vectorised (``bayesattn.num_samples``), each against ``S`` torch passes.
+
+Usage: python benchmarks/interop_speed.py [--quick] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+from torch import nn
+
+import bayesattn
+from bayesattn import attention_mode
+from bayesattn.interop import posthoc
+
+
+def interleaved(fns: dict, repeats: int) -> dict:
+    for f in fns.values():
+        f()
+    acc = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            acc[k].append(time.perf_counter() - t0)
+    return {k: 1e3 * statistics.median(v) for k, v in acc.items()}
+
+
+class Classifier(nn.Module):
+    def __init__(self, d: int, h: int, layers: int) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d, h, 4 * d, 0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x).mean(-2))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    B, T, D, H, L, S = (8, 16, 32, 4, 2, 8) if args.quick else (32, 64, 64, 4, 4, 16)
+    reps = 5 if args.quick else 30
+    ref = Classifier(D, H, L).eval()
+    det = bayesattn.convert(copy.deepcopy(ref))
+    bay = bayesattn.convert(copy.deepcopy(ref), posterior="dirichlet")
+    x = torch.randn(B, T, D)
+    print(f"B={B} T={T} d={D} heads={H} layers={L} S={S} threads={args.threads}")
+
+    with torch.no_grad():
+        def bay_mean():
+            with attention_mode("mean"):
+                bay(x)
+
+        r = interleaved(
+            {"torch": lambda: ref(x), "convert": lambda: det(x), "bayes mean": bay_mean,
+             "bayes posterior": lambda: bay(x)},
+            reps,
+        )  # fmt: skip
+    print("\ninference (eval, no_grad), ms and ratio to torch:")
+    for k, v in r.items():
+        print(f"  {k:18s} {v:8.3f} ms  x{v / r['torch']:.2f}")
+
+    def fb(m):
+        return lambda: m(x).sum().backward()
+
+    r = interleaved({"torch": fb(ref), "convert": fb(det)}, reps)
+    print("\nforward+backward (ordinary path for both):")
+    for k, v in r.items():
+        print(f"  {k:18s} {v:8.3f} ms  x{v / r['torch']:.2f}")
+
+    with torch.no_grad():
+        def torch_s():
+            for _ in range(S):
+                ref(x)
+
+        r = interleaved(
+            {"torch x S": torch_s,
+             "repeat": lambda: posthoc.sample_probs(bay, x, S, method="repeat"),
+             "vectorised": lambda: posthoc.sample_probs(bay, x, S, method="vectorised")},
+            max(3, reps // 3),
+        )  # fmt: skip
+    print(f"\nposterior predictive, {S} samples (vs {S} deterministic torch passes):")
+    for k, v in r.items():
+        print(f"  {k:18s} {v:8.3f} ms  x{v / r['torch x S']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

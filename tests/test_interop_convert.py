@@ -1,0 +1,168 @@
+"""bayesattn.convert / unconvert on models written with plain torch, and num_samples from outside."""
+
+from __future__ import annotations
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro import poutine
+from pyro.infer import SVI, Trace_ELBO
+from torch import nn
+
+import bayesattn
+from bayesattn import BayesianMultiheadAttention, attention_mode
+from bayesattn.interop import bayesian_attention_modules, convert, unconvert
+from bayesattn.posteriors import DirichletWeights
+from bayesattn.priors import DistanceDecayPrior
+
+E, H = 16, 4
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    pyro.clear_param_store()
+
+
+class TinyViT(nn.Module):
+    """A model we 'did not write': blocks of torch layers in a plain ModuleList, cross-attention
+    from a class token, kdim/vdim attention."""
+
+    def __init__(self, depth: int = 3) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(E, H, 32, 0.0, batch_first=True) for _ in range(depth)
+        )
+        self.pool = nn.MultiheadAttention(E, H, batch_first=True, kdim=8, vdim=8)
+        self.to_kv = nn.Linear(E, 8)
+        self.cls = nn.Parameter(torch.randn(1, 1, E))
+        self.head = nn.Linear(E, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (…, B, T, E) → (…, B, 3)
+        for b in self.blocks:
+            x = b(x)
+        kv = self.to_kv(x)
+        cls = self.cls.expand(x.shape[:-2] + (1, E))
+        return self.head(self.pool(cls, kv, kv, need_weights=False)[0][..., 0, :])
+
+
+def _sites(model, *args) -> list[str]:
+    tr = poutine.trace(model).get_trace(*args)
+    return [n for n, s in tr.nodes.items() if s["type"] == "sample"]
+
+
+def test_convert_keeps_weights_and_mean_outputs_and_names_sites_by_path():
+    model = TinyViT().eval()
+    x = torch.randn(4, 6, E)
+    want = model(x)
+    with torch.no_grad():
+        want_fast = model(x)  # torch's fast path
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    convert(model, posterior="dirichlet")
+    assert all(
+        isinstance(m, BayesianMultiheadAttention)
+        for n, m in model.named_modules()
+        if n.endswith(("self_attn", "pool"))
+    )
+    new_state = model.state_dict()
+    for k, v in state.items():
+        torch.testing.assert_close(new_state[k], v, rtol=0, atol=0)
+    with attention_mode("mean"):
+        torch.testing.assert_close(model(x), want, atol=1e-5, rtol=0)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), want_fast, atol=1e-5, rtol=0)
+    names = _sites(model, x)
+    assert names == [f"blocks.{i}.self_attn.latent" for i in range(3)] + ["pool.latent"]
+    fams = [m.posterior for m in bayesian_attention_modules(model).values()]
+    assert len({id(f) for f in fams}) == 4  # one posterior per layer, never shared
+
+
+def test_converted_foreign_model_trains_with_pyro_svi():
+    model = TinyViT(depth=2).eval()
+    convert(model, posterior="dirichlet", layers=[0, 1])  # the two encoder layers only
+    assert isinstance(model.pool, BayesianMultiheadAttention) is False
+    x, y = torch.randn(8, 5, E), torch.randint(0, 3, (8,))
+
+    def pmodel(x, y):
+        with attention_mode("prior"), pyro.plate("data", x.shape[0]):
+            pyro.sample("obs", dist.Categorical(logits=model(x)), obs=y)
+
+    def guide(x, y):
+        with attention_mode("posterior"), pyro.plate("data", x.shape[0]):
+            model(x)
+
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    # Pyro registers every PyroModule parameter (requires_grad switched back on): the optimiser
+    # must leave the network's weights alone by name
+    def lr(name, param):
+        return {"lr": 0.05 if "posterior" in name else 0.0}
+
+    svi = SVI(pmodel, guide, pyro.optim.Adam(lr), Trace_ELBO())
+    losses = [svi.step(x, y) for _ in range(3)]
+    assert all(torch.isfinite(torch.tensor(losses)))
+    store = set(pyro.get_param_store().keys())  # registered by module path, no clashes
+    assert {f"blocks.{i}.self_attn.posterior$$$log_concentration" for i in range(2)} <= store
+    after = model.state_dict()
+    for k, v in before.items():
+        moved = not torch.equal(after[k], v)
+        assert moved == k.endswith("posterior.log_concentration"), k
+
+
+def test_layer_selection_prior_and_errors():
+    model = TinyViT()
+    convert(model, posterior="dirichlet", layers="last")
+    assert list(bayesian_attention_modules(model)) == ["pool"]
+    model = TinyViT()
+    convert(model, posterior=DirichletWeights(num_heads=H), layers=["blocks.1.self_attn"])
+    assert list(bayesian_attention_modules(model)) == ["blocks.1.self_attn"]
+    assert type(model.blocks[0].self_attn) is nn.MultiheadAttention
+    model = TinyViT()
+    convert(model, prior=DistanceDecayPrior(H), layers=lambda path, m: path.startswith("blocks"))
+    priors = [model.blocks[i].self_attn.prior for i in range(3)]
+    assert all(isinstance(p, DistanceDecayPrior) for p in priors) and priors[0] is not priors[1]
+    with pytest.raises(ValueError, match="no torch.nn.MultiheadAttention"):
+        convert(nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="out of range"):
+        convert(TinyViT(), layers=[7])
+    with pytest.raises(ValueError, match="not an attention module"):
+        convert(TinyViT(), layers=["head"])
+    with pytest.raises(TypeError, match="nn.Module"):
+        convert("model")
+    single = convert(nn.MultiheadAttention(E, H), posterior="dirichlet")
+    assert isinstance(single, BayesianMultiheadAttention) and single.is_bayesian
+
+
+def test_unconvert_round_trip_is_plain_torch():
+    model = TinyViT().eval()
+    x = torch.randn(2, 5, E)
+    want = model(x)
+    unconvert(convert(model, posterior="weibull"))
+    assert not any(isinstance(m, BayesianMultiheadAttention) for m in model.modules())
+    assert sum(type(m) is nn.MultiheadAttention for m in model.modules()) == 4
+    torch.testing.assert_close(model(x), want, atol=1e-6, rtol=0)
+    with pytest.raises(TypeError, match="UniformPrior"):
+        unconvert(convert(TinyViT(), prior=DistanceDecayPrior(H)))
+
+
+def test_num_samples_reaches_layers_of_a_foreign_model():
+    model = convert(TinyViT().eval(), posterior="dirichlet")
+    x = torch.randn(3, 5, E)
+    with torch.no_grad():
+        with bayesattn.num_samples(7):
+            out = model(x)  # first layer adds S; later layers draw one weight per sample
+        assert out.shape == (7, 3, 3)
+        assert (out[0] - out[1]).abs().max() > 0  # distinct draws
+        with bayesattn.num_samples(7), attention_mode("mean"):
+            assert model(x).shape == (3, 3)  # mean mode draws nothing
+    with pytest.raises(ValueError, match="num_samples"):
+        with bayesattn.num_samples(0):
+            pass
+    # batch_first=False layers carry the sample dim too: (S, T, B, E)
+    mha = convert(nn.MultiheadAttention(E, H), posterior="dirichlet")
+    q = torch.randn(5, 2, E)
+    with bayesattn.num_samples(4):
+        y, w = mha(q, q, q)
+    assert y.shape == (4, 5, 2, E) and w.shape == (4, 2, 5, 5)
+    y2, _ = mha(y, y, y)  # already sampled input: one draw per sample
+    assert y2.shape == (4, 5, 2, E)

@@ -1,0 +1,159 @@
+"""Bayesian attention in Hugging Face models through transformers' AttentionInterface."""
+
+from __future__ import annotations
+
+import pyro
+import pytest
+import torch
+from pyro import poutine
+
+from bayesattn import attention_mode
+from bayesattn.nn.modes import collect_kl
+
+transformers = pytest.importorskip("transformers")
+from bayesattn.interop.hf import (  # noqa: E402
+    ATTN_NAME,
+    convert_hf,
+    hf_attention_modules,
+    unconvert_hf,
+)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    pyro.clear_param_store()
+
+
+def _pad_mask():
+    return torch.tensor([[1] * 7, [1] * 5 + [0] * 2, [1] * 3 + [0] * 4])
+
+
+def _bert():
+    cfg = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        vocab_size=50, attn_implementation="eager",
+    )  # fmt: skip
+    return transformers.BertModel(cfg), dict(
+        input_ids=torch.randint(0, 50, (3, 7)), attention_mask=_pad_mask()
+    )
+
+
+def _vit():
+    cfg = transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        image_size=16, patch_size=4, num_channels=3, attn_implementation="eager",
+    )  # fmt: skip
+    return transformers.ViTModel(cfg), dict(pixel_values=torch.randn(2, 3, 16, 16))
+
+
+def _gpt2():
+    cfg = transformers.GPT2Config(
+        n_embd=32, n_layer=2, n_head=4, vocab_size=50, n_positions=32, bos_token_id=0,
+        eos_token_id=0, attn_implementation="eager",
+    )  # fmt: skip
+    return transformers.GPT2LMHeadModel(cfg), dict(
+        input_ids=torch.randint(0, 50, (3, 7)), attention_mask=_pad_mask()
+    )
+
+
+def _llama():  # grouped-query attention: 4 query heads, 2 key/value heads
+    cfg = transformers.LlamaConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, vocab_size=50, attn_implementation="eager",
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(cfg), dict(
+        input_ids=torch.randint(0, 50, (3, 7)), attention_mask=_pad_mask()
+    )
+
+
+PATHS = {
+    "bert": "encoder.layer.{}.attention.self",
+    "vit": None,
+    "gpt2": "transformer.h.{}.attn",
+    "llama": "model.layers.{}.self_attn",
+}
+
+
+def _valid(out: torch.Tensor, name: str, inputs: dict) -> torch.Tensor:
+    """Compare only positions that are not padding (their values are arbitrary in any model)."""
+    if "attention_mask" in inputs and name in ("gpt2", "llama"):
+        return out[inputs["attention_mask"].bool()]
+    return out
+
+
+@pytest.mark.parametrize("name, build", [("bert", _bert), ("vit", _vit), ("gpt2", _gpt2), ("llama", _llama)])  # fmt: skip
+def test_mean_mode_is_the_models_own_output_and_sites_are_per_layer(name, build):
+    model, inputs = build()
+    model.eval()
+    with torch.no_grad():
+        want = model(**inputs)[0]
+    n_params = sum(p.numel() for p in model.parameters())
+    convert_hf(model, posterior="dirichlet")
+    assert model.config._attn_implementation == ATTN_NAME
+    mods = hf_attention_modules(model)
+    assert len(mods) == 2
+    fams = [m.bayesattn_posterior for m in mods.values()]
+    assert fams[0] is not fams[1]  # each attention module owns its posterior
+    assert sum(p.numel() for p in model.parameters()) == n_params + sum(
+        p.numel() for f in fams for p in f.parameters()
+    )
+    assert any("bayesattn_posterior" in k for k in model.state_dict())
+    with torch.no_grad():
+        with attention_mode("mean"):
+            torch.testing.assert_close(model(**inputs)[0], want, rtol=0, atol=0)
+        tr = poutine.trace(lambda: model(**inputs)).get_trace()
+        sampled = model(**inputs)[0]
+    sites = [n for n, s in tr.nodes.items() if s["type"] == "sample"]
+    assert sites == [f"{p}.latent" for p in mods]
+    if PATHS[name]:
+        assert sites == [PATHS[name].format(i) + ".latent" for i in range(2)]
+    assert (_valid(sampled, name, inputs) - _valid(want, name, inputs)).abs().max() > 1e-4
+    unconvert_hf(model)
+    assert model.config._attn_implementation == "eager"
+    assert not any("bayesattn" in k for k in model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs)[0], want, rtol=0, atol=0)
+
+
+def test_sampled_weights_respect_padding_and_causality():
+    model, inputs = _gpt2()
+    convert_hf(model.eval(), posterior="dirichlet")
+    out = model(**inputs, output_attentions=True)
+    w = out.attentions[0]  # (B, H, T, T) sampled weights
+    torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-5, rtol=0)
+    assert (w.triu(1) == 0).all()  # causal
+    assert (w[1, :, :, 5:] == 0).all()  # padded keys of example 1
+
+
+def test_elbo_mode_collects_one_kl_per_layer_and_grads_reach_posteriors():
+    model, inputs = _bert()
+    convert_hf(model.eval(), posterior="logistic_normal", layers="last")
+    mods = hf_attention_modules(model)
+    assert [hasattr(m, "bayesattn_posterior") for m in mods.values()] == [False, True]
+    with collect_kl() as col:
+        out = model(**inputs)[0]
+    assert list(col.terms) == ["encoder.layer.1.attention.self.latent"]
+    (out.sum() + col.total().sum()).backward()
+    fam = mods["encoder.layer.1.attention.self"].bayesattn_posterior
+    assert all(p.grad is not None for p in fam.parameters())
+    with pytest.raises(ValueError, match="AttentionInterface"):
+        convert_hf(torch.nn.Linear(2, 2))
+
+
+def test_default_sdpa_model_round_trip():
+    cfg = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        vocab_size=50,
+    )  # fmt: skip
+    model = transformers.BertModel(cfg).eval()
+    assert model.config._attn_implementation == "sdpa"
+    ids = torch.randint(0, 50, (2, 7))
+    with torch.no_grad():
+        want = model(input_ids=ids)[0]
+        convert_hf(model)
+        with attention_mode("mean"):  # eager maths against torch's fused SDPA: rounding only
+            torch.testing.assert_close(model(input_ids=ids)[0], want, atol=1e-5, rtol=0)
+        unconvert_hf(model)
+        assert model.config._attn_implementation == "sdpa"
+        torch.testing.assert_close(model(input_ids=ids)[0], want, atol=0, rtol=0)

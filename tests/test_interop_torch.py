@@ -1,0 +1,281 @@
+"""The torch contract of BayesianMultiheadAttention inside torch's own layers, and the blocks'
+torch signature. Every check compares with torch itself."""
+
+from __future__ import annotations
+
+import inspect
+
+import pyro
+import pytest
+import torch
+from torch import nn
+
+from bayesattn import BayesianMultiheadAttention as BMHA
+from bayesattn import DecoderLayer, EncoderLayer, attention_mode
+from bayesattn.nn.attention import _own_forward_guard
+from bayesattn.priors import DistanceDecayPrior
+
+E, H = 16, 4
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    pyro.clear_param_store()
+
+
+def _twin(batch_first=True, **kw):
+    ref = nn.MultiheadAttention(E, H, batch_first=batch_first).eval()
+    ours = BMHA(E, H, batch_first=batch_first, **kw).eval()
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def _swap_attention(model: nn.Module, **kw) -> nn.Module:
+    """Replace every nn.MultiheadAttention by ours by hand (independent of bayesattn.convert)."""
+    for name, m in list(model.named_modules()):
+        if type(m) is nn.MultiheadAttention:
+            new = BMHA(m.embed_dim, m.num_heads, m.dropout, batch_first=m.batch_first, **kw)
+            new.load_state_dict(m.state_dict())
+            parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+            setattr(parent, name.rsplit(".", 1)[-1], new)
+    return model
+
+
+def test_merge_masks_matches_torch():
+    ref, ours = _twin()
+    x = torch.randn(3, 5, E)
+    kpm = torch.zeros(3, 5, dtype=torch.bool)
+    kpm[1, 3:] = True
+    am2 = torch.randn(5, 5)
+    am3 = torch.randn(3 * H, 5, 5)
+    for am, kp in [(None, None), (None, kpm), (am2, None), (am3, None), (am2, kpm), (am3, kpm)]:
+        a, b = ours.merge_masks(am, kp, x), ref.merge_masks(am, kp, x)
+        assert a[1] == b[1]
+        if b[0] is None:
+            assert a[0] is None
+        else:
+            torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_inside_torch_encoder_layer_on_and_off_the_fast_path(norm_first):
+    ref = nn.TransformerEncoderLayer(E, H, 32, 0.0, batch_first=True, norm_first=norm_first)
+    ours = _swap_attention(
+        nn.TransformerEncoderLayer(E, H, 32, 0.0, batch_first=True, norm_first=norm_first)
+    )
+    ours.load_state_dict(ref.state_dict())
+    ref.eval(), ours.eval()
+    x = torch.randn(3, 6, E)
+    kpm = torch.zeros(3, 6, dtype=torch.bool)
+    kpm[0, 4:] = True
+    cm = nn.Transformer.generate_square_subsequent_mask(6)
+    for kw in [{}, dict(src_key_padding_mask=kpm), dict(src_mask=cm), dict(src_mask=cm, src_key_padding_mask=kpm)]:  # fmt: skip
+        with torch.no_grad():  # fast path (merge_masks)
+            torch.testing.assert_close(ours(x, **kw), ref(x, **kw), atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours(x, **kw), ref(x, **kw), atol=1e-5, rtol=0)  # slow path
+
+
+def test_bayesian_layer_keeps_torch_layer_off_its_fast_path():
+    layer = _swap_attention(nn.TransformerEncoderLayer(E, H, 32, 0.0, batch_first=True)).eval()
+    attn = layer.self_attn
+    assert _own_forward_guard not in attn._forward_pre_hooks.values()  # plain: fast path allowed
+    x = torch.randn(2, 5, E)
+    with torch.no_grad():
+        det = layer(x)
+        attn.posterior = "dirichlet" and __import__("bayesattn").DirichletWeights(num_heads=H)
+        assert _own_forward_guard in attn._forward_pre_hooks.values()
+        with attention_mode("mean"):
+            torch.testing.assert_close(layer(x), det, atol=1e-5, rtol=0)
+        assert (layer(x) - det).abs().max() > 1e-3  # sampled: our forward ran
+        attn.posterior = None
+        assert _own_forward_guard not in attn._forward_pre_hooks.values()
+        attn.prior = DistanceDecayPrior(H)  # a prior torch's kernel cannot compute
+        assert (layer(x) - det).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("posterior", [None, "dirichlet"])
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_nn_transformer_eval_no_grad(batch_first, posterior):
+    ref = nn.Transformer(E, H, 2, 2, 32, 0.0, batch_first=batch_first).eval()
+    ours = nn.Transformer(E, H, 2, 2, 32, 0.0, batch_first=batch_first)
+    ours.load_state_dict(ref.state_dict())
+    _swap_attention(ours, posterior=posterior).eval()
+    B, S, T = 3, 7, 5
+    src = torch.randn(B, S, E) if batch_first else torch.randn(S, B, E)
+    tgt = torch.randn(B, T, E) if batch_first else torch.randn(T, B, E)
+    kpm = torch.zeros(B, S, dtype=torch.bool)
+    kpm[1, 5:] = True  # left-aligned padding: torch's encoder turns src into a NestedTensor
+    tm = nn.Transformer.generate_square_subsequent_mask(T)
+    kw = dict(tgt_mask=tm, tgt_is_causal=True, src_key_padding_mask=kpm, memory_key_padding_mask=kpm)
+    with torch.no_grad(), attention_mode("mean"):
+        out, want = ours(src, tgt, **kw), ref(src, tgt, **kw)
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours(src, tgt), ref(src, tgt), atol=1e-5, rtol=0)
+
+
+def test_nested_tensor_inputs_match_torch_fast_path():
+    ref, ours = _twin(posterior="dirichlet")
+    nt = torch.nested.nested_tensor([torch.randn(3, E), torch.randn(5, E)])
+    with torch.no_grad():
+        want = ref(nt, nt, nt, need_weights=False)[0]
+        with attention_mode("mean"):
+            got = ours(nt, nt, nt, need_weights=False)[0]
+        assert got.is_nested
+        for a, b in zip(got.unbind(), want.unbind(), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+        sampled = ours(nt, nt, nt, need_weights=False)[0]
+    assert [t.shape for t in sampled.unbind()] == [t.shape for t in want.unbind()]
+    with pytest.raises(ValueError, match="NestedTensor"):
+        ours(nt, nt, nt, key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="batch_first"):
+        BMHA(E, H)(nt, nt, nt)
+
+
+def test_is_causal_rules_are_torchs():
+    ref, ours = _twin()
+    ref.train(), ours.train()  # torch's slow path applies the rules (dropout is 0)
+    x = torch.randn(2, 5, E)
+    not_causal = torch.zeros(5, 5, dtype=torch.bool)
+    not_causal[0, 1] = True  # deliberately not a causal mask
+    kpm = torch.zeros(2, 5, dtype=torch.bool)
+    kpm[1, 4] = True
+    for m in (ref, ours):
+        with pytest.raises(RuntimeError, match="Need attn_mask"):
+            m(x, x, x, is_causal=True)
+    cases = [
+        dict(attn_mask=not_causal, is_causal=True, need_weights=False),  # hint wins
+        dict(attn_mask=not_causal, is_causal=True, need_weights=True),  # mask wins
+        dict(attn_mask=not_causal, is_causal=True, key_padding_mask=kpm, need_weights=False),
+    ]
+    for kw in cases:
+        torch.testing.assert_close(ours(x, x, x, **kw)[0], ref(x, x, x, **kw)[0], atol=1e-5, rtol=0)
+
+
+def test_dtype_rules_follow_torch():
+    ref, ours = _twin()
+    ref.double(), ours.double()
+    for m in (ref, ours):
+        m.in_proj_bias.data = m.in_proj_bias.data.half()  # torch's fused kernel casts it
+    x = torch.randn(2, 4, E, dtype=torch.double)
+    with torch.no_grad():
+        want = ref(x, x, x, need_weights=False)[0]
+        got = ours(x, x, x, need_weights=False)[0]
+    assert got.dtype == torch.double
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=0)  # the bias was rounded to half
+    for m in (ref, ours):
+        m.out_proj.bias.data = m.out_proj.bias.data.half()  # torch refuses this one
+        with pytest.raises(RuntimeError, match="dtype"):
+            m(x, x, x)
+    ref, ours = _twin()
+    for m in (ref, ours):  # float input to double weights: both refuse
+        with pytest.raises(RuntimeError, match="dtype"):
+            m.double()(x.float(), x.float(), x.float())
+
+
+def test_torchscript_scripts_the_mean_layer():
+    ref, ours = _twin(posterior="dirichlet")
+    x = torch.randn(2, 5, E)
+    scripted = torch.jit.script(ours)
+    torch.testing.assert_close(scripted(x, x, x)[0], ref(x, x, x)[0], atol=1e-6, rtol=0)
+    layer = nn.TransformerEncoderLayer(E, H, 32, 0.0, batch_first=True).eval()
+    want = layer(x)
+    _swap_attention(layer, posterior="dirichlet")
+    torch.testing.assert_close(torch.jit.script(layer)(x), want, atol=1e-5, rtol=0)
+    with pytest.raises(TypeError, match="UniformPrior"):
+        torch.jit.script(BMHA(E, H, prior=DistanceDecayPrior(H)))
+
+
+class _Wrap(nn.Module):
+    def __init__(self, m: nn.Module) -> None:
+        super().__init__()
+        self.m = m
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.m(x, x, x, need_weights=False)[0]
+
+
+def test_compile_fullgraph_and_export_in_mean_mode_with_validation_on():
+    ref, ours = _twin(posterior="dirichlet")
+    x = torch.randn(2, 5, E)
+    want = ref(x, x, x)[0]
+    with pyro.validation_enabled(True), attention_mode("mean"):
+        torch._dynamo.reset()
+        compiled = torch.compile(_Wrap(ours), fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(x), want, atol=1e-5, rtol=0)
+        ep = torch.export.export(_Wrap(ours), (x,))
+        torch.testing.assert_close(ep.module()(x), want, atol=1e-5, rtol=0)
+        bad = x.clone()
+        bad[0, 0, 0] = float("nan")
+        with pytest.raises(RuntimeError, match="finite"):  # validation lives in the graph
+            ep.module()(bad)
+        layer = nn.TransformerEncoderLayer(E, H, 32, 0.0, batch_first=True).eval()
+        want = layer(x)
+        _swap_attention(layer, posterior="dirichlet")  # inside torch's own layer
+        compiled = torch.compile(layer, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(x), want, atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------
+# blocks: torch's arguments in torch's positional order
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ours_cls, torch_cls",
+    [(EncoderLayer, nn.TransformerEncoderLayer), (DecoderLayer, nn.TransformerDecoderLayer)],
+)
+def test_block_signatures_are_torchs(ours_cls, torch_cls):
+    mine = list(inspect.signature(ours_cls.__init__).parameters.values())
+    theirs = list(inspect.signature(torch_cls.__init__).parameters.values())
+    positional = [p for p in mine if p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert [p.name for p in positional] == [p.name for p in theirs]
+    for a, b in zip(positional, theirs, strict=True):
+        if a.name != "activation":  # torch's default is the function F.relu, ours "relu"
+            assert a.default == b.default, a.name
+    fwd_mine = list(inspect.signature(ours_cls.forward).parameters)
+    assert fwd_mine == list(inspect.signature(torch_cls.forward).parameters)
+
+
+# (d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first,
+# bias), passed positionally to both
+_POSITIONAL = [
+    (E, H, 32, 0.0, "relu", 1e-5),
+    (E, H, 32, 0.0, "gelu", 1e-6, True),
+    (E, H, 32, 0.0, "relu", 1e-5, False, True),
+    (E, H, 32, 0.0, "gelu", 1e-5, True, True, False),
+]
+
+
+@pytest.mark.parametrize("args", _POSITIONAL)
+def test_encoder_layer_positional_parity(args):
+    ref = nn.TransformerEncoderLayer(*args).eval()
+    ours = EncoderLayer(*args).eval()
+    ours.load_state_dict(ref.state_dict())
+    bf = len(args) > 6 and args[6]
+    x = torch.randn(3, 5, E)  # (B, T, E) if batch_first else (T, B, E)
+    kpm = torch.zeros(3 if bf else 5, 5 if bf else 3, dtype=torch.bool)
+    kpm[0, -1] = True
+    for kw in [{}, dict(src_key_padding_mask=kpm.T if not bf else kpm)]:
+        if not bf:
+            kw = {k: torch.zeros(3, 3, dtype=torch.bool) | v.T[:3, :3] for k, v in kw.items()}
+            x = torch.randn(3, 3, E)
+        torch.testing.assert_close(ours(x, **kw), ref(x, **kw), atol=1e-5, rtol=0)
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x, **kw), ref(x, **kw), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("args", _POSITIONAL)
+def test_decoder_layer_positional_parity(args):
+    ref = nn.TransformerDecoderLayer(*args).eval()
+    ours = DecoderLayer(*args).eval()
+    ours.load_state_dict(ref.state_dict())
+    bf = len(args) > 6 and args[6]
+    tgt = torch.randn(2, 4, E) if bf else torch.randn(4, 2, E)
+    mem = torch.randn(2, 6, E) if bf else torch.randn(6, 2, E)
+    cm = nn.Transformer.generate_square_subsequent_mask(4)
+    mkpm = torch.zeros(2, 6, dtype=torch.bool)
+    mkpm[1, 4:] = True
+    kw = dict(tgt_mask=cm, tgt_is_causal=True, memory_key_padding_mask=mkpm)
+    torch.testing.assert_close(ours(tgt, mem, **kw), ref(tgt, mem, **kw), atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours(tgt, mem), ref(tgt, mem), atol=1e-5, rtol=0)
