@@ -39,7 +39,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -339,11 +339,106 @@ class PredictionResult:
 # --------------------------------------------------------------------------------------------
 
 
+Inputs = Tensor | Mapping[str, Tensor]  # a model's inputs: a tensor or a dict (transformers)
+
+
+def _default_forward(model: nn.Module, x: Inputs) -> Tensor:
+    """``model(x)`` (``model(**x)`` for a dict); a transformers output's ``.logits``."""
+    out = model(**x) if isinstance(x, Mapping) else model(x)
+    if hasattr(out, "logits"):
+        out = out.logits
+    elif isinstance(out, tuple):
+        out = out[0]
+    return out
+
+
+def _batch_size(x: Inputs) -> int:
+    if isinstance(x, Mapping):
+        sizes = {k: int(v.shape[0]) for k, v in x.items()}
+        if len(set(sizes.values())) != 1:
+            raise ValueError(f"inputs must share their batch size (dim 0); got {sizes}")
+        return next(iter(sizes.values()))
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a Tensor or a dict of Tensors; got {type(x).__name__}")
+    return int(x.shape[0])
+
+
+def _take(x: Inputs, idx: Tensor | slice) -> Inputs:
+    return {k: v[idx] for k, v in x.items()} if isinstance(x, Mapping) else x[idx]
+
+
+def _repeat(x: Inputs, S: int) -> Inputs:
+    """Each example ``S`` times, sample-major: row ``s * B + b`` is example ``b``."""
+
+    def rep(v: Tensor) -> Tensor:
+        return v.repeat((S,) + (1,) * (v.dim() - 1))  # (S*B, ...)
+
+    return {k: rep(v) for k, v in x.items()} if isinstance(x, Mapping) else rep(x)
+
+
+def _sample_foreign(
+    model: nn.Module,
+    x: Inputs,
+    num_samples: int,
+    batch_size: int | None,
+    mode: str,
+    forward: Callable[[nn.Module, Any], Tensor] | None,
+    temperature: float,
+    vectorised: bool,
+) -> PredictionResult:
+    """The predictive path for a model we did not write (attention made Bayesian by
+    :func:`bayesattn.convert` or :func:`bayesattn.interop.hf.convert_hf`): ``S`` draws of
+    ``softmax(f(x, w_s) / T)``. ``vectorised``: one pass under :func:`bayesattn.num_samples`
+    (the model must broadcast a leading sample dim and return ``(S, B, C)``); otherwise batched
+    repetition: every example ``S`` times in the batch (any model), at most ``batch_size`` rows
+    per pass."""
+    from .nn.sampling import num_samples as num_samples_ctx
+
+    fwd = forward or _default_forward
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)) or not (
+        temperature > 0
+    ):
+        raise ValueError(f"temperature must be a positive finite number; got {temperature!r}")
+    S, B = (1 if mode == "mean" else num_samples), _batch_size(x)
+    if B == 0:
+        raise ValueError("x must hold at least one input; got a batch of 0")
+    saved = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad(), poutine.block(), attention_mode(mode):
+            if vectorised and S > 1:
+                with num_samples_ctx(S):
+                    logits = fwd(model, x)  # (S, B, C)
+                if logits.dim() < 3 or tuple(logits.shape[:2]) != (S, B):
+                    raise ValueError(
+                        f"vectorised sampling needs a model that returns (S, B, C) = ({S}, {B}, "
+                        f"C); got {tuple(logits.shape)}: use batched repetition (vectorised=False; "
+                        "method='repeat' in sample_probs)"
+                    )
+            else:
+                per = max(1, (batch_size or 4096) // S)  # examples per pass
+                chunks = []
+                for i in range(0, B, per):
+                    xb = _take(x, slice(i, i + per))
+                    b = _batch_size(xb)
+                    out = fwd(model, _repeat(xb, S) if S > 1 else xb)  # (S*b, C)
+                    chunks.append(out.reshape((S, b) + out.shape[1:]))  # (S, b, C)
+                logits = torch.cat(chunks, dim=1)  # (S, B, C)
+    finally:
+        for m, flag in saved:
+            m.training = flag
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if S != num_samples:
+        probs = probs.expand((num_samples,) + probs.shape[1:])
+    return PredictionResult(probs=probs, mode=mode)
+
+
 def _check_network(network: Any) -> BayesianNetwork:
     if not isinstance(network, BayesianNetwork):
         raise TypeError(
             f"network must be a bayesattn BayesianNetwork (TransformerClassifier, "
-            f"VisionTransformer, Seq2Seq, CausalLM); got {type(network).__name__}"
+            f"VisionTransformer, Seq2Seq, CausalLM) or a torch nn.Module whose attention "
+            f"bayesattn.convert made Bayesian; got {type(network).__name__}"
         )
     return network
 
@@ -519,6 +614,9 @@ def predict(
     keep_attention: bool = True,
     *,
     y: Tensor | None = None,
+    forward: Callable[[nn.Module, Any], Tensor] | None = None,
+    temperature: float = 1.0,
+    vectorised: bool = False,
 ) -> PredictionResult:
     r"""Draw ``num_samples`` posterior-predictive samples of any network in one vectorised pass.
 
@@ -556,12 +654,35 @@ def predict(
             without Pyro sites); see :mod:`bayesattn.nn.modes`.
         keep_attention: record every attention layer's weights.
         y: target sequences for a ``Seq2Seq`` (BOS first); not used by other networks.
+        forward, temperature, vectorised: for a **model we did not write** (any ``nn.Module``
+            whose attention :func:`bayesattn.convert` or :func:`bayesattn.interop.hf.convert_hf`
+            made Bayesian; ``x`` a tensor or a dict of tensors): ``forward(model, x)`` gives
+            logits ``(B, C)`` (default ``model(x)``/``model(**x)``, a transformers output's
+            ``.logits``), divided by ``temperature``; ``vectorised=True`` draws the samples in
+            one pass under :func:`bayesattn.num_samples` (the model must broadcast a leading
+            sample dim), otherwise by batched repetition (every example ``S`` times in the batch,
+            at most ``batch_size`` rows per pass; any model). Attention maps are not kept.
 
     Shape:
         x ``(B, T)`` tokens, ``(B, T, D)`` vectors or ``(B, [C,] H, W)`` images →
         ``probs (S, B, C)`` (``(S, B, T, V)`` for sequence models), attention
         ``(S, B, H, Tq, Tk)`` per layer.
     """
+    if isinstance(network, nn.Module) and not isinstance(network, BayesianNetwork):
+        _check_int("num_samples", num_samples)
+        _check_int("batch_size", batch_size, allow_none=True)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
+        if y is not None:
+            raise ValueError("y is only used by Seq2Seq networks; got y for a foreign model")
+        return _sample_foreign(
+            network, x, num_samples, batch_size, mode, forward, temperature, vectorised
+        )
+    if forward is not None or temperature != 1.0 or vectorised:
+        raise ValueError(
+            "forward, temperature and vectorised apply to models we did not write; a "
+            f"{type(network).__name__} samples in one vectorised pass by itself"
+        )
     return _sample_predictive(
         network, x, y, num_samples, batch_size, progress, mode, keep_attention
     )

@@ -226,7 +226,9 @@ def test_predict_mean_mode_equals_forward_and_target_rules():
     with pytest.raises(ValueError, match="only used by Seq2Seq"):
         predict(net, x, 2, y=torch.zeros(3, 4, dtype=torch.long))
     with pytest.raises(TypeError, match="BayesianNetwork"):
-        predict(torch.nn.Linear(2, 2), x, 2)
+        predict(lambda t: t, x, 2)
+    with pytest.raises(ValueError, match="models we did not write"):
+        predict(net, x, 2, vectorised=True)
 
 
 def test_mc_dropout_baseline():
@@ -266,8 +268,11 @@ def test_prediction_to_arviz_reads_any_predictor_and_loo_runs():
 
     members = [_vit(None, dropout=0.2).eval() for _ in range(2)]
     x, y = torch.rand(5, 4, 4), torch.randint(0, 4, (5,))
-    for res in (predict_mc_dropout(members[0], x, 6), predict_ensemble(members, x),
-                predict(_vit(AttentionConfig.recommended()), x, 6)):
+    for res in (
+        predict_mc_dropout(members[0], x, 6),
+        predict_ensemble(members, x),
+        predict(_vit(AttentionConfig.recommended()), x, 6),
+    ):
         ll = res.log_likelihood(y)  # (S, B), checked against a plain gather
         manual = torch.stack([res.probs[s, torch.arange(5), y].log() for s in range(len(ll))])
         torch.testing.assert_close(ll, manual)
@@ -298,3 +303,41 @@ def test_encoder_layer_forward_rows_equals_forward(norm_first):
         layer.forward_rows(x, 7)
     with pytest.raises(ValueError, match="batch_first=True"):
         EncoderLayer(8, 2, 16, norm_first=norm_first).forward_rows(x, 1)
+
+
+def test_predict_a_converted_torch_model_through_the_same_path():
+    import bayesattn
+
+    torch.manual_seed(0)
+
+    class Clf(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+            self.enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.head = torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(self.enc(x).mean(-2))
+
+    plain = Clf().eval()
+    x = torch.randn(5, 6, 8)
+    with torch.no_grad():
+        ref_logits = plain(x)
+    ref = torch.softmax(ref_logits, -1)
+    model = bayesattn.convert(plain, posterior="logistic_normal")  # in place
+    mean = predict(model, x, 4, mode="mean")
+    torch.testing.assert_close(mean.probs[0], ref, atol=1e-6, rtol=1e-5)
+    assert float(mean.mutual_information.max()) == 0.0
+    torch.manual_seed(1)
+    rep = predict(model, x, 300, batch_size=64)  # batched repetition, several passes
+    vec = predict(model, x, 300, vectorised=True)
+    assert rep.probs.shape == vec.probs.shape == (300, 5, 3)
+    assert rep.mutual_information.mean() > 0
+    torch.testing.assert_close(rep.mean_probs, vec.mean_probs, atol=0.03, rtol=0)
+    hot = predict(model, x, 4, temperature=0.5, mode="mean")
+    torch.testing.assert_close(
+        hot.probs[0], torch.softmax(2 * ref_logits, -1), atol=1e-5, rtol=1e-4
+    )
+    with pytest.raises(ValueError, match="temperature"):
+        predict(model, x, 2, temperature=0.0)

@@ -31,7 +31,7 @@ for transformers ``lambda m, x: m(**x).logits``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +40,8 @@ from torch import Tensor, nn
 
 from .. import calibration as C
 from ..nn.attention import BayesianMultiheadAttention
-from ..nn.modes import attention_mode, collect_kl
-from ..nn.sampling import num_samples as _num_samples_ctx
+from ..nn.modes import collect_kl
+from ..uncertainty import Inputs, _batch_size, _default_forward, _take, predict
 
 __all__ = [
     "PosthocCalibration",
@@ -53,35 +53,7 @@ __all__ = [
     "evaluate",
 ]
 
-Inputs = Tensor | Mapping[str, Tensor]
 Forward = Callable[[nn.Module, Any], Tensor]
-
-
-def _default_forward(model: nn.Module, x: Inputs) -> Tensor:
-    return model(**x) if isinstance(x, Mapping) else model(x)
-
-
-def _batch_size(x: Inputs) -> int:
-    if isinstance(x, Mapping):
-        sizes = {k: int(v.shape[0]) for k, v in x.items()}
-        if len(set(sizes.values())) != 1:
-            raise ValueError(f"inputs must share their batch size (dim 0); got {sizes}")
-        return next(iter(sizes.values()))
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x must be a Tensor or a dict of Tensors; got {type(x).__name__}")
-    return int(x.shape[0])
-
-
-def _take(x: Inputs, idx: Tensor | slice) -> Inputs:
-    return {k: v[idx] for k, v in x.items()} if isinstance(x, Mapping) else x[idx]
-
-
-def _repeat(x: Inputs, S: int) -> Inputs:
-    """Each example ``S`` times, sample-major: row ``s * B + b`` is example ``b``."""
-    def rep(v: Tensor) -> Tensor:
-        return v.repeat((S,) + (1,) * (v.dim() - 1))  # (S*B, ...)
-
-    return {k: rep(v) for k, v in x.items()} if isinstance(x, Mapping) else rep(x)
 
 
 def posterior_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -222,36 +194,18 @@ def sample_probs(
     Shape:
         returns ``(S, B, C)``.
     """
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive int; got {num_samples!r}")
     if method not in ("repeat", "vectorised"):
         raise ValueError(f"method must be 'repeat' or 'vectorised'; got {method!r}")
-    fwd = forward or _default_forward
-    S, B = num_samples, _batch_size(x)
-    was_training = model.training
-    model.eval()
-    try:
-        with attention_mode("posterior"):
-            if method == "vectorised":
-                with _num_samples_ctx(S):
-                    logits = fwd(model, x)  # (S, B, C)
-                if logits.dim() != 3 or tuple(logits.shape[:2]) != (S, B):
-                    raise ValueError(
-                        f"vectorised sampling needs a model that returns (S, B, C) = ({S}, {B}, "
-                        f"C); got {tuple(logits.shape)}: use method='repeat'"
-                    )
-            else:
-                per = max(1, batch_size // S)  # examples per pass
-                chunks = []
-                for i in range(0, B, per):
-                    xb = _take(x, slice(i, i + per))
-                    b = _batch_size(xb)
-                    out = fwd(model, _repeat(xb, S))  # (S*b, C)
-                    chunks.append(out.reshape(S, b, -1))  # (S, b, C)
-                logits = torch.cat(chunks, dim=1)  # (S, B, C)
-    finally:
-        model.train(was_training)
-    return torch.softmax(logits.float() / temperature, dim=-1)
+    res = predict(
+        model,
+        x,
+        num_samples,
+        batch_size=batch_size,
+        forward=forward,
+        temperature=temperature,
+        vectorised=method == "vectorised",
+    )
+    return res.probs  # (S, B, C): the library's one posterior-predictive path
 
 
 @torch.no_grad()
@@ -259,15 +213,8 @@ def mean_probs(
     model: nn.Module, x: Inputs, *, forward: Forward | None = None, temperature: float = 1.0
 ) -> Tensor:
     """Deterministic (posterior-mean attention) probabilities ``(1, B, C)``: the model as trained."""
-    fwd = forward or _default_forward
-    was_training = model.training
-    model.eval()
-    try:
-        with attention_mode("mean"):
-            logits = fwd(model, x)  # (B, C)
-    finally:
-        model.train(was_training)
-    return torch.softmax(logits.float() / temperature, dim=-1).unsqueeze(0)
+    res = predict(model, x, 1, mode="mean", forward=forward, temperature=temperature)
+    return res.probs
 
 
 def evaluate(
