@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from .. import priors as P
 from ..posteriors import get_posterior
 from .attention import BayesianMultiheadAttention, linear
+from .kernels import get_kernel
 
 __all__ = ["AttentionConfig", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder"]
 
@@ -40,6 +41,9 @@ class AttentionConfig:
             ``(num_heads, head_dim) -> KeyRelevancePrior``.
         layers: ``"all"``, ``"last"`` or a list of layer indices that get the posterior.
         which: attentions that get it in decoder layers: ``("self", "cross")`` or a subset.
+        kernel: ``None`` (dense) or an efficient kernel for every *self*-attention layer:
+            ``"local"`` (``window``), ``"topk"`` (``k``) or ``"lowrank"`` (``rank``, ``max_len``),
+            options in ``kernel_kwargs``; see :mod:`bayesattn.nn.kernels`.
     """
 
     posterior: str | None = None
@@ -48,8 +52,11 @@ class AttentionConfig:
     which: Sequence[str] = ("self", "cross")
     posterior_kwargs: dict = field(default_factory=dict)
     prior_kwargs: dict = field(default_factory=dict)
+    kernel: str | None = None
+    kernel_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        get_kernel(self.kernel, **self.kernel_kwargs)  # validates the name and options
         if isinstance(self.prior, str) and self.prior not in _PRIORS:
             raise ValueError(f"prior must be one of {_PRIORS} or a callable; got {self.prior!r}")
         if isinstance(self.layers, str) and self.layers not in ("all", "last"):
@@ -93,9 +100,11 @@ class AttentionConfig:
             else None
         )
         prior = self.build_prior(num_heads, head_dim) if kind == "self" else P.UniformPrior()
+        kernel = get_kernel(self.kernel, **self.kernel_kwargs) if kind == "self" else None
         return BayesianMultiheadAttention(
-            embed_dim, num_heads, batch_first=True, prior=prior, posterior=posterior, **mha_kwargs
-        )
+            embed_dim, num_heads, batch_first=True, prior=prior, posterior=posterior, kernel=kernel,
+            **mha_kwargs,
+        )  # fmt: skip
 
 
 def _activation(name: str | Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
@@ -177,6 +186,7 @@ class EncoderLayer(_FeedForward):
         posterior=None,
         device=None,
         dtype=None,
+        kernel=None,
     ) -> None:
         _check_block_args(d_model, nhead, dim_feedforward, dropout)
         super().__init__()
@@ -189,6 +199,7 @@ class EncoderLayer(_FeedForward):
             batch_first=True,
             prior=prior,
             posterior=posterior,
+            kernel=kernel,
             **fk,
         )
         self._init_ff(d_model, dim_feedforward, dropout, activation, bias, fk)
@@ -240,6 +251,7 @@ class DecoderLayer(_FeedForward):
         cross_posterior=None,
         device=None,
         dtype=None,
+        self_kernel=None,
     ) -> None:
         _check_block_args(d_model, nhead, dim_feedforward, dropout)
         super().__init__()
@@ -253,6 +265,7 @@ class DecoderLayer(_FeedForward):
             batch_first=True,
             prior=self_prior,
             posterior=self_posterior,
+            kernel=self_kernel,
             **fk,
         )
         self.multihead_attn = BayesianMultiheadAttention(
@@ -352,7 +365,11 @@ class Encoder(PyroModule):
         layers = []
         for i in range(num_layers):
             a = cfg.build(d_model, nhead, i, num_layers, "self")
-            layers.append(EncoderLayer(d_model, nhead, prior=a.prior, posterior=a.posterior, **kw))
+            layers.append(
+                EncoderLayer(
+                    d_model, nhead, prior=a.prior, posterior=a.posterior, kernel=a.kernel, **kw
+                )
+            )
         self.layers = PyroModule[nn.ModuleList](layers)
         self.norm = nn.LayerNorm(d_model) if kw.get("norm_first", False) else None
 
@@ -403,12 +420,16 @@ class Decoder(PyroModule):
                         self_posterior=sa.posterior,
                         cross_prior=ca.prior,
                         cross_posterior=ca.posterior,
+                        self_kernel=sa.kernel,
                         **kw,
                     )
                 )
             else:
                 layers.append(
-                    EncoderLayer(d_model, nhead, prior=sa.prior, posterior=sa.posterior, **kw)
+                    EncoderLayer(
+                        d_model, nhead, prior=sa.prior, posterior=sa.posterior, kernel=sa.kernel,
+                        **kw,
+                    )  # fmt: skip
                 )
         self.layers = PyroModule[nn.ModuleList](layers)
         self.norm = nn.LayerNorm(d_model) if kw.get("norm_first", False) else None
