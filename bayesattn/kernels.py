@@ -450,7 +450,7 @@ def topk_support(
         lp = log_prior(s, e, all_keys) if log_prior is not None else None
         post = lg if lp is None else lg + lp  # (…, n, Tk)
         with torch.no_grad():
-            top, idx = post.detach().topk(kk, dim=-1, sorted=True)  # (…, n, kk)
+            top, idx = post.detach().topk(kk, dim=-1, sorted=False)  # (…, n, kk)
             lse_all = torch.logsumexp(post.detach(), dim=-1)  # (…, n)
             lse_top = torch.logsumexp(top, dim=-1)
             dead = lse_all == _NEG_INF
