@@ -195,8 +195,23 @@ class ReducedSupport:
 
     def posterior_weights(self) -> Tensor:
         r"""Exact posterior over the support, :math:`\operatorname{softmax}(\log\pi + \text{logits})`
-        (zero on empty or masked slots), ``(…, Tq, K)``."""
-        return posterior_weights(self.logits, self.log_prior)
+        (zero on empty or masked slots), ``(…, Tq, K)``.
+
+        Without autograd (inference) the softmax runs in place on one fresh tensor: at long
+        ``T`` each extra ``(…, Tq, K)`` copy is a visible share of the peak memory."""
+        needs_grad = torch.is_grad_enabled() and (
+            self.logits.requires_grad
+            or (self.log_prior is not None and self.log_prior.requires_grad)
+        )
+        if needs_grad or self.log_prior is None:
+            return posterior_weights(self.logits, self.log_prior)
+        a = self.logits + self.log_prior  # (…, Tq, K), fresh
+        dead = a.amax(-1, keepdim=True) == _NEG_INF  # (…, Tq, 1) rows with no allowed slot
+        any_dead = bool(dead.any())
+        if any_dead:
+            a.masked_fill_(dead, 0.0)
+        w = torch._softmax(a, -1, False, out=a)
+        return w.masked_fill_(dead, 0.0) if any_dead else w
 
     def allowed(self) -> Tensor | None:
         """Bool ``(…, Tq, K)``: slots with non-zero prior mass, or ``None`` (all)."""
@@ -340,10 +355,18 @@ def local_support(
     Tq, Tk = q.shape[-2], k.shape[-2]
     K = 2 * window + 1
     kp = _pad_keys(k, window, Tq)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     logits, lps = [], []
+    out = None  # without autograd, bands are written into one preallocated tensor
     for s, e, L, kidx, valid in _local_blocks(q, k, window, chunk_size):
         blk = torch.matmul(q[..., s:e, :] * sc, kp[..., s : s + L, :].transpose(-1, -2))  # (…,n,L)
-        logits.append(_band(blk, K))  # (…, n, K)
+        if grad:
+            logits.append(_band(blk, K))  # (…, n, K)
+        else:
+            if out is None:
+                out = blk.new_empty(blk.shape[:-2] + (Tq, K))
+            out[..., s:e, :] = _band(blk, K)
+        del blk
         lp = _chunk_prior(log_prior, s, e, kidx, valid, Tk, q.dtype)  # (…|1, n|1, L)
         lp = lp.expand(lp.shape[:-2] + (e - s, L)) if lp.dim() >= 2 else lp.expand(e - s, L)
         lps.append(_band(lp, K))  # (…|1, n, K)
@@ -352,7 +375,8 @@ def local_support(
     index = (
         torch.arange(Tq, device=q.device).unsqueeze(-1) - window + torch.arange(K, device=q.device)
     )  # (Tq, K)
-    return ReducedSupport(torch.cat(logits, dim=-2), lp_all, index, Tk, "local", window=window)
+    logits_all = torch.cat(logits, dim=-2) if grad else out
+    return ReducedSupport(logits_all, lp_all, index, Tk, "local", window=window)
 
 
 def local_attention(

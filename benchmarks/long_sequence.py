@@ -100,6 +100,7 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3, help="timed calls for T <= 2048 (min kept)")
     ap.add_argument("--max-gib", type=float, default=6.0, help="skip dense cases predicted above")
+    ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     ap.add_argument("--quick", action="store_true", help="T = 256, 512 only (smoke run)")
     ap.add_argument("--case", nargs=3, metavar=("METHOD", "PATH", "T"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -113,8 +114,9 @@ def main() -> None:
           f"{ {k: v for k, v in KERNELS.items() if v} }")  # fmt: skip
     results: dict = {}
     dense_last: dict = {}  # path -> (T, peak)
+    paths = [p for p in PATHS if p in args.paths]
     for T in lengths:
-        for path in PATHS:
+        for path in paths:
             for method in KERNELS:
                 if method == "dense" and path in dense_last:
                     T0, p0 = dense_last[path]
@@ -139,7 +141,7 @@ def main() -> None:
     hdr = f"{'T':>6} {'path':8s} " + " ".join(f"{m:>24s}" for m in KERNELS if m != "dense")
     print(hdr)
     for T in lengths:
-        for path in PATHS:
+        for path in paths:
             d = results.get((T, path, "dense"), {})
             cells = []
             for m in KERNELS:
@@ -158,7 +160,7 @@ def main() -> None:
                     cells.append(f"{note:>24s}")
             print(f"{T:6d} {path:8s} " + " ".join(cells))
     print("\nGrowth of the kernels' peak memory per doubling of T (2.0 = linear):")
-    for path in PATHS:
+    for path in paths:
         for m in KERNELS:
             if m == "dense":
                 continue
