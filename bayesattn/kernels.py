@@ -301,8 +301,9 @@ def _local_chunk(c: int | None, window: int) -> int:
 
 
 def _local_blocks(q: Tensor, k: Tensor, window: int, chunk_size: int | None):
-    """Yield ``(start, stop, key_start, L, key_index (L,), valid (L,))`` for each query chunk;
-    keys are those of ``k`` padded by ``window`` zeros before (and enough after)."""
+    """Yield ``(start, stop, L, key_index (L,), valid (L,))`` for each query chunk: its keys are
+    rows ``start : start + L`` of ``k`` padded by ``window`` zeros before (and enough after),
+    i.e. key positions ``start - window ...``; ``valid`` marks those inside ``[0, Tk)``."""
     Tq, Tk = q.shape[-2], k.shape[-2]
     c = _local_chunk(chunk_size, window)
     for s in range(0, Tq, c):
