@@ -55,9 +55,11 @@ __version__ = "0.1.0"
 _SUBMODULES = (
     "calibration",
     "data",
+    "data_long",
     "diagnostics",
     "geometry",
     "inference",
+    "kernels",
     "models",
     "plots",
     "uncertainty",

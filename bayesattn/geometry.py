@@ -9,6 +9,13 @@ r"""Geometry of attention: how far and how broadly queries read, and how heads s
 * :func:`head_subspace_angles` — principal angles between the subspaces that different heads
   read (``q``/``k``/``v``) or write (``o``): for orthonormal bases :math:`Q_a, Q_b` of the
   per-head projections, :math:`\cos\theta_k = \sigma_k(Q_a^\top Q_b)` (Björck–Golub).
+* :func:`token_distances` — distances between a network's tokens (pixels between patch centres
+  for a :class:`~bayesattn.nn.networks.VisionTransformer`, positions otherwise), and
+  :func:`spatial_attention_distance` — :math:`\sum_j w_{ij} d_{ij}` over content tokens (CLS left
+  out, rows renormalised), the ViT paper's "mean attention distance".
+* :func:`spread_by_distance` — how the attention posterior's mass and its spread across posterior
+  draws (sd of :math:`w_{ij}`) vary with the query–key distance.
+* :func:`geometry_report` — all of it for every layer of a trained network, with figures.
 
 Pure tensor functions; the module-level helpers only read weights and run a forward pass.
 Shape glossary: ``B`` batch, ``H`` heads, ``Tq``/``Tk`` query/key length, ``E`` embed dim,
@@ -18,6 +25,7 @@ Shape glossary: ``B`` batch, ``H`` heads, ``Tq``/``Tk`` query/key length, ``E`` 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +42,10 @@ __all__ = [
     "attention_distance_by_layer",
     "head_projection_weights",
     "head_subspace_angles",
+    "token_distances",
+    "spatial_attention_distance",
+    "spread_by_distance",
+    "geometry_report",
 ]
 
 
@@ -301,3 +313,241 @@ def head_subspace_angles(
     theta = torch.where(sin.square() < 0.5, torch.asin(sin), torch.acos(cos))  # (H, H, Dh)
     deg = theta * (180.0 / math.pi)
     return deg.mean(-1) if mean else deg
+
+
+# ---------------------------------------------------------------------------------------------
+# distances between tokens, spread of the posterior, and the whole report
+# ---------------------------------------------------------------------------------------------
+
+
+def token_distances(network: nn.Module, num_tokens: int) -> tuple[Tensor, int]:
+    r"""Distances between the content tokens of ``network`` and the index of the first one.
+
+    For a :class:`~bayesattn.nn.networks.VisionTransformer`: Euclidean distance in pixels between
+    patch centres, :math:`d_{ij} = p\,\lVert(r_i, c_i) - (r_j, c_j)\rVert` on the row-major patch
+    grid (patch size :math:`p`). Otherwise :math:`|i - j|` in positions. A CLS token (pooling
+    ``"cls"``) sits at index 0 and has no position: ``first = 1``.
+
+    Shape:
+        → ``((N, N), first)`` with ``N = num_tokens - first``.
+    """
+    first = 1 if getattr(network, "cls", None) is not None else 0
+    n = num_tokens - first
+    if n < 1:
+        raise ValueError(f"num_tokens={num_tokens} leaves no content token (first={first})")
+    if hasattr(network, "patch_size") and hasattr(network, "image_size"):
+        g = network.image_size // network.patch_size
+        if g * g != n:
+            raise ValueError(f"a {g}x{g} patch grid has {g * g} tokens; got {n}")
+        idx = torch.arange(n)
+        rc = torch.stack([idx // g, idx % g], dim=-1).to(torch.float64)  # (N, 2)
+        return torch.cdist(rc, rc) * network.patch_size, first
+    pos = torch.arange(n, dtype=torch.float64)
+    return (pos[:, None] - pos[None, :]).abs(), first
+
+
+def _content(weights: Tensor, first: int) -> Tensor:
+    """Weights among content tokens, rows renormalised (CLS query and key dropped)."""
+    w = weights[..., first:, first:]
+    return w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
+
+
+def spatial_attention_distance(weights: Tensor, distances: Tensor, first: int = 0) -> Tensor:
+    r"""Mean attention distance :math:`D_i = \sum_j w_{ij} d_{ij}` over content tokens (the
+    first ``first`` tokens — a CLS — dropped and each row renormalised over the rest).
+
+    Shape:
+        weights ``(..., T, T)``, distances ``(T - first, T - first)`` → ``(..., T - first)``.
+    """
+    w = _content(_check_weights(weights), first)
+    if distances.shape != w.shape[-2:]:
+        raise ValueError(
+            f"distances must be {tuple(w.shape[-2:])} for weights {tuple(weights.shape)} with "
+            f"first={first}; got {tuple(distances.shape)}"
+        )
+    return (w * distances.to(w.dtype)).sum(-1)
+
+
+def spread_by_distance(
+    samples: Tensor, distances: Tensor, first: int = 0, num_bins: int = 6
+) -> dict[str, list[float]]:
+    r"""Attention mass and posterior spread as a function of query–key distance.
+
+    From draws :math:`w^{(s)}_{ij}` (content tokens, rows renormalised) the entries are grouped
+    by distance into ``num_bins`` equal-width bins over :math:`(0, d_{max}]` plus the diagonal
+    :math:`d = 0`; per bin: the mean posterior weight :math:`\bar w`, the mean across-draw
+    standard deviation :math:`\mathrm{sd}(w)`, and their ratio (coefficient of variation, how
+    uncertain a weight is relative to its size).
+
+    Shape:
+        samples ``(S, ..., T, T)``, distances ``(T - first, T - first)`` → lists of length
+        ``num_bins + 1``.
+    """
+    if not isinstance(num_bins, int) or num_bins < 1:
+        raise ValueError(f"num_bins must be a positive int; got {num_bins!r}")
+    w = _content(_check_weights(samples, "samples"), first).to(torch.float64)
+    if w.dim() < 3:
+        raise ValueError(f"samples must be (S, ..., T, T); got {tuple(samples.shape)}")
+    mean = w.mean(0).reshape(-1, *w.shape[-2:])  # (N, T, T)
+    sd = w.std(0, correction=0).reshape(-1, *w.shape[-2:])
+    d = distances.to(torch.float64)
+    dmax = float(d.max()) if d.numel() else 0.0
+    edges = [0.0] + [dmax * (b + 1) / num_bins for b in range(num_bins)]
+    out: dict[str, list[float]] = {"distance": [], "mean_weight": [], "sd": [], "cv": []}
+    for b in range(num_bins + 1):
+        if b == 0:
+            sel, centre = d == 0, 0.0
+        else:
+            lo, hi = edges[b - 1], edges[b]
+            sel, centre = (d > lo) & (d <= hi), 0.5 * (lo + hi)
+        if not bool(sel.any()):
+            continue
+        m = float(mean[:, sel].mean())
+        s = float(sd[:, sel].mean())
+        out["distance"].append(centre)
+        out["mean_weight"].append(m)
+        out["sd"].append(s)
+        out["cv"].append(s / m if m > 0 else float("nan"))
+    return out
+
+
+def _layer_weight(network: nn.Module, name: str, mha: BayesianMultiheadAttention) -> Tensor | None:
+    """The in-projection to analyse: stored, or the weight guide's median for a Bayesian one."""
+    site = "in_proj_weight" if mha._qkv_same_embed_dim else "q_proj_weight"
+    if site in getattr(mha, "_pyro_samples", {}):
+        guide = getattr(network, "weight_guide", None)
+        return None if guide is None else guide.median()[f"{name}.{site}"].detach()
+    return None
+
+
+@torch.no_grad()
+def geometry_report(
+    net: nn.Module,
+    x: Tensor,
+    out_dir: str | Any,
+    num_samples: int = 16,
+    num_bins: int = 6,
+    figures: bool = True,
+) -> dict[str, Any]:
+    r"""The geometry of a trained classifier's attention, as numbers and PNG figures.
+
+    For every attention layer (in depth order), from ``num_samples`` posterior draws of the
+    attention weights on inputs ``x`` (:func:`bayesattn.uncertainty.predict`; a deterministic
+    network gives identical draws, spread 0):
+
+    * ``distance``: mean attention distance per head (:func:`spatial_attention_distance` of the
+      posterior-mean weights, pixels for a ViT), and ``distance_mean`` over heads — does reading
+      go from local to global with depth (``local_to_global``: the mean grows layer on layer)?
+    * ``entropy``: entropy per head of the posterior-mean weights (nats; uniform =
+      ``log T``), the spread of the categorical posterior over keys.
+    * ``posterior_sd``: mean across-draw sd of the weights; ``spread_by_distance``: mass, sd and
+      their ratio by query–key distance (:func:`spread_by_distance`).
+    * ``subspace_angle``: mean principal angle (degrees) between the query subspaces of each pair
+      of heads (:func:`head_subspace_angles`), ``(H, H)``, and its off-diagonal mean.
+
+    Figures written to ``out_dir``: ``attention_distance.png``, ``spread_vs_distance.png``,
+    ``spread_by_depth.png``, ``subspace_angles.png`` (``figures=False``: none). Returns a
+    JSON-ready dict (lists, floats) with ``figures`` naming the files.
+    """
+    from .uncertainty import predict
+
+    layers = _attention_layers(net)
+    res = predict(net, x, num_samples=num_samples)
+    names = [n for n, _ in layers if n in res.attention]
+    if not names:
+        raise ValueError("the forward pass recorded no attention weights")
+    T = res.attention[names[0]].samples.shape[-1]
+    dist, first = token_distances(net, T)
+    report: dict[str, Any] = {
+        "layers": names,
+        "distance_unit": "pixels" if hasattr(net, "patch_size") else "positions",
+        "num_samples": num_samples,
+        "distance": {},
+        "distance_mean": {},
+        "entropy": {},
+        "entropy_mean": {},
+        "posterior_sd": {},
+        "spread_by_distance": {},
+        "subspace_angle": {},
+        "subspace_angle_mean": {},
+    }
+    mods = dict(layers)
+    for name in names:
+        samples = res.attention[name].samples  # (S, B, H, T, T)
+        mean = samples.mean(0)  # (B, H, T, T)
+        d = spatial_attention_distance(mean, dist, first).mean((0, 2))  # (H,)
+        ent = attention_entropy(mean).mean((0, 2))  # (H,)
+        report["distance"][name] = d.tolist()
+        report["distance_mean"][name] = float(d.mean())
+        report["entropy"][name] = ent.tolist()
+        report["entropy_mean"][name] = float(ent.mean())
+        report["posterior_sd"][name] = float(samples.std(0, correction=0).mean())
+        report["spread_by_distance"][name] = spread_by_distance(samples, dist, first, num_bins)
+        w_in = _layer_weight(net, name, mods[name])
+        ang = head_subspace_angles(mods[name], "q", mean=True, weight=w_in)  # (H, H)
+        H = ang.shape[0]
+        off = ang[~torch.eye(H, dtype=torch.bool)]
+        report["subspace_angle"][name] = ang.tolist()
+        report["subspace_angle_mean"][name] = float(off.mean()) if off.numel() else 0.0
+    dm = [report["distance_mean"][n] for n in names]
+    report["local_to_global"] = bool(all(b > a for a, b in zip(dm, dm[1:], strict=False)))
+    report["figures"] = []
+    if figures:
+        report["figures"] = _geometry_figures(report, Path(out_dir), T - first)
+    return report
+
+
+def _geometry_figures(report: dict[str, Any], out, num_content: int) -> list[str]:
+    from . import plots
+
+    names = report["layers"]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = []
+    short = [n.replace("encoder.layers.", "L").replace(".self_attn", "") for n in names]
+    fig = plots.plot_attention_distance(
+        {s: report["distance"][n] for s, n in zip(short, names, strict=True)},
+        title=f"Mean attention distance per layer ({report['distance_unit']})",
+    )
+    fig.axes[0].set_ylabel(f"mean attention distance ({report['distance_unit']})")
+    fig.savefig(out / "attention_distance.png", dpi=120)
+    figures.append("attention_distance.png")
+
+    fig = plots._new_figure(figsize=(10, 3.8), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
+    for s, n in zip(short, names, strict=True):
+        r = report["spread_by_distance"][n]
+        ax1.plot(r["distance"], r["mean_weight"], marker="o", label=s)
+        ax2.plot(r["distance"], r["sd"], marker="o", label=s)
+    ax1.set(xlabel=f"query–key distance ({report['distance_unit']})", ylabel="mean posterior weight",
+            title="Attention mass by distance")  # fmt: skip
+    ax2.set(xlabel=f"query–key distance ({report['distance_unit']})",
+            ylabel="sd of the weight across draws", title="Posterior spread by distance")  # fmt: skip
+    ax1.set_yscale("log")
+    ax1.legend(fontsize="small")
+    fig.savefig(out / "spread_vs_distance.png", dpi=120)
+    figures.append("spread_vs_distance.png")
+
+    fig = plots._new_figure(figsize=(8, 3.5), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
+    xs = list(range(len(names)))
+    ax1.plot(xs, [report["entropy_mean"][n] for n in names], marker="o")
+    ax1.axhline(math.log(num_content), color="grey", linestyle=":", label="uniform")
+    ax1.set(xticks=xs, xticklabels=short, ylabel="entropy of the mean weights (nats)",
+            title="Posterior over keys: entropy by depth")  # fmt: skip
+    ax1.legend(fontsize="small")
+    ax2.plot(xs, [report["posterior_sd"][n] for n in names], marker="o", color="C3")
+    ax2.set(xticks=xs, xticklabels=short, ylabel="mean sd across draws",
+            title="Weight uncertainty by depth")  # fmt: skip
+    fig.savefig(out / "spread_by_depth.png", dpi=120)
+    figures.append("spread_by_depth.png")
+
+    fig = plots._new_figure(figsize=(3.2 * len(names), 3.2), layout="constrained")
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    for ax, s, n in zip(axes, short, names, strict=True):
+        im = ax.imshow(report["subspace_angle"][n], vmin=0, vmax=90, cmap="viridis")
+        ax.set(title=f"{s}: query subspaces", xlabel="head", ylabel="head")
+    fig.colorbar(im, ax=list(axes), label="mean principal angle (degrees)")
+    fig.savefig(out / "subspace_angles.png", dpi=120)
+    figures.append("subspace_angles.png")
+    return figures

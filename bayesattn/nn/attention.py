@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from .. import functional as BF
 from ..posteriors import AttentionPosterior, get_posterior
 from ..priors import KeyRelevancePrior, UniformPrior
+from .kernels import AttentionKernel, finish, get_kernel, kernel_attention
 from .modes import current_kl_collector, current_mode
 from .sampling import current_num_samples
 
@@ -71,7 +72,7 @@ def _allow_missing_prior_posterior(module: nn.Module, incompatible) -> None:
     incompatible.missing_keys[:] = keep
 
 
-_PRIOR_POSTERIOR_KEY = re.compile(r"(^|\.)(prior|posterior)\.")
+_PRIOR_POSTERIOR_KEY = re.compile(r"(^|\.)(prior|posterior|kernel)\.")
 
 _CAUSAL_HINT_ERROR = (
     "Need attn_mask if specifying the is_causal hint. You may use the Transformer module method "
@@ -121,6 +122,11 @@ class BayesianMultiheadAttention(PyroModule):
         posterior: ``None`` (deterministic), an :class:`~bayesattn.posteriors.AttentionPosterior`
             or a family name (``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
             ``"concrete"``) built with ``num_heads`` heads.
+        kernel: ``None``/``"dense"`` (every key), or an efficient kernel over a reduced key
+            support (:mod:`bayesattn.nn.kernels`): ``"local"``, ``"topk"``, ``"lowrank"`` (default
+            options) or an :class:`~bayesattn.nn.kernels.AttentionKernel` such as
+            ``LocalKernel(window=64)``. With a kernel, returned weights are a
+            :class:`~bayesattn.kernels.SupportWeights`.
 
     Shape:
         query ``(Tq, B, E)`` (``(B, Tq, E)`` if ``batch_first``; ``(Tq, E)`` unbatched; with
@@ -156,6 +162,7 @@ class BayesianMultiheadAttention(PyroModule):
         *,
         prior: KeyRelevancePrior | None = None,
         posterior: AttentionPosterior | str | None = None,
+        kernel: AttentionKernel | str | None = None,
     ) -> None:
         for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -219,6 +226,11 @@ class BayesianMultiheadAttention(PyroModule):
                 f"posterior has {posterior.num_heads} heads but the layer has {num_heads}"
             )
         self.posterior = posterior
+        if isinstance(kernel, str) or kernel is None:
+            kernel = get_kernel(kernel)
+        elif not isinstance(kernel, AttentionKernel):
+            raise TypeError(f"kernel must be None, a name or an AttentionKernel; got {kernel!r}")
+        self.kernel = kernel  # None: dense attention
         self.record_weights = False  # when True, forward keeps its weights in ``last_weights``
         self.last_weights: Tensor | None = None  # (…, B, H, Tq, Tk)
         self.register_load_state_dict_post_hook(_allow_missing_prior_posterior)
@@ -485,6 +497,12 @@ class BayesianMultiheadAttention(PyroModule):
             if key_padding_mask is not None:
                 key_padding_mask = F.pad(key_padding_mask, (0, 1))
         Tk = k.shape[-2]
+        if self.kernel is not None:  # efficient read over a reduced key support
+            out, sw = kernel_attention(
+                self, q, k, v, attn_mask, key_padding_mask, is_causal, q_pos, k_pos,
+                need_weights, average_attn_weights, num_samples,
+            )  # fmt: skip
+            return finish(self, out, sw, unbatched)
 
         log_prior = BF.mask_to_log_prior(
             attn_mask,

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from .. import priors as P
 from ..posteriors import get_posterior
 from .attention import BayesianMultiheadAttention, linear
+from .kernels import get_kernel
 
 __all__ = ["AttentionConfig", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder"]
 
@@ -42,6 +43,9 @@ class AttentionConfig:
             ``(num_heads, head_dim) -> KeyRelevancePrior``.
         layers: ``"all"``, ``"last"`` or a list of layer indices that get the posterior.
         which: attentions that get it in decoder layers: ``("self", "cross")`` or a subset.
+        kernel: ``None`` (dense) or an efficient kernel for every *self*-attention layer:
+            ``"local"`` (``window``), ``"topk"`` (``k``) or ``"lowrank"`` (``rank``, ``max_len``),
+            options in ``kernel_kwargs``; see :mod:`bayesattn.nn.kernels`.
     """
 
     posterior: str | None = None
@@ -50,8 +54,11 @@ class AttentionConfig:
     which: Sequence[str] = ("self", "cross")
     posterior_kwargs: dict = field(default_factory=dict)
     prior_kwargs: dict = field(default_factory=dict)
+    kernel: str | None = None
+    kernel_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        get_kernel(self.kernel, **self.kernel_kwargs)  # validates the name and options
         if isinstance(self.prior, str) and self.prior not in _PRIORS:
             raise ValueError(f"prior must be one of {_PRIORS} or a callable; got {self.prior!r}")
         if isinstance(self.layers, str) and self.layers not in ("all", "last"):
@@ -121,9 +128,11 @@ class AttentionConfig:
             else None
         )
         prior = self.build_prior(num_heads, head_dim) if kind == "self" else P.UniformPrior()
+        kernel = get_kernel(self.kernel, **self.kernel_kwargs) if kind == "self" else None
         return BayesianMultiheadAttention(
-            embed_dim, num_heads, batch_first=True, prior=prior, posterior=posterior, **mha_kwargs
-        )
+            embed_dim, num_heads, batch_first=True, prior=prior, posterior=posterior, kernel=kernel,
+            **mha_kwargs,
+        )  # fmt: skip
 
 
 def _activation(name: str | Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
@@ -211,6 +220,7 @@ class EncoderLayer(_FeedForward):
         attn_dropout: float | None = None,
         prior: P.KeyRelevancePrior | None = None,
         posterior=None,
+        kernel=None,
     ) -> None:
         _check_block_args(d_model, nhead, dim_feedforward, dropout)
         super().__init__()
@@ -223,6 +233,7 @@ class EncoderLayer(_FeedForward):
             batch_first=batch_first,
             prior=prior,
             posterior=posterior,
+            kernel=kernel,
             **fk,
         )
         self._init_ff(d_model, dim_feedforward, dropout, activation, bias, fk)
@@ -324,6 +335,7 @@ class DecoderLayer(_FeedForward):
         self_posterior=None,
         cross_prior: P.KeyRelevancePrior | None = None,
         cross_posterior=None,
+        self_kernel=None,
     ) -> None:
         _check_block_args(d_model, nhead, dim_feedforward, dropout)
         super().__init__()
@@ -337,6 +349,7 @@ class DecoderLayer(_FeedForward):
             batch_first=batch_first,
             prior=self_prior,
             posterior=self_posterior,
+            kernel=self_kernel,
             **fk,
         )
         self.multihead_attn = BayesianMultiheadAttention(
@@ -438,7 +451,13 @@ class Encoder(PyroModule):
             a = cfg.build(d_model, nhead, i, num_layers, "self")
             layers.append(
                 EncoderLayer(
-                    d_model, nhead, batch_first=True, prior=a.prior, posterior=a.posterior, **kw
+                    d_model,
+                    nhead,
+                    batch_first=True,
+                    prior=a.prior,
+                    posterior=a.posterior,
+                    kernel=a.kernel,
+                    **kw,
                 )
             )
         self.layers = PyroModule[nn.ModuleList](layers)
@@ -492,6 +511,7 @@ class Decoder(PyroModule):
                         self_posterior=sa.posterior,
                         cross_prior=ca.prior,
                         cross_posterior=ca.posterior,
+                        self_kernel=sa.kernel,
                         **kw,
                     )
                 )
@@ -503,6 +523,7 @@ class Decoder(PyroModule):
                         batch_first=True,
                         prior=sa.prior,
                         posterior=sa.posterior,
+                        kernel=sa.kernel,
                         **kw,
                     )
                 )
