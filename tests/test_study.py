@@ -141,9 +141,13 @@ def test_multi_seed_study_aggregates_pairs_and_reports(tmp_path):
     assert r["wins"]["accuracy"] in methods
     assert set(r["predictive_cost"]) == {"deterministic_forward", "S=1", "S=2"}
     assert (tmp_path / "pareto.png").stat().st_size > 0
+    geo = r["geometry"]
+    assert set(geo) == {"deterministic", "recommended"}
+    assert geo["deterministic"]["posterior_sd"][geo["deterministic"]["layers"][0]] == 0.0
+    assert all((tmp_path / f).stat().st_size > 0 for g in geo.values() for f in g["figures"])
     report = (tmp_path / "report.md").read_text()
     for text in ("Paired differences against `deterministic`", "Who wins what", "pareto.png",
-                 "The goal for the recommended method", "± "):
+                 "The goal for the recommended method", "± ", "Attention geometry"):
         assert text in report
 
 
