@@ -210,7 +210,8 @@ def test_lowrank_layer_mean_paths_agree_and_reject_masks():
     assert w.weights.shape == (2, 4, 20, 6)
     with pytest.raises(ValueError, match="low-rank|mixtures"):
         w.to_dense()
-    with pytest.raises(ValueError, match="is_causal"):
+    # torch's rule: with a mask the is_causal hint is dropped, so the mask is what is refused
+    with pytest.raises(ValueError, match="attn_mask"):
         m(x, x, x, is_causal=True, attn_mask=torch.ones(20, 20).triu(1).bool())
     with pytest.raises(ValueError, match="LocalWindowPrior"):
         BayesianMultiheadAttention(16, 4, prior=LocalWindowPrior(2), kernel="lowrank")(x, x, x)
