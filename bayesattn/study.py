@@ -21,7 +21,6 @@ noise, rotation, occlusion), and on time (training seconds, inference ms per exa
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import time
@@ -35,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from . import calibration as C
+from ._study_io import begin_run, finish_run, prepare_out_dir, validate_study_config
 from .data import corruption_suite, load_digits_data
 from .inference import fit
 from .nn.blocks import AttentionConfig
@@ -95,6 +95,7 @@ class StudyConfig:
         return cls(**base)
 
     def __post_init__(self) -> None:
+        validate_study_config(self)
         if self.dataset != "digits":
             raise ValueError(
                 f"dataset must be 'digits' (the embedded dataset); got {self.dataset!r}"
@@ -258,8 +259,8 @@ def _attention_outputs(out: Path, method: str, net, x: Tensor, cfg: StudyConfig)
 
 def run_study(cfg: StudyConfig) -> dict[str, Any]:
     """Train, evaluate and write every requested method; returns the results dict."""
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(cfg.out)
+    begin_run(out)  # INCOMPLETE marker; the previous run's files go
     torch.manual_seed(cfg.seed)
     data = load_digits_data(seed=cfg.seed)
     C_in = data.num_classes
@@ -337,8 +338,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
                 out, method, nets[0], data.x_test[: cfg.arviz_examples], cfg
             )
         results["methods"][method] = row
-    (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
-    (out / "report.md").write_text(_report(results))
+    finish_run(out, results, _report(results))  # atomic; results.json last marks completion
     return results
 
 

@@ -28,6 +28,7 @@ from pyro.nn import PyroModule
 from torch import Tensor, nn
 
 from .. import functional as BF
+from .._validation import check_int, check_same_dtype
 from ..posteriors import AttentionPosterior, get_posterior
 from ..priors import KeyRelevancePrior, UniformPrior
 from .modes import current_kl_collector, current_mode
@@ -244,6 +245,11 @@ class BayesianMultiheadAttention(PyroModule):
                 raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
             if not t.is_floating_point():
                 raise TypeError(f"{name} must be floating point; got dtype {t.dtype}")
+            if t.dim() < 2:
+                raise ValueError(
+                    f"{name} must be 2-D (unbatched) or 3-D (batched); got shape {tuple(t.shape)}"
+                )
+            check_same_dtype(name, t, self.out_proj.weight.dtype, "BayesianMultiheadAttention")
         _check_dim("query", query, self.embed_dim)
         _check_dim("key", key, self.kdim)
         _check_dim("value", value, self.vdim)
@@ -287,10 +293,12 @@ class BayesianMultiheadAttention(PyroModule):
         k_pos: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """See the class docstring. ``num_samples`` draws that many weight samples in one pass
-        (stochastic modes only); ``q_pos``/``k_pos`` are positions passed to positional priors."""
+        (in ``"mean"`` mode, or without a posterior family, the ``S`` draws are identical: a view,
+        so shapes do not depend on the mode); ``q_pos``/``k_pos`` are positions passed to
+        positional priors."""
         self._validate(query, key, value, key_padding_mask, attn_mask)
-        if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
-            raise ValueError(f"num_samples must be a positive int or None; got {num_samples!r}")
+        if num_samples is not None:
+            check_int("num_samples", num_samples, 1)
         self_attn = query is key and key is value
         unbatched = query.dim() == 2
         if unbatched:  # (T, E) → (1, T, E)
@@ -365,6 +373,10 @@ class BayesianMultiheadAttention(PyroModule):
 
         out = out.transpose(-3, -2).reshape(out.shape[:-3] + (Tq, self.embed_dim))  # (…,B,Tq,E)
         out = linear(out, self.out_proj.weight, self.out_proj.bias)
+        if num_samples is not None and w is not None and mode == "mean":
+            w = w.expand((num_samples,) + w.shape)  # deterministic: S identical draws
+        if num_samples is not None and mode == "mean":
+            out = out.expand((num_samples,) + out.shape)
         if unbatched:
             out = out.squeeze(-3)
         elif not self.batch_first:
