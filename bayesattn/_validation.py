@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "ArgumentTypeError",
     "check_int",
     "check_real",
     "check_bool",
@@ -27,6 +28,11 @@ __all__ = [
 ]
 
 
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type. Both a ``TypeError`` and a ``ValueError``: callers that
+    catch the library's historical ``ValueError`` for a bad argument keep working."""
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
@@ -34,10 +40,11 @@ def _is_int(v: Any) -> bool:
 def check_int(name: str, v: Any, minimum: int | None = None, maximum: int | None = None) -> int:
     """``v`` as an ``int`` in ``[minimum, maximum]``; bools and floats (``2.0``) are refused."""
     if not _is_int(v):
-        raise TypeError(f"{name} must be an int; got {v!r} ({type(v).__name__})")
+        raise ArgumentTypeError(f"{name} must be an int; got {v!r} ({type(v).__name__})")
     v = int(v)
     if minimum is not None and v < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {v}")
+        what = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+        raise ValueError(f"{name} must be {what}; got {v}")
     if maximum is not None and v > maximum:
         raise ValueError(f"{name} must be an int <= {maximum}; got {v}")
     return v
@@ -54,7 +61,7 @@ def check_real(
 ) -> float:
     """``v`` as a finite ``float`` within the given bounds."""
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{name} must be a real number; got {v!r} ({type(v).__name__})")
+        raise ArgumentTypeError(f"{name} must be a real number; got {v!r} ({type(v).__name__})")
     f = float(v)
     bounds = []
     ok = math.isfinite(f)
@@ -74,7 +81,7 @@ def check_real(
 
 def check_bool(name: str, v: Any) -> bool:
     if not isinstance(v, bool):
-        raise TypeError(f"{name} must be a bool; got {v!r} ({type(v).__name__})")
+        raise ArgumentTypeError(f"{name} must be a bool; got {v!r} ({type(v).__name__})")
     return v
 
 

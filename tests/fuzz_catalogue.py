@@ -479,7 +479,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
     add("CausalLM/generate mode", lambda: lm.generate(torch.ones(2, 1, dtype=torch.long), 3,
                                                       mode="sample"))
     add("CausalLM/generate too long", lambda: lm.generate(torch.ones(2, 1, dtype=torch.long),
-                                                          500))
+                                                          500), "either")
     add("CausalLM/generate ok", lambda: lm.generate(torch.ones(2, 1, dtype=torch.long), 3), "ok")
     s2s = ba.Seq2Seq(6, 7, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1)
     src = torch.randint(3, 6, (2, 4))

@@ -475,10 +475,6 @@ class _Generative(BayesianNetwork):
     def _start(self, x: Tensor, num_samples: int):
         raise NotImplementedError
 
-    def _generation_limit(self, x: Tensor) -> int:
-        """Most tokens ``generate`` can add after the prompt ``x`` within ``max_len``."""
-        raise NotImplementedError
-
     def _check_special_ids(self, vocab_size: int, which: str) -> None:
         for name in ("pad_id", "bos_id", "eos_id"):
             v = check_int(name, getattr(self, name), 0)
@@ -508,12 +504,6 @@ class _Generative(BayesianNetwork):
         S = num_samples if mode != "mean" else 1
         with attention_mode(mode), self._pyro_context:
             state, B, device = self._start(x, S)
-            limit = self._generation_limit(x)
-            if max_len > limit:
-                raise ValueError(
-                    f"max_len = {max_len} new tokens exceed the network's max_len: at most "
-                    f"{limit} for a prompt of shape {tuple(x.shape)}"
-                )
             prefix = torch.full((B, 1), self.bos_id, dtype=torch.long, device=device)
             done = torch.zeros(B, dtype=torch.bool, device=device)
             out, probs_l, H, EH, masks = [], [], [], [], []
@@ -636,9 +626,6 @@ class Seq2Seq(_Generative):
         mem, pad = self.encode(x, num_samples)
         return (mem, pad), x.shape[0], x.device
 
-    def _generation_limit(self, x: Tensor) -> int:
-        return self.tgt_embed.max_len
-
     def _step_logits(self, prefix: Tensor, state, num_samples: int) -> Tensor:
         mem, pad = state
         return self.decode(prefix, mem, pad, num_samples)
@@ -708,9 +695,6 @@ class CausalLM(_Generative):
     def _start(self, x: Tensor, num_samples: int):
         _check_tokens("prompt", x, self.vocab_size)
         return x, x.shape[0], x.device
-
-    def _generation_limit(self, x: Tensor) -> int:
-        return self.embed.max_len - x.shape[1] + 1
 
     def _step_logits(self, prefix: Tensor, state, num_samples: int) -> Tensor:
         return self._logits_of(torch.cat([state, prefix[:, 1:]], dim=1), num_samples)
