@@ -58,9 +58,10 @@ def prepare_out_dir(out: str | Path) -> Path:
     return out
 
 
-def begin_run(out: Path) -> None:
+def begin_run(out: Path) -> frozenset[str]:
     """Mark ``out`` incomplete, then remove the previous run's outputs (so a rerun, e.g.
-    ``--force``, leaves only the new run's files)."""
+    ``--force``, leaves only the new run's files). Returns the names of the other files already
+    there (not the study's; kept, and not listed as the run's)."""
     atomic_write_text(
         out / INCOMPLETE,
         "A bayesattn study is running here, or was interrupted: the files in this folder are "
@@ -73,17 +74,23 @@ def begin_run(out: Path) -> None:
     victims |= {out / f for f in old if isinstance(f, str) and "/" not in f and f != INCOMPLETE}
     for g in _OUTPUT_GLOBS:
         victims |= set(out.glob(g))
-    for f in victims:
+    for f in [out / RESULTS, *victims]:  # results.json first: from here on, not complete
         with contextlib.suppress(FileNotFoundError, IsADirectoryError):
             f.unlink()
+    return frozenset(p.name for p in out.iterdir() if p.name != INCOMPLETE)
 
 
-def finish_run(out: Path, results: dict[str, Any], report: str) -> None:
-    """Write ``report.md``, then ``results.json`` (last, listing every file), both atomically;
-    then remove ``INCOMPLETE``."""
+def finish_run(
+    out: Path, results: dict[str, Any], report: str, foreign: frozenset[str] = frozenset()
+) -> None:
+    """Write ``report.md``, then ``results.json`` (last, listing every file of the run: those in
+    the folder but not in ``foreign``), both atomically; then remove ``INCOMPLETE``."""
     atomic_write_text(out / REPORT, report)
     files = sorted(
-        p.name for p in out.iterdir() if p.is_file() and p.name not in (INCOMPLETE, RESULTS)
+        p.name
+        for p in out.iterdir()
+        if p.is_file()
+        and p.name not in (INCOMPLETE, RESULTS, *foreign)
         and not p.name.startswith(".")
     )
     results["files"] = [*files, RESULTS]

@@ -130,6 +130,12 @@ def check_no_nan(name: str, x: Tensor, allow_neg_inf: bool = True) -> None:
         )
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically: a temporary file in the same folder, flushed and
     fsynced, then ``os.replace``d over ``path``. A crash leaves the old file or the new one."""
@@ -137,6 +143,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     directory = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a plain open() would not
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

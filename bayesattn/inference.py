@@ -699,6 +699,14 @@ def _check_data(net: BayesianNetwork, x: Tensor, y: Tensor | None, name: str) ->
 # ---------------------------------------------------------------------------------------------
 
 
+def _diverged_forward(e: BaseException, xb: Tensor) -> bool:
+    """A non-finite complaint from the forward pass on a finite batch: the model overflowed."""
+    msg = str(e).lower()
+    if not any(w in msg for w in ("finite", "nan", "inf")):
+        return False
+    return not xb.is_floating_point() or bool(torch.isfinite(xb).all())
+
+
 @contextlib.contextmanager
 def _fork_rng() -> Iterator[None]:
     """Run a block without disturbing the global RNG streams training draws from."""
@@ -890,12 +898,18 @@ class Trainer:
         ]
         for p in params:
             p.grad = None
-        c = self.config
-        raise FloatingPointError(
-            f"training diverged at step {self.step} (epoch {self.epoch + 1}): loss {loss}, "
-            f"gradient norm {norm}"
+        raise self._diverged(
+            f"loss {loss}, gradient norm {norm}"
             + (f", non-finite gradients in {bad[:5]}{' …' if len(bad) > 5 else ''}" if bad else "")
-            + "; this step was not applied, so the network keeps its last finite parameters. "
+        )
+
+    def _diverged(self, detail: str) -> FloatingPointError:
+        c = self.config
+        for p in self.network.parameters():
+            p.grad = None
+        return FloatingPointError(
+            f"training diverged at step {self.step} (epoch {self.epoch + 1}): {detail}; this "
+            "step was not applied, so the network keeps its last finite parameters. "
             f"Try a lower lr (now {c.lr:g}), clip_norm (now {c.clip_norm}), a longer "
             f"warmup_steps (now {c.warmup_steps}) or kl_anneal_steps (now {c.kl_anneal_steps}), "
             "or check the data for extreme values."
@@ -919,7 +933,14 @@ class Trainer:
         """
         if not self._set_up:
             raise RuntimeError("train_step needs a set-up trainer: call fit() first")
-        loss, logits = self._step_impl(xb, yb)
+        try:
+            loss, logits = self._step_impl(xb, yb)
+        except (FloatingPointError, ValueError) as e:
+            # overflowed parameters/activations surface in the forward pass as non-finite logits
+            # or "query must be finite"; with a finite batch that is divergence, not bad input
+            if "training diverged" in str(e) or not _diverged_forward(e, xb):
+                raise
+            raise self._diverged(f"the forward pass failed ({e})") from e
         self.step += 1
         return loss, logits
 

@@ -260,7 +260,7 @@ def _attention_outputs(out: Path, method: str, net, x: Tensor, cfg: StudyConfig)
 def run_study(cfg: StudyConfig) -> dict[str, Any]:
     """Train, evaluate and write every requested method; returns the results dict."""
     out = prepare_out_dir(cfg.out)
-    begin_run(out)  # INCOMPLETE marker; the previous run's files go
+    foreign = begin_run(out)  # INCOMPLETE marker; the previous run's files go
     torch.manual_seed(cfg.seed)
     data = load_digits_data(seed=cfg.seed)
     C_in = data.num_classes
@@ -338,7 +338,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
                 out, method, nets[0], data.x_test[: cfg.arviz_examples], cfg
             )
         results["methods"][method] = row
-    finish_run(out, results, _report(results))  # atomic; results.json last marks completion
+    finish_run(out, results, _report(results), foreign)  # atomic; results.json last = complete
     return results
 
 

@@ -103,7 +103,6 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
     from bayesattn import functional as F
     from bayesattn import posteriors as PO
     from bayesattn import priors as P
-    from bayesattn.nn import blocks as BL
 
     cases: list[Case] = []
 
@@ -183,7 +182,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
     # ---- priors --------------------------------------------------------------------------------
     qh, kh = torch.randn(2, 2, 3, 4), torch.randn(2, 2, 5, 4)
     for nm, val in bad_ints.items():
-        add(f"LocalWindowPrior/window {nm}", lambda val=val: P.LocalWindowPrior(val), 
+        add(f"LocalWindowPrior/window {nm}", lambda val=val: P.LocalWindowPrior(val),
             "either" if nm == "zero" else "error")
         add(f"LearnedPrior/heads {nm}", lambda val=val: P.LearnedPrior(val, 2))
         add(f"LearnedPrior/dist {nm}", lambda val=val: P.LearnedPrior(2, val),

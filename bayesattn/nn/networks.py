@@ -63,6 +63,10 @@ def _check_tokens(name: str, x: Tensor, vocab_size: int) -> None:
         )
 
 
+def _finite(t: Tensor) -> bool:
+    return bool(torch.isfinite(t.detach()).all())
+
+
 class BayesianNetwork(PyroModule):
     """Base class: subclasses define ``_forward_logits(x, y, num_particles)`` and
     ``_targets(x, y) -> (targets, mask or None, event_dims)``."""
@@ -106,6 +110,11 @@ class BayesianNetwork(PyroModule):
         return num_data
 
     def _obs_dist(self, logits: Tensor, mask: Tensor | None, event_dims: int):
+        if not bool(torch.isfinite(logits.detach().sum())) and not _finite(logits):
+            raise FloatingPointError(
+                f"the network's logits hold NaN/inf values (shape {tuple(logits.shape)}): its "
+                "parameters or activations have overflowed"
+            )
         d = dist.Categorical(logits=logits)
         if mask is not None:
             d = d.mask(mask)
