@@ -46,10 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _describe(out: Path) -> str:
+    from ._study_io import study_status
+
+    return {
+        "complete": "it holds a complete study",
+        "incomplete": "it holds an unfinished study or other files",
+    }.get(study_status(out), "")
+
+
 def _study(args: argparse.Namespace) -> int:
     import torch
 
-    from ._study_io import study_status
     from .study import StudyConfig, format_table, run_study
 
     out = Path(args.out)
@@ -62,8 +70,8 @@ def _study(args: argparse.Namespace) -> int:
         return 2
     if out.exists() and any(out.iterdir()) and not args.force:
         print(
-            f"bayesattn: output folder {out} exists and is not empty ({study_status(out)} "
-            "study); pass --force to replace its results",
+            f"bayesattn: output folder {out} exists and is not empty ({_describe(out)}); pass "
+            "--force to replace the study's results in it",
             file=sys.stderr,
         )
         return 2
