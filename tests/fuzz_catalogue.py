@@ -22,8 +22,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import subprocess
-import sys
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -733,20 +731,26 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
     add("StudyConfig/out int", lambda: ST.StudyConfig(out=3))
     add("StudyConfig/extra", lambda: ST.StudyConfig(extra={"lr": 1.0}), "either")
 
-    def cli(*args):
-        r = subprocess.run([sys.executable, "-m", "bayesattn.cli", *args], capture_output=True,
-                           text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        if "Traceback" in r.stderr:
-            raise RuntimeError("traceback from the CLI:\n" + r.stderr[-2000:])
-        if r.returncode == 0:
-            return r.stdout
-        raise ValueError(f"bayesattn exited {r.returncode}: {r.stderr.strip()}")
-
     def cli_case(*args):
+        """Run the command line in-process: a clean non-zero exit with a message is a clear
+        error; any exception escaping ``main`` (a traceback for the user) is not."""
+        import contextlib
+        import io
+
+        from bayesattn.cli import main
+
+        err = io.StringIO()
         try:
-            return cli(*args)
-        except ValueError as e:  # a clean exit with a message (no traceback) is a clear error
-            raise CleanExit(str(e)) from None
+            with contextlib.redirect_stderr(err):
+                try:
+                    rc = main(list(args))
+                except SystemExit as e:
+                    rc = e.code
+        except Exception as e:  # noqa: BLE001
+            raise RuntimeError(f"traceback from the CLI: {type(e).__name__}: {e}") from e
+        if rc == 0:
+            return "ran"
+        raise CleanExit(f"bayesattn exited {rc}: {err.getvalue().strip()}")
 
     f = Path(tmpdir) / "out-file"
     f.write_text("x")
