@@ -709,6 +709,59 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
     add("images_to_patches/bad patch", lambda: DA.images_to_patches(torch.rand(2, 8, 8), 3))
     add("train_val_test_split/frac", lambda: DA.train_val_test_split(10, 1.5))
 
+    # ---- plots, more models and data --------------------------------------------------------------
+    from bayesattn import plots as PL
+
+    png = str(Path(tmpdir) / "fig.png")
+    add("plot_reliability/nan", lambda: PL.plot_reliability_diagram(torch.full((6, 3), nan),
+                                                                     labels))
+    add("plot_reliability/labels", lambda: PL.plot_reliability_diagram(probs, labels[:3]))
+    add("plot_reliability/ok", lambda: PL.plot_reliability_diagram(probs, labels, path=png) and 0.0,
+        "ok")
+    add("plot_reliability/path dir", lambda: PL.plot_reliability_diagram(probs, labels,
+                                                                          path=tmpdir))
+    add("plot_histograms/bins 0", lambda: PL.plot_uncertainty_histograms(torch.rand(5),
+                                                                         torch.rand(5), bins=0))
+    add("plot_histograms/nan", lambda: PL.plot_uncertainty_histograms(torch.rand(5),
+                                                                      torch.full((5,), nan)))
+    add("plot_histograms/empty", lambda: PL.plot_uncertainty_histograms(torch.rand(5),
+                                                                        torch.rand(0)))
+    add("plot_risk_coverage/len", lambda: PL.plot_risk_coverage(torch.rand(5),
+                                                                torch.ones(4, dtype=torch.bool)))
+    add("plot_attention/shape", lambda: PL.plot_attention_uncertainty(torch.rand(3, 4),
+                                                                      torch.rand(3, 5)))
+    add("plot_attention/nan", lambda: PL.plot_attention_uncertainty(torch.full((3, 4), nan),
+                                                                    torch.rand(3, 4)))
+    add("plot_attention/labels", lambda: PL.plot_attention_uncertainty(
+        torch.rand(3, 4), torch.rand(3, 4), query_labels=["a"]))
+    add("plot_attention/3-d", lambda: PL.plot_attention_uncertainty(torch.rand(2, 3, 4),
+                                                                    torch.rand(2, 3, 4)))
+    add("plot_accuracy/thresholds", lambda: PL.plot_accuracy_vs_confidence(
+        probs, labels, thresholds=[2.0]))
+    add("plot_distance/not dict", lambda: PL.plot_attention_distance([1, 2]))
+    add("attention_model/dtype", lambda: M.attention_model(qh.double(), kh))
+    add("attention_model/log_prior shape", lambda: M.attention_model(qh, kh, torch.zeros(3, 4)))
+    add("attention_model/all masked", lambda: M.exact_posterior(
+        qh, kh, torch.full((2, 2, 3, 5), -inf)))
+    add("OnlineKeyRelevance/update dim", lambda: M.OnlineKeyRelevance(5).update(
+        torch.randn(3, 4), torch.randn(5, 3)))
+    add("OnlineKeyRelevance/update keys", lambda: M.OnlineKeyRelevance(5).update(
+        torch.randn(3, 4), torch.randn(6, 4)))
+    add("OnlineKeyRelevance/update nan", lambda: M.OnlineKeyRelevance(5).update(
+        torch.full((3, 4), nan), torch.randn(5, 4)))
+    add("OnlineKeyRelevance/ok", lambda: M.OnlineKeyRelevance(5).update(
+        torch.randn(3, 4), torch.randn(5, 4)).alpha, "ok")
+    add("head_projection_weights/which", lambda: G.head_projection_weights(mha, which="x"))
+    add("head_projection_weights/weight shape", lambda: G.head_projection_weights(
+        mha, weight=torch.randn(3, 3)))
+    add("make_translation_task/n neg", lambda: DA.make_translation_task(-1))
+    add("make_reverse_task/len", lambda: DA.make_reverse_task(10, length=2, min_length=5))
+    add("make_sort_task/vocab", lambda: DA.make_sort_task(10, vocab_size=0))
+    add("images_to_patches/float patch", lambda: DA.images_to_patches(torch.rand(2, 8, 8), 2.0))
+    add("corruption_suite/severity", lambda: DA.corruption_suite(torch.rand(2, 8, 8),
+                                                                severities=(9,)))
+    add("load_digits_data/frac", lambda: DA.load_digits_data(val_fraction=1.5))
+
     # ---- study, cli -----------------------------------------------------------------------------
     from bayesattn import study as ST
 
