@@ -23,7 +23,12 @@ def build_parser() -> argparse.ArgumentParser:
         "figures and ArviZ files.",
     )
     s.add_argument("--out", default="bayesattn-study", help="output folder")
-    s.add_argument("--force", action="store_true", help="overwrite a non-empty output folder")
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the results in a non-empty output folder (the previous run's results.json, "
+        "report.md, *.png and *.nc files are removed first; other files are kept)",
+    )
     s.add_argument("--quick", action="store_true", help="a smoke run of about a minute")
     s.add_argument("--dataset", default="digits", choices=["digits"], help="dataset")
     s.add_argument("--methods", nargs="+", choices=METHODS, default=None, help="methods to run")
@@ -53,15 +58,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _describe(out: Path) -> str:
+    from ._study_io import study_status
+
+    return {
+        "complete": "it holds a complete study",
+        "incomplete": "it holds an unfinished study or other files",
+    }.get(study_status(out), "")
+
+
 def _study(args: argparse.Namespace) -> int:
     import torch
 
     from .study import StudyConfig, format_table, run_study
 
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"bayesattn: --out {out} is a file; give a folder", file=sys.stderr)
+        return 2
+    if args.threads < 0:
+        print(f"bayesattn: --threads must be >= 1 (0: torch's default); got {args.threads}",
+              file=sys.stderr)
+        return 2
     if out.exists() and any(out.iterdir()) and not args.force:
         print(
-            f"bayesattn: output folder {out} exists and is not empty; pass --force to overwrite",
+            f"bayesattn: output folder {out} exists and is not empty ({_describe(out)}); pass "
+            "--force to replace the study's results in it",
             file=sys.stderr,
         )
         return 2
@@ -81,7 +103,14 @@ def _study(args: argparse.Namespace) -> int:
             kw[name] = tuple(val) if name in ("methods", "holdout_classes") else val
     try:
         cfg = StudyConfig.quick(**kw) if args.quick else StudyConfig(**kw)
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
+        print(f"bayesattn: {e}", file=sys.stderr)
+        return 2
+    try:
+        from ._study_io import prepare_out_dir
+
+        prepare_out_dir(out)
+    except (ValueError, TypeError) as e:
         print(f"bayesattn: {e}", file=sys.stderr)
         return 2
     results = run_study(cfg)

@@ -296,6 +296,8 @@ def corrupt_images(x: Tensor, kind: str, severity: int, seed: int = 0) -> Tensor
     x = _check_tensor("x", x, 3)
     if not x.is_floating_point():
         raise TypeError(f"x must be a floating point tensor, got dtype {x.dtype}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"x must be finite; got NaN or Inf pixels in shape {tuple(x.shape)}")
     kind = _check_kind(kind)
     severity = _check_severity(severity)
     seed = _check_seed(seed)

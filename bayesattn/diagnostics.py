@@ -258,11 +258,14 @@ def _stack_layers(
     """Stack ``<pre>.layers.<i>.<post>`` attention variables into ``<pre>.<post>`` with a layer
     axis after the sample dims. Returns the new posterior and the layer indices per new name."""
     groups: dict[str, list[tuple[int, str]]] = {}
-    for name, arr in posterior.items():
+    for name in posterior:
         m = _LAYER_RE.match(name)
-        if m and _is_attention_name(name) and arr.ndim >= 6:
+        if m and _is_attention_name(name):  # every size: mismatches are errors, not skipped
             new = f"{m['pre']}.{m['post']}" if m["pre"] else m["post"]
             groups.setdefault(new, []).append((int(m["idx"]), name))
+    groups = {  # a lone variable that is not (C, D, B, H, Tq, Tk) is left alone, as before
+        n: lst for n, lst in groups.items() if len(lst) > 1 or posterior[lst[0][1]].ndim >= 6
+    }
     if not groups:
         return posterior, {}
     members = {old: new for new, lst in groups.items() for _, old in lst}
@@ -280,9 +283,11 @@ def _stack_layers(
         if new in out:
             continue
         lst = sorted(groups[new])
-        arrs = [_attention_core(old, posterior[old]) for _, old in lst]
+        ok = all(posterior[o].ndim >= 6 for _, o in lst)
+        arrs = [_attention_core(old, posterior[old]) for _, old in lst] if ok else []
         shapes = {a.shape for a in arrs}
-        if len(shapes) > 1 or arrs[0].ndim != 6:
+        if not ok or len(shapes) > 1 or arrs[0].ndim != 6:
+            shapes = {posterior[o].shape[2:] for _, o in lst}
             raise ValueError(
                 f"stack_layers: variables {[o for _, o in lst]} have different shapes "
                 f"{sorted(shapes)}; cannot stack them into {new!r}"
@@ -346,7 +351,15 @@ def to_arviz_dict(
                     f"{group} variable {name!r} contains '/', which netCDF/HDF5 and xarray's "
                     "DataTree reserve as a path separator; rename it"
                 )
-            converted[name] = _to_numpy(name, value)
+            arr = _to_numpy(name, value)
+            if arr.dtype.kind == "f" and np.isnan(arr).any():
+                raise ValueError(
+                    f"{group} variable {name!r} holds {int(np.isnan(arr).sum())} NaN values "
+                    f"(shape {arr.shape}); diagnostics of NaN draws are meaningless"
+                )
+            if arr.dtype.kind == "O":
+                raise TypeError(f"{group} variable {name!r} must hold numbers; got objects")
+            converted[name] = arr
         data[group] = converted
 
     # Predictive returns "obs" alongside the latents: move it to the posterior predictive
@@ -882,7 +895,16 @@ def psis_smooth(log_weights: Any, reff: float = 1.0) -> tuple[np.ndarray, float]
     Shape:
         ``(S,)`` → ``((S,), scalar)``.
     """
-    x = np.array(log_weights, dtype=float).reshape(-1)
+    if isinstance(reff, bool) or not isinstance(reff, (int, float)):
+        raise TypeError(f"reff must be a float > 0; got {reff!r}")
+    if not (math.isfinite(reff) and reff > 0):
+        raise ValueError(f"reff (relative efficiency of the draws) must be finite and > 0; got {reff!r}")
+    if isinstance(log_weights, (str, bytes)):
+        raise TypeError(f"log_weights must be an array of floats; got {type(log_weights).__name__}")
+    try:
+        x = np.array(log_weights, dtype=float).reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"log_weights must be an array of floats ({e})") from e
     n = x.size
     if n < 2:
         raise ValueError(f"need at least 2 log weights; got {n}")

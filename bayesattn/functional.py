@@ -25,7 +25,10 @@ from __future__ import annotations
 import math
 
 import torch
+from pyro.infer.util import is_validation_enabled
 from torch import Tensor
+
+from ._validation import check_float_tensor, check_int, check_no_nan, check_tensor
 
 __all__ = [
     "attention_logits",
@@ -67,6 +70,13 @@ def entropy(probs: Tensor, dim: int = -1) -> Tensor:
     """
     if not isinstance(probs, Tensor):
         raise TypeError(f"probs must be a torch.Tensor; got {type(probs).__name__}")
+    if not probs.is_floating_point():
+        raise TypeError(f"probs must be a floating-point tensor; got dtype {probs.dtype}")
+    if is_validation_enabled() and probs.numel() and not bool(probs.min() >= 0):
+        raise ValueError(
+            f"probs must be non-negative and not NaN; got min {float(probs.min())} in a tensor of "
+            f"shape {tuple(probs.shape)}"
+        )
     return -torch.special.xlogy(probs, probs).sum(dim)
 
 
@@ -97,6 +107,10 @@ def attention_logits(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor
     Shape:
         q: ``(..., Tq, D)``, k: ``(..., Tk, D)`` → ``(..., Tq, Tk)``; leading dims broadcast.
     """
+    check_float_tensor("q", q, min_dim=2)
+    check_float_tensor("k", k, min_dim=2)
+    if q.dtype != k.dtype:
+        raise TypeError(f"q and k must have the same dtype; got q {q.dtype}, k {k.dtype}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"q and k must share the last (feature) dim; got q {tuple(q.shape)}, k {tuple(k.shape)}"
@@ -129,6 +143,9 @@ def causal_log_prior(
     Shape:
         ``(Tq, Tk)``
     """
+    tgt_len = check_int("tgt_len", tgt_len, 0)
+    src_len = check_int("src_len", src_len, 0)
+    offset = check_int("offset", offset)
     i = torch.arange(tgt_len, device=device).unsqueeze(-1)  # (Tq, 1)
     j = torch.arange(src_len, device=device).unsqueeze(0)  # (1, Tk)
     future = j > i + offset  # (Tq, Tk)
@@ -138,6 +155,7 @@ def causal_log_prior(
 
 
 def _as_log_prior(mask: Tensor, name: str, dtype: torch.dtype) -> Tensor:
+    check_tensor(name, mask)
     if mask.dtype == torch.bool:
         return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
             mask, float("-inf")
@@ -239,12 +257,23 @@ def log_posterior_weights(logits: Tensor, log_prior: Tensor | None = None) -> Te
     Shape:
         ``(..., Tq, Tk)``
     """
+    _check_logits(logits, log_prior)
     if log_prior is None:
         return torch.log_softmax(logits, dim=-1)
     a = posterior_logits(logits, log_prior)
     dead = ~allowed_keys(a).any(-1, keepdim=True)  # (..., Tq, 1)
     out = torch.log_softmax(a.masked_fill(dead, 0.0), dim=-1)
     return out.masked_fill(dead, float("-inf"))
+
+
+def _check_logits(logits: Tensor, log_prior: Tensor | None) -> None:
+    check_float_tensor("logits", logits, min_dim=1)
+    if log_prior is not None:
+        check_float_tensor("log_prior", log_prior)
+    if is_validation_enabled():
+        check_no_nan("logits", logits)
+        if log_prior is not None:
+            check_no_nan("log_prior", log_prior)
 
 
 def posterior_weights(logits: Tensor, log_prior: Tensor | None = None) -> Tensor:
@@ -260,6 +289,7 @@ def posterior_weights(logits: Tensor, log_prior: Tensor | None = None) -> Tensor
         >>> w
         tensor([[0.5000, 0.5000, 0.0000]])
     """
+    _check_logits(logits, log_prior)
     if log_prior is None:  # nothing masked (logits are finite): plain softmax
         return torch.softmax(logits, dim=-1)
     a = posterior_logits(logits, log_prior)
@@ -275,6 +305,12 @@ def attend(weights: Tensor, v: Tensor) -> Tensor:
         weights ``(..., Tq, Tk)``, v ``(..., Tk, Dv)`` → ``(..., Tq, Dv)``; leading dims (e.g. a
         sample dim ``S`` on the weights) broadcast.
     """
+    check_float_tensor("weights", weights, min_dim=1)
+    check_float_tensor("v", v, min_dim=2)
+    if weights.dtype != v.dtype:
+        raise TypeError(
+            f"weights and v must have the same dtype; got weights {weights.dtype}, v {v.dtype}"
+        )
     if weights.shape[-1] != v.shape[-2]:
         raise ValueError(
             f"weights last dim (Tk) must equal v's key dim; got weights {tuple(weights.shape)}, "
@@ -301,6 +337,8 @@ def attention(
         q ``(..., Tq, D)``, k ``(..., Tk, D)``, v ``(..., Tk, Dv)``, log_prior broadcastable to
         ``(..., Tq, Tk)`` → output ``(..., Tq, Dv)``, weights ``(..., Tq, Tk)``.
     """
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a float in [0, 1); got {dropout_p!r}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")
     w = posterior_weights(attention_logits(q, k, scale), log_prior)  # (..., Tq, Tk)

@@ -105,6 +105,7 @@ __all__ = [
     "lr_scheduler",
     "save_checkpoint",
     "load_checkpoint",
+    "prepare_checkpoint_path",
     "CheckpointError",
 ]
 
@@ -475,6 +476,40 @@ def _digest(obj: Any) -> str:
     return h.hexdigest()
 
 
+def prepare_checkpoint_path(path: str | os.PathLike) -> Path:
+    """Check a checkpoint path before training: a file path whose folder exists or can be
+    created and is writable. Removes temporary files (``.<name>.*.tmp``) left next to it by
+    checkpoint writes that were killed. Raises ``ValueError``/``TypeError`` naming the path."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"checkpoint_path must be a str or a path; got {type(path).__name__}")
+    path = Path(path)
+    if str(path) in ("", "."):
+        raise ValueError(f"checkpoint_path must name a file; got {str(path)!r}")
+    if path.is_dir():
+        raise ValueError(
+            f"checkpoint_path {str(path)!r} is a folder; give a file path such as "
+            f"{str(path / 'checkpoint.pt')!r}"
+        )
+    parent = path.parent if str(path.parent) else Path(".")
+    for p in (parent, *parent.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ValueError(
+                    f"checkpoint_path {str(path)!r} lies under {str(p)!r}, which is a file"
+                )
+            break
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create the folder of checkpoint_path {str(path)!r}: {e}") from e
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"the folder of checkpoint_path {str(path)!r} is not writable")
+    for stale in parent.glob(f".{path.name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            stale.unlink()
+    return path
+
+
 def save_checkpoint(path: str | os.PathLike, state: Trainer | dict[str, Any]) -> Path:
     """Write a trainer's state (or a state dict from :meth:`Trainer.state_dict`) atomically.
 
@@ -646,6 +681,14 @@ def sync_param_store(
     return names
 
 
+def _diverged_forward(e: BaseException, xb: Tensor) -> bool:
+    """A non-finite complaint from the forward pass on a finite batch: the model overflowed."""
+    msg = str(e).lower()
+    if not any(w in msg for w in ("finite", "nan", "inf")):
+        return False
+    return not xb.is_floating_point() or bool(torch.isfinite(xb).all())
+
+
 class Trainer:
     """Trains a :class:`~bayesattn.nn.networks.BayesianNetwork` (see the module docstring).
 
@@ -810,6 +853,36 @@ class Trainer:
             return self.network.guide(*args, **kwargs)
 
     # ---- one step -----------------------------------------------------------------------------
+    def _check_step(self, loss: float, params: list[Tensor]) -> None:
+        """Before the optimiser step: a non-finite loss or gradient stops training with the
+        parameters untouched (the step is not applied, the gradients are dropped)."""
+        norm = self.last_grad_norm
+        if math.isfinite(loss) and norm is not None and math.isfinite(norm):
+            return
+        bad = [
+            n
+            for n, p in self.network.named_parameters()
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all())
+        ]
+        for p in params:
+            p.grad = None
+        raise self._diverged(
+            f"loss {loss}, gradient norm {norm}"
+            + (f", non-finite gradients in {bad[:5]}{' …' if len(bad) > 5 else ''}" if bad else "")
+        )
+
+    def _diverged(self, detail: str) -> FloatingPointError:
+        c = self.config
+        for p in self.network.parameters():
+            p.grad = None
+        return FloatingPointError(
+            f"training diverged at step {self.step} (epoch {self.epoch + 1}): {detail}; this "
+            "step was not applied, so the network keeps its last finite parameters. "
+            f"Try a lower lr (now {c.lr:g}), clip_norm (now {c.clip_norm}), a longer "
+            f"warmup_steps (now {c.warmup_steps}) or kl_anneal_steps (now {c.kl_anneal_steps}), "
+            "or check the data for extreme values."
+        )
+
     def _clip(self, params: list[Tensor]) -> None:
         grads = [p for p in params if p.grad is not None]
         if self.config.clip_norm is not None:
@@ -828,7 +901,14 @@ class Trainer:
         """
         if not self._set_up:
             raise RuntimeError("train_step needs a set-up trainer: call fit() first")
-        loss, logits = self._step_impl(xb, yb)
+        try:
+            loss, logits = self._step_impl(xb, yb)
+        except (FloatingPointError, ValueError) as e:
+            # overflowed parameters/activations surface in the forward pass as non-finite logits
+            # or "query must be finite"; with a finite batch that is divergence, not bad input
+            if "training diverged" in str(e) or not _diverged_forward(e, xb):
+                raise
+            raise self._diverged(f"the forward pass failed ({e})") from e
         self.step += 1
         return loss, logits
 
@@ -855,6 +935,7 @@ class Trainer:
                 logits = torch.stack(outs)
             params = [p for g in self.optimizer.param_groups for p in g["params"]]
             self._clip(params)
+            self._check_step(total / N, params)
             self.optimizer.step()
             self.scheduler.step()
             return total / N, logits
@@ -873,6 +954,7 @@ class Trainer:
             if p.grad is not None:
                 p.grad.div_(N)
         self._clip(params)
+        self._check_step(float(loss) / N, params)
         self.pyro_optim(params)
         pyro.infer.util.zero_grads(set(params))
         self.pyro_optim.step()
@@ -1124,7 +1206,7 @@ class Trainer:
         train_data: Any,
         val_data: Any = None,
         checkpoint_path: str | os.PathLike | None = None,
-        resume: bool = False,
+        resume: bool | str = False,
         num_data: int | None = None,
     ) -> History:
         """Train until ``config.epochs`` epochs, ``config.max_steps`` steps or early stopping.
@@ -1137,12 +1219,19 @@ class Trainer:
                 come). See :mod:`bayesattn.training.data`.
             val_data: same forms; evaluated every ``eval_every`` epochs (early stopping).
             checkpoint_path: written (atomically) after every epoch and when training stops.
+                Checked before any training (a folder, or a path under a file, is a
+                ``ValueError``); temporary files left by killed writes are removed.
             resume: continue from ``checkpoint_path`` (which must exist) exactly where it
                 stopped: weights, optimiser, schedule, data order, RNG, history. For a stream
                 the open epoch restarts the stream and skips the batches already trained on
-                (exact when each pass yields the same items in the same order).
+                (exact when each pass yields the same items in the same order). ``"auto"``:
+                resume if the checkpoint exists, else start afresh (the restartable-job idiom).
             num_data: the number of training examples :math:`N` the ELBO is scaled to; needed
                 only for a stream without ``__len__`` (default: the length of the data).
+
+        Raises:
+            FloatingPointError: "training diverged at step N": a non-finite loss or gradient.
+                The step is not applied, so the network keeps its last finite parameters.
 
         The network is left in eval mode; with early stopping and ``restore_best`` it holds the
         best validation weights.
@@ -1153,10 +1242,14 @@ class Trainer:
             completed epochs only, so that a resumed run records the whole epoch.
         """
         c, net = self.config, self.network
-        if not isinstance(resume, bool):
-            raise TypeError(f"resume must be a bool; got {type(resume).__name__}")
+        if not isinstance(resume, bool) and resume != "auto":
+            raise TypeError(f"resume must be True, False or 'auto'; got {resume!r}")
         if resume and checkpoint_path is None:
-            raise ValueError("resume=True needs a checkpoint_path")
+            raise ValueError(f"resume={resume!r} needs a checkpoint_path")
+        if checkpoint_path is not None:
+            checkpoint_path = prepare_checkpoint_path(checkpoint_path)
+        if resume == "auto":
+            resume = checkpoint_path.is_file()
         src = as_train_data(train_data, "train_data", c.batch_size, c.drop_last, num_data)
         if isinstance(src, TensorSource):
             _check_data(net, src.x, src.y, "train_data")
@@ -1294,16 +1387,17 @@ def fit(
     val_data: Any = None,
     config: TrainConfig | dict | None = None,
     checkpoint_path: str | os.PathLike | None = None,
-    resume: bool = False,
+    resume: bool | str = False,
     num_data: int | None = None,
     **overrides: Any,
 ) -> History:
     """Train ``network`` on ``train_data``: ``Trainer(network, config, **overrides).fit(...)``.
 
     Keyword overrides are :class:`TrainConfig` fields (``fit(net, data, mode="svi", epochs=5)``).
-    See :class:`Trainer` and :meth:`Trainer.fit`. With ``resume=True`` and ``config=None`` the
-    configuration saved in the checkpoint is used (override e.g. ``max_steps`` or ``epochs``).
-    ``num_data`` is the number of training examples, for a stream without ``__len__``.
+    See :class:`Trainer` and :meth:`Trainer.fit`. With ``resume=True`` (or ``"auto"`` and an
+    existing checkpoint) and ``config=None`` the configuration saved in the checkpoint is used
+    (override e.g. ``max_steps`` or ``epochs``). ``num_data`` is the number of training examples,
+    for a stream without ``__len__``.
     """
     if config is None and resume and checkpoint_path is not None:
         if Path(checkpoint_path).is_file():

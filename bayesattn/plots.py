@@ -59,6 +59,8 @@ def _root_figure(ax: Axes) -> Figure:
 
 
 def _finish(fig: Figure, path: PathLike | None) -> Figure:
+    if path is not None and os.path.isdir(path):
+        raise ValueError(f"path {str(path)!r} is a folder; give a file name such as 'figure.png'")
     if path is not None:
         fig.savefig(path, dpi=120, bbox_inches="tight", format="png")
     return fig
@@ -311,6 +313,8 @@ def _as_2d(x: Any, name: str) -> np.ndarray:
             ) from exc
     if arr.ndim != 2:
         raise ValueError(f"{name} must be 2-D (Tq, Tk); got shape {tuple(arr.shape)}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} must be finite; got NaN or Inf in shape {tuple(arr.shape)}")
     return arr
 
 
@@ -473,6 +477,8 @@ def plot_accuracy_vs_confidence(
         )
         if thr.ndim != 1 or thr.shape[0] == 0:
             raise ValueError(f"thresholds must be a non-empty 1-D sequence; got shape {thr.shape}")
+        if not (np.isfinite(thr).all() and (thr >= 0).all() and (thr <= 1).all()):
+            raise ValueError(f"thresholds must be confidences in [0, 1]; got {thr.tolist()}")
     conf = p.max(dim=1).values.numpy()  # (N,)
     correct = (p.argmax(dim=1) == y).numpy()  # (N,)
     kept = conf[None, :] >= thr[:, None]  # (T, N)

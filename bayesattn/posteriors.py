@@ -27,10 +27,12 @@ import math
 
 import torch
 from pyro.distributions.torch_distribution import TorchDistribution
+from pyro.infer.util import is_validation_enabled
 from torch import Tensor, nn
 from torch.distributions import constraints
 from torch.distributions.kl import kl_divergence, register_kl
 
+from ._validation import check_float_tensor, check_int, check_no_nan, check_real, check_tensor
 from .functional import log_posterior_weights, posterior_weights
 
 __all__ = [
@@ -173,6 +175,7 @@ class MaskedDirichlet(_Masked):
 def _kl_masked_dirichlet(p: MaskedDirichlet, q: MaskedDirichlet) -> Tensor:
     r""":math:`\mathrm{KL} = \log\Gamma(a_0) - \sum\log\Gamma(a_j) - \log\Gamma(b_0) + \sum\log\Gamma(b_j)
     + \sum (a_j - b_j)(\psi(a_j) - \psi(a_0))` over allowed keys."""
+    _check_kl_shapes(p, q)
     a, b = p._safe_conc, q._safe_conc
     a0, b0 = p._safe_total, q._safe_total
     t = torch.lgamma(a0) - torch.lgamma(b0)
@@ -214,6 +217,7 @@ class MaskedNormal(_Masked):
 
 @register_kl(MaskedNormal, MaskedNormal)
 def _kl_masked_normal(p: MaskedNormal, q: MaskedNormal) -> Tensor:
+    _check_kl_shapes(p, q)
     var_ratio = (p.scale / q.scale).pow(2)
     t = ((p.loc - q.loc) / q.scale).pow(2)
     return p._mask_sum(0.5 * (var_ratio + t - 1 - var_ratio.log()))
@@ -330,6 +334,7 @@ def _kl_weibull_gamma_torch(p, q) -> Tensor:
 
 @register_kl(MaskedWeibull, MaskedGamma)
 def _kl_masked_weibull_gamma(p: MaskedWeibull, q: MaskedGamma) -> Tensor:
+    _check_kl_shapes(p, q)
     return p._mask_sum(kl_weibull_gamma(p._k, p.scale, q.concentration, q.rate))
 
 
@@ -389,6 +394,22 @@ class MaskedConcrete(_Masked):
 # --------------------------------------------------------------------------------------------
 
 
+def _check_kl_shapes(p, q) -> None:
+    """Both distributions must be over the same keys (``event_shape (Tk,)``) and broadcast."""
+    if p.event_shape != q.event_shape:
+        raise ValueError(
+            f"KL between distributions over different key sets: event shapes (Tk,) "
+            f"{tuple(p.event_shape)} vs {tuple(q.event_shape)}"
+        )
+    try:
+        torch.broadcast_shapes(p.batch_shape, q.batch_shape)
+    except RuntimeError:
+        raise ValueError(
+            f"KL between distributions of batch shapes {tuple(p.batch_shape)} and "
+            f"{tuple(q.batch_shape)} that do not broadcast"
+        ) from None
+
+
 def _allowed(logits: Tensor, log_prior: Tensor | None) -> Tensor:
     a = logits if log_prior is None else logits + log_prior
     return a > float("-inf")
@@ -421,13 +442,11 @@ class AttentionPosterior(nn.Module):
 
     def __init__(self, num_heads: int = 1, prior_location: str = "key_relevance") -> None:
         super().__init__()
-        if not isinstance(num_heads, int) or num_heads < 1:
-            raise ValueError(f"num_heads must be a positive int; got {num_heads!r}")
+        self.num_heads = check_int("num_heads", num_heads, 1)
         if prior_location not in PRIOR_LOCATIONS:
             raise ValueError(
                 f"prior_location must be one of {PRIOR_LOCATIONS}; got {prior_location!r}"
             )
-        self.num_heads = num_heads
         self.prior_location = prior_location
 
     def prior_log_location(
@@ -443,6 +462,35 @@ class AttentionPosterior(nn.Module):
         if self.prior_location == "attention":
             return self.exact_log_posterior(logits, log_prior)
         return self.normalised_log_prior(log_prior, logits)
+
+    def _check_inputs(self, logits: Tensor, log_prior: Tensor | None) -> None:
+        """``logits (…, B, H, Tq, Tk)`` float without NaN/+inf, ``log_prior`` broadcastable."""
+        check_float_tensor("logits", logits, min_dim=4)
+        if logits.shape[-3] not in (1, self.num_heads) and self.num_heads != 1:
+            raise ValueError(
+                f"{type(self).__name__} has {self.num_heads} heads; logits (…, B, H, Tq, Tk) "
+                f"have H = {logits.shape[-3]} (shape {tuple(logits.shape)})"
+            )
+        if log_prior is not None:
+            check_float_tensor("log_prior", log_prior)
+            try:
+                ok = torch.broadcast_shapes(log_prior.shape, logits.shape) == logits.shape
+            except RuntimeError:
+                ok = False
+            if not ok:
+                raise ValueError(
+                    f"log_prior must broadcast to the logits' shape {tuple(logits.shape)}; got "
+                    f"{tuple(log_prior.shape)}"
+                )
+        if is_validation_enabled():
+            check_no_nan("logits", logits)
+            if log_prior is not None:
+                check_no_nan("log_prior", log_prior)
+
+    def _check_like(self, like: Tensor, log_prior: Tensor | None) -> None:
+        check_float_tensor("like", like, min_dim=4)
+        if log_prior is not None:
+            check_tensor("log_prior", log_prior)
 
     # helpers ------------------------------------------------------------------------------
     @staticmethod
@@ -489,6 +537,7 @@ class AttentionPosterior(nn.Module):
     def kl(self, q_dist, p_dist, num_samples: int = 1) -> Tensor:
         r""":math:`\mathrm{KL}(q\|p)` per row ``(..., Tq)``: closed form when registered, else a
         Monte-Carlo estimate with ``num_samples`` reparameterised draws."""
+        _check_kl_shapes(q_dist, p_dist)
         if self.analytic_kl:
             return kl_divergence(q_dist, p_dist)
         x = q_dist.rsample((num_samples,))
@@ -527,6 +576,7 @@ class DirichletWeights(AttentionPosterior):
         )
 
     def posterior(self, logits, log_prior=None, query=None) -> MaskedDirichlet:
+        self._check_inputs(logits, log_prior)
         lp, allowed = self.exact_log_posterior(logits, log_prior)  # (B, H, Tq, Tk)
         n = _num_allowed(allowed, lp)  # (B, H, Tq, 1)
         kappa = self._head_param(self.log_concentration.exp().to(lp.dtype))
@@ -534,6 +584,7 @@ class DirichletWeights(AttentionPosterior):
         return MaskedDirichlet(conc, allowed, validate_args=False)
 
     def prior(self, log_prior, like, key=None) -> MaskedDirichlet:
+        self._check_like(like, log_prior)
         lp, allowed = self.prior_log_location(log_prior, like)
         n = _num_allowed(allowed, lp)
         conc = (self.prior_concentration * n * lp.exp()).clamp_min(1e-6)
@@ -585,10 +636,12 @@ class LogisticNormalWeights(AttentionPosterior):
         return nn.functional.softplus(s + b) + 1e-4
 
     def posterior(self, logits, log_prior=None, query=None) -> MaskedNormal:
+        self._check_inputs(logits, log_prior)
         lp, allowed = self.exact_log_posterior(logits, log_prior)
         return MaskedNormal(lp, self._scale(lp, query).expand_as(lp), allowed, validate_args=False)
 
     def prior(self, log_prior, like, key=None) -> MaskedNormal:
+        self._check_like(like, log_prior)
         lp, allowed = self.prior_log_location(log_prior, like)
         return MaskedNormal(lp, torch.full_like(lp, self.prior_scale), allowed, validate_args=False)
 
@@ -609,28 +662,51 @@ class WeibullWeights(AttentionPosterior):
     :math:`w_{ij} = g_{ij}/\sum_l g_{il}`. Prior :math:`g_{ij}\sim\mathrm{Gamma}(c\,\pi_{ij}, c)` with
     ``c = prior_concentration · n_i`` (mean :math:`\pi_{ij}`); use a
     :class:`~bayesattn.priors.ContextualPrior` for BAM's contextual prior. Closed-form KL.
+
+    The learned shape is bounded below, :math:`k_h = \max(e^{\text{log_shape}_h}, k_{\min})` with
+    ``min_shape`` :math:`k_{\min} \ge 0.1` (default 0.1): below it a float32 draw
+    :math:`\lambda(-\log u)^{1/k}` overflows to ``inf`` and the normalised weights become NaN
+    (one SVI step at a large learning rate can push the shape there).
     """
+
+    #: smallest shape for which float32 draws stay finite: :math:`g = \lambda(-\log u)^{1/k}` with
+    #: :math:`-\log u \le 87.3` overflows float32 once :math:`1/k \gtrsim 20`.
+    MIN_SHAPE = 0.1
 
     def __init__(
         self,
         num_heads: int = 1,
         init_shape: float = 10.0,
         prior_concentration: float = 1.0,
+        min_shape: float = MIN_SHAPE,
         prior_location: str = "key_relevance",
     ) -> None:
         super().__init__(num_heads, prior_location)
         _check_positive("init_shape", init_shape)
         _check_positive("prior_concentration", prior_concentration)
+        self.min_shape = check_real("min_shape", min_shape, ge=self.MIN_SHAPE)
+        if init_shape < self.min_shape:
+            raise ValueError(
+                f"init_shape must be >= min_shape = {self.min_shape:g} (smaller shapes overflow "
+                f"the Weibull draws to inf and the weights to NaN); got {init_shape!r}"
+            )
         self.prior_concentration = float(prior_concentration)
         self.log_shape = nn.Parameter(torch.full((num_heads,), math.log(init_shape)))
 
+    @property
+    def shape_k(self) -> Tensor:
+        r"""Per-head Weibull shape :math:`k_h = \max(e^{\text{log_shape}_h}, k_{\min})`."""
+        return self.log_shape.exp().clamp_min(self.min_shape)
+
     def posterior(self, logits, log_prior=None, query=None) -> MaskedWeibull:
+        self._check_inputs(logits, log_prior)
         lp, allowed = self.exact_log_posterior(logits, log_prior)
-        k = self._head_param(self.log_shape.exp().to(lp.dtype))  # (1, H, 1, 1)
+        k = self._head_param(self.shape_k.to(lp.dtype))  # (1, H, 1, 1)
         lam = (lp.exp() / _weibull_mean_factor(k)).clamp_min(1e-8)  # (B, H, Tq, Tk)
         return MaskedWeibull(k, lam, allowed, validate_args=False)
 
     def prior(self, log_prior, like, key=None) -> MaskedGamma:
+        self._check_like(like, log_prior)
         lp, allowed = self.prior_log_location(log_prior, like)
         c = self.prior_concentration * _num_allowed(allowed, lp)
         rate = c.expand_as(lp) if isinstance(c, Tensor) else torch.full_like(lp, c)
@@ -662,12 +738,14 @@ class ConcreteWeights(AttentionPosterior):
         self.prior_temperature = float(prior_temperature or temperature)
 
     def posterior(self, logits, log_prior=None, query=None) -> MaskedConcrete:
+        self._check_inputs(logits, log_prior)
         lp, allowed = self.exact_log_posterior(logits, log_prior)
         return MaskedConcrete(
             lp, torch.full_like(lp, self.temperature), allowed, validate_args=False
         )
 
     def prior(self, log_prior, like, key=None) -> MaskedConcrete:
+        self._check_like(like, log_prior)
         lp, allowed = self.normalised_log_prior(log_prior, like)
         return MaskedConcrete(
             lp, torch.full_like(lp, self.prior_temperature), allowed, validate_args=False

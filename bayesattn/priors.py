@@ -15,7 +15,11 @@ from __future__ import annotations
 import math
 
 import torch
+from pyro.infer.util import is_validation_enabled
 from torch import Tensor, nn
+
+from ._validation import check_bool, check_int, check_tensor
+from .functional import check_finite
 
 __all__ = [
     "KeyRelevancePrior",
@@ -33,12 +37,15 @@ __all__ = [
 def _positions(pos: Tensor | None, n: int, device: torch.device, name: str) -> Tensor:
     if pos is None:
         return torch.arange(n, device=device)
+    check_tensor(name, pos)
     if pos.dim() != 1 or pos.shape[0] != n:
         raise ValueError(f"{name} must have shape ({n},); got {tuple(pos.shape)}")
     return pos.to(device)
 
 
 def _check_qk(q: Tensor, k: Tensor) -> None:
+    check_tensor("q", q)
+    check_tensor("k", k)
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(
             f"priors take per-head q (B, H, Tq, Dh) and k (B, H, Tk, Dh); got q {tuple(q.shape)}, "
@@ -102,7 +109,7 @@ class LocalWindowPrior(KeyRelevancePrior):
         if not isinstance(window, int) or isinstance(window, bool) or window < 0:
             raise ValueError(f"window must be a non-negative int; got {window!r}")
         self.window = window
-        self.causal = causal
+        self.causal = check_bool("causal", causal)
 
     def log_prior(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         d = _offsets(q_pos, k_pos)  # (Tq, Tk)
@@ -116,8 +123,7 @@ class LocalWindowPrior(KeyRelevancePrior):
 def alibi_slopes(num_heads: int) -> Tensor:
     r"""ALiBi head slopes :math:`m_h = 2^{-8h/H}`, :math:`h = 1..H` (Press et al., 2022); for a
     non-power-of-two ``H`` the standard interleaving of the next power of two is used."""
-    if num_heads < 1:
-        raise ValueError(f"num_heads must be >= 1; got {num_heads}")
+    num_heads = check_int("num_heads", num_heads, 1)
 
     def pow2(n: int) -> list[float]:
         start = 2.0 ** (-8.0 / n)
@@ -144,6 +150,9 @@ class DistanceDecayPrior(KeyRelevancePrior):
         self, num_heads: int, slopes: Tensor | None = None, learnable: bool = False
     ) -> None:
         super().__init__()
+        num_heads = check_int("num_heads", num_heads, 1)
+        if slopes is not None and not isinstance(slopes, (Tensor, list, tuple)):
+            raise TypeError(f"slopes must be a tensor or a list of floats; got {slopes!r}")
         s = (
             alibi_slopes(num_heads)
             if slopes is None
@@ -180,10 +189,8 @@ class LearnedPrior(KeyRelevancePrior):
 
     def __init__(self, num_heads: int, max_distance: int) -> None:
         super().__init__()
-        if num_heads < 1:
-            raise ValueError(f"num_heads must be >= 1; got {num_heads}")
-        if max_distance < 0:
-            raise ValueError(f"max_distance must be >= 0; got {max_distance}")
+        num_heads = check_int("num_heads", num_heads, 1)
+        max_distance = check_int("max_distance", max_distance, 0)
         self.num_heads = num_heads
         self.max_distance = max_distance
         self.table = nn.Parameter(torch.zeros(num_heads, 2 * max_distance + 1))
@@ -210,8 +217,8 @@ class ContextualPrior(KeyRelevancePrior):
 
     def __init__(self, head_dim: int, hidden: int = 32) -> None:
         super().__init__()
-        if head_dim < 1 or hidden < 1:
-            raise ValueError(f"head_dim and hidden must be >= 1; got {head_dim}, {hidden}")
+        head_dim = check_int("head_dim", head_dim, 1)
+        hidden = check_int("hidden", hidden, 1)
         self.head_dim = head_dim
         self.net = nn.Sequential(nn.Linear(head_dim, hidden), nn.Tanh(), nn.Linear(hidden, 1))
 
@@ -220,6 +227,8 @@ class ContextualPrior(KeyRelevancePrior):
             raise ValueError(
                 f"ContextualPrior expects keys with last dim {self.head_dim}; got {tuple(k.shape)}"
             )
+        if is_validation_enabled():
+            check_finite("k", k)
         w = self.net[0].weight
         s = self.net(k.to(w.dtype)).squeeze(-1).to(k.dtype)  # (B, H, Tk)
         return torch.log_softmax(s, dim=-1).unsqueeze(-2)  # (B, H, 1, Tk)

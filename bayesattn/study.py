@@ -28,10 +28,10 @@ noise, rotation, occlusion), and on time (training seconds, inference ms per exa
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from . import calibration as C
+from ._study_io import begin_run, finish_run, prepare_out_dir, validate_study_config
 from .data import corruption_suite, load_digits_data
 from .inference import fit
 from .nn.blocks import AttentionConfig
@@ -113,6 +114,7 @@ class StudyConfig:
         return cls(**base)
 
     def __post_init__(self) -> None:
+        validate_study_config(self)
         if self.dataset != "digits":
             raise ValueError(
                 f"dataset must be 'digits' (the embedded dataset); got {self.dataset!r}"
@@ -355,8 +357,8 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
     Seeds are ``cfg.seed, cfg.seed + 1, …`` (``cfg.seeds`` of them); each seed has its own data
     split, initialisations and posterior draws. Figures and ArviZ files come from the first seed.
     """
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(cfg.out)
+    foreign = begin_run(out)  # INCOMPLETE marker; the previous run's files go
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     results: dict[str, Any] = {
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
@@ -410,8 +412,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
     results["wins"] = _wins(results["methods"])
     results["goal"] = _goal(results["methods"])
     results["figures"] = {"pareto": _pareto_figure(out, results["methods"])}
-    _write_atomic(out / "results.json", json.dumps(results, indent=2, sort_keys=True))
-    _write_atomic(out / "report.md", _report(results))
+    finish_run(out, results, _report(results), foreign)  # atomic; results.json last = complete
     return results
 
 
@@ -423,21 +424,19 @@ _GEOMETRY = ("deterministic", "recommended", "dirichlet")
 def _geometry(out: Path, method: str, net: nn.Module, x: Tensor, cfg: StudyConfig) -> dict:
     """:func:`bayesattn.geometry.geometry_report` of a trained network: attention distance and
     entropy per layer, posterior spread by distance and depth, head subspace angles; figures in
-    ``geometry/<method>/``."""
+    ``geometry_<method>_*.png``."""
     from .geometry import geometry_report
 
-    rep = geometry_report(net.eval(), x, out / "geometry" / method, num_samples=cfg.num_samples)
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        rep = geometry_report(net.eval(), x, tmp, num_samples=cfg.num_samples)
+        figures = []
+        for f in rep["figures"]:  # top level, like every study file (listed, replaced by --force)
+            name = f"geometry_{method}_{f}"
+            os.replace(Path(tmp) / f, out / name)
+            figures.append(name)
     keep = ("layers", "distance_unit", "distance_mean", "entropy_mean", "posterior_sd",
             "subspace_angle_mean", "local_to_global", "spread_by_distance")  # fmt: skip
-    return {k: rep[k] for k in keep} | {
-        "figures": [f"geometry/{method}/{f}" for f in rep["figures"]]
-    }
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    return {k: rep[k] for k in keep} | {"figures": figures}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from pyro.nn import PyroModule
 from torch import Tensor, nn
 
 from .. import functional as BF
+from .._validation import check_int, check_same_dtype
 from ..posteriors import AttentionPosterior, get_posterior
 from ..priors import KeyRelevancePrior, UniformPrior
 from .kernels import AttentionKernel, finish, get_kernel, kernel_attention
@@ -391,6 +392,11 @@ class BayesianMultiheadAttention(PyroModule):
                 raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
             if not t.is_floating_point():
                 raise TypeError(f"{name} must be floating point; got dtype {t.dtype}")
+            if t.dim() < 2:
+                raise ValueError(
+                    f"{name} must be 2-D (unbatched) or 3-D (batched); got shape {tuple(t.shape)}"
+                )
+            check_same_dtype(name, t, self.out_proj.weight.dtype, "BayesianMultiheadAttention")
         _check_dim("query", query, self.embed_dim)
         _check_dim("key", key, self.kdim)
         _check_dim("value", value, self.vdim)
@@ -435,7 +441,9 @@ class BayesianMultiheadAttention(PyroModule):
         k_pos: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """See the class docstring. ``num_samples`` draws that many weight samples in one pass
-        (stochastic modes only); ``q_pos``/``k_pos`` are positions passed to positional priors.
+        (in ``"mean"`` mode, or without a posterior family, the ``S`` draws are identical: a view,
+        so shapes do not depend on the mode); ``q_pos``/``k_pos`` are positions passed to
+        positional priors.
 
         ``is_causal`` follows torch: it is a hint that ``attn_mask`` is causal and needs that mask
         (``RuntimeError`` otherwise); without ``key_padding_mask`` and with ``need_weights=False``
@@ -454,8 +462,8 @@ class BayesianMultiheadAttention(PyroModule):
             else:
                 is_causal = False  # torch: the mask is used, the hint dropped
         self._validate(query, key, value, key_padding_mask, attn_mask)
-        if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
-            raise ValueError(f"num_samples must be a positive int or None; got {num_samples!r}")
+        if num_samples is not None:
+            check_int("num_samples", num_samples, 1)
         self_attn = query is key and key is value
         if num_samples is None and query.dim() == 3 and self.posterior is not None:
             # set from outside: bayesattn.num_samples(S); read once at trace time when compiling
@@ -541,6 +549,10 @@ class BayesianMultiheadAttention(PyroModule):
 
         out = out.transpose(-3, -2).reshape(out.shape[:-3] + (Tq, self.embed_dim))  # (…,B,Tq,E)
         out = linear(out, self.out_proj.weight, self.out_proj.bias)
+        if num_samples is not None and w is not None and mode == "mean":
+            w = w.expand((num_samples,) + w.shape)  # deterministic: S identical draws
+        if num_samples is not None and mode == "mean":
+            out = out.expand((num_samples,) + out.shape)
         if unbatched:
             out = out.squeeze(-3)
         elif not self.batch_first:

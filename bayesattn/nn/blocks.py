@@ -22,6 +22,7 @@ from pyro.nn import PyroModule
 from torch import Tensor, nn
 
 from .. import priors as P
+from .._validation import check_int, check_real
 from ..posteriors import get_posterior
 from .attention import BayesianMultiheadAttention, linear
 from .kernels import get_kernel
@@ -29,6 +30,15 @@ from .kernels import get_kernel
 __all__ = ["AttentionConfig", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder"]
 
 _PRIORS = ("uniform", "causal", "local", "alibi", "learned", "contextual")
+#: keyword arguments each named prior takes from ``prior_kwargs``
+_PRIOR_KWARGS = {
+    "uniform": (),
+    "causal": (),
+    "local": ("window", "causal"),
+    "alibi": ("learnable",),
+    "learned": ("max_distance",),
+    "contextual": ("hidden",),
+}
 
 
 @dataclass
@@ -59,15 +69,64 @@ class AttentionConfig:
 
     def __post_init__(self) -> None:
         get_kernel(self.kernel, **self.kernel_kwargs)  # validates the name and options
+        if self.posterior is not None and not isinstance(self.posterior, str):
+            raise TypeError(f"posterior must be a family name or None; got {self.posterior!r}")
+        if not isinstance(self.prior, str) and not callable(self.prior):
+            raise TypeError(f"prior must be one of {_PRIORS} or a callable; got {self.prior!r}")
         if isinstance(self.prior, str) and self.prior not in _PRIORS:
             raise ValueError(f"prior must be one of {_PRIORS} or a callable; got {self.prior!r}")
-        if isinstance(self.layers, str) and self.layers not in ("all", "last"):
-            raise ValueError(f"layers must be 'all', 'last' or a list of ints; got {self.layers!r}")
+        if isinstance(self.layers, str):
+            if self.layers not in ("all", "last"):
+                raise ValueError(
+                    f"layers must be 'all', 'last' or a list of ints; got {self.layers!r}"
+                )
+        elif not isinstance(self.layers, Sequence):
+            raise TypeError(
+                f"layers must be 'all', 'last' or a list of ints; got {self.layers!r}"
+            )
+        else:
+            for i in self.layers:
+                check_int("layers[i]", i)
+        if isinstance(self.which, str):
+            self.which = (self.which,)
         bad = set(self.which) - {"self", "cross"}
         if bad:
             raise ValueError(f"which must contain only 'self'/'cross'; got {sorted(bad)}")
+        for name in ("posterior_kwargs", "prior_kwargs"):
+            if not isinstance(getattr(self, name), dict):
+                raise TypeError(f"{name} must be a dict; got {getattr(self, name)!r}")
+        if callable(self.prior) and self.prior_kwargs:
+            raise ValueError(
+                "prior_kwargs are for named priors; a callable prior gets (num_heads, head_dim) "
+                f"only; got prior_kwargs={self.prior_kwargs!r}"
+            )
+        if isinstance(self.prior, str):
+            unknown = sorted(set(self.prior_kwargs) - set(_PRIOR_KWARGS[self.prior]))
+            if unknown:
+                raise ValueError(
+                    f"prior_kwargs {unknown} are not arguments of prior {self.prior!r}; it takes "
+                    f"{list(_PRIOR_KWARGS[self.prior])}"
+                )
+            self.build_prior(1, 1)  # validates the values
         if self.posterior is not None:
-            get_posterior(self.posterior, num_heads=1, head_dim=1)  # validates the name
+            # validates the name and posterior_kwargs (names and values)
+            get_posterior(self.posterior, num_heads=1, head_dim=1, **self.posterior_kwargs)
+        elif self.posterior_kwargs:
+            raise ValueError(
+                f"posterior_kwargs {sorted(self.posterior_kwargs)} given without a posterior"
+            )
+
+    def check_layers(self, num_layers: int) -> None:
+        """Every index in ``layers`` must name one of ``num_layers`` layers (negative indices
+        count from the end, as in Python)."""
+        if isinstance(self.layers, str) or self.posterior is None:
+            return
+        bad = [i for i in self.layers if not -num_layers <= i < num_layers]
+        if bad:
+            raise ValueError(
+                f"AttentionConfig.layers {list(self.layers)} names layers {bad} of a stack with "
+                f"{num_layers} layer(s) (valid: 0..{num_layers - 1} or negative from the end)"
+            )
 
     @classmethod
     def recommended(cls, **overrides) -> AttentionConfig:
@@ -102,7 +161,8 @@ class AttentionConfig:
             return True
         if self.layers == "last":
             return index == num_layers - 1
-        return index in set(self.layers)
+        self.check_layers(num_layers)
+        return index in {i % num_layers for i in self.layers}
 
     def build_prior(self, num_heads: int, head_dim: int) -> P.KeyRelevancePrior:
         if callable(self.prior):
@@ -145,11 +205,26 @@ def _activation(name: str | Callable[[Tensor], Tensor]) -> Callable[[Tensor], Te
     raise ValueError(f"activation must be 'relu', 'gelu' or a callable; got {name!r}")
 
 
+def as_attention_config(attention: AttentionConfig | str | None) -> AttentionConfig:
+    """``None`` → deterministic attention; a family name (``"dirichlet"``) is shorthand for
+    ``AttentionConfig(posterior=name)``; an :class:`AttentionConfig` is used as is."""
+    if attention is None:
+        return AttentionConfig()
+    if isinstance(attention, str):
+        return AttentionConfig(posterior=attention)
+    if not isinstance(attention, AttentionConfig):
+        raise TypeError(
+            f"attention must be an AttentionConfig, a posterior family name or None; got "
+            f"{type(attention).__name__}"
+        )
+    return attention
+
+
 def _check_block_args(d_model: int, nhead: int, dim_feedforward: int, dropout: float) -> None:
-    if dim_feedforward < 1:
-        raise ValueError(f"dim_feedforward must be >= 1; got {dim_feedforward}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+    check_int("d_model", d_model, 1)
+    check_int("nhead", nhead, 1)
+    check_int("dim_feedforward", dim_feedforward, 1)
+    check_real("dropout", dropout, ge=0.0, lt=1.0)
     if d_model % nhead != 0:
         raise ValueError(
             f"d_model must be divisible by nhead; got d_model={d_model}, nhead={nhead}"
@@ -441,10 +516,10 @@ class Encoder(PyroModule):
         attention: AttentionConfig | None = None,
         **block_kwargs,
     ) -> None:
-        if num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1; got {num_layers}")
+        check_int("num_layers", num_layers, 1)
         super().__init__()
-        cfg = attention or AttentionConfig()
+        cfg = as_attention_config(attention)
+        cfg.check_layers(num_layers)
         kw = _block_kwargs(block_kwargs)
         layers = []
         for i in range(num_layers):
@@ -491,10 +566,10 @@ class Decoder(PyroModule):
         cross_attention: bool = True,
         **block_kwargs,
     ) -> None:
-        if num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1; got {num_layers}")
+        check_int("num_layers", num_layers, 1)
         super().__init__()
-        cfg = attention or AttentionConfig()
+        cfg = as_attention_config(attention)
+        cfg.check_layers(num_layers)
         kw = _block_kwargs(block_kwargs)
         self.cross_attention = cross_attention
         layers: list[nn.Module] = []

@@ -32,10 +32,11 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroModule
 from torch import Tensor, nn
 
+from .._validation import check_int, check_real, check_same_dtype
 from ..functional import uncertainty_decomposition
 from .attention import linear
 from .blocks import AttentionConfig, Decoder, Encoder
-from .modes import attention_mode, collect_kl, current_mode
+from .modes import MODES, attention_mode, collect_kl, current_mode
 
 __all__ = [
     "BayesianNetwork",
@@ -54,10 +55,16 @@ def _check_tokens(name: str, x: Tensor, vocab_size: int) -> None:
         raise TypeError(f"{name} must hold integer token ids; got dtype {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D (B, T); got shape {tuple(x.shape)}")
+    if x.shape[1] == 0:
+        raise ValueError(f"{name} must hold at least one token per sequence; got shape (B, 0)")
     if x.numel() and (int(x.min()) < 0 or int(x.max()) >= vocab_size):
         raise ValueError(
             f"{name} ids must be in [0, {vocab_size}); got min {int(x.min())}, max {int(x.max())}"
         )
+
+
+def _finite(t: Tensor) -> bool:
+    return bool(torch.isfinite(t.detach()).all())
 
 
 class BayesianNetwork(PyroModule):
@@ -84,6 +91,7 @@ class BayesianNetwork(PyroModule):
         """Logits; deterministic posterior-mean attention (and posterior-median Bayesian weights)
         unless an attention mode is set."""
         self._check_batch(x, y)
+        check_int("num_particles", num_particles, 1)
         ctx = attention_mode("mean") if current_mode() is None else contextlib.nullcontext()
         values = self.weight_guide.median() if self.weight_guide is not None else None
         with ctx, self._pyro_context, self._weights_from(values):
@@ -102,6 +110,11 @@ class BayesianNetwork(PyroModule):
         return num_data
 
     def _obs_dist(self, logits: Tensor, mask: Tensor | None, event_dims: int):
+        if not bool(torch.isfinite(logits.detach().sum())) and not _finite(logits):
+            raise FloatingPointError(
+                f"the network's logits hold NaN/inf values (shape {tuple(logits.shape)}): its "
+                "parameters or activations have overflowed"
+            )
         d = dist.Categorical(logits=logits)
         if mask is not None:
             d = d.mask(mask)
@@ -189,8 +202,10 @@ class BayesianNetwork(PyroModule):
         Particles are vectorised (a leading sample dim through the whole network).
         """
         self._check_batch(x, y)
-        if num_particles < 1:
-            raise ValueError(f"num_particles must be >= 1; got {num_particles}")
+        check_int("num_particles", num_particles, 1)
+        check_real("beta", beta, ge=0.0)
+        if self._targets(x[:1], None if y is None else y[:1])[0] is None:
+            raise ValueError(f"{type(self).__name__}.elbo_loss needs targets y; got y=None")
         B = x.shape[0]
         N = self._num_data(num_data, B)
         with self._pyro_context:
@@ -222,6 +237,11 @@ class _Embedding(nn.Module):
         super().__init__()
         if (vocab_size is None) == (input_dim is None):
             raise ValueError("give exactly one of vocab_size (tokens) or input_dim (vectors)")
+        if vocab_size is not None:
+            check_int("vocab_size", vocab_size, 1)
+        if input_dim is not None:
+            check_int("input_dim", input_dim, 1)
+        check_int("max_len", max_len, 1)
         self.tokens = nn.Embedding(vocab_size, d_model) if vocab_size is not None else None
         self.proj = nn.Linear(input_dim, d_model) if input_dim is not None else None
         self.pos = nn.Embedding(max_len, d_model)
@@ -245,8 +265,8 @@ def _particles(h: Tensor, num_particles: int) -> Tensor:
 
 def _validate_common(d_model, nhead, num_layers, max_len) -> None:
     for name, v in (("d_model", d_model), ("nhead", nhead), ("num_layers", num_layers)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int; got {v!r}")
+        check_int(name, v, 1)
+    check_int("max_len", max_len, 1)
     if d_model % nhead:
         raise ValueError(
             f"d_model must be divisible by nhead; got d_model={d_model}, nhead={nhead}"
@@ -287,8 +307,11 @@ class TransformerClassifier(BayesianNetwork):
     ) -> None:
         super().__init__()
         _validate_common(d_model, nhead, num_layers, max_len)
-        if num_classes < 2:
-            raise ValueError(f"num_classes must be >= 2; got {num_classes}")
+        check_int("num_classes", num_classes, 2)
+        if vocab_size is not None:
+            check_int("vocab_size", vocab_size, 1)
+            if pad_id is not None:
+                check_int("pad_id", pad_id, 0, vocab_size - 1)
         if pooling not in ("mean", "cls"):
             raise ValueError(f"pooling must be 'mean' or 'cls'; got {pooling!r}")
         self.num_classes = num_classes
@@ -323,7 +346,14 @@ class TransformerClassifier(BayesianNetwork):
                 raise ValueError(
                     f"x last dim must be input_dim={self.input_dim}; got {tuple(x.shape)}"
                 )
+            if x.shape[1] == 0:
+                raise ValueError(f"x must hold at least one position; got shape {tuple(x.shape)}")
+            check_same_dtype("x", x, self.head.weight.dtype, type(self).__name__)
         if y is not None:
+            if not isinstance(y, Tensor):
+                raise TypeError(f"y must be a torch.Tensor of labels; got {type(y).__name__}")
+            if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+                raise TypeError(f"y must hold integer labels; got dtype {y.dtype}")
             if y.dim() != 1 or y.shape[0] != x.shape[0]:
                 raise ValueError(
                     f"y must be (B,) = ({x.shape[0]},) labels; got shape {tuple(y.shape)}"
@@ -433,6 +463,9 @@ class VisionTransformer(TransformerClassifier):
         in_channels: int = 1,
         **kwargs,
     ) -> None:
+        check_int("image_size", image_size, 1)
+        check_int("patch_size", patch_size, 1)
+        check_int("in_channels", in_channels, 1)
         if image_size % patch_size:
             raise ValueError(
                 f"image_size must be divisible by patch_size; got {image_size}, {patch_size}"
@@ -453,6 +486,8 @@ class VisionTransformer(TransformerClassifier):
         return x.reshape(B, (Hh // p) * (W // p), C * p * p)
 
     def _check_batch(self, x: Tensor, y: Tensor | None) -> None:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"images must be a torch.Tensor; got {type(x).__name__}")
         s, c = self.image_size, self.in_channels
         ok = x.dim() == 3 and c == 1 and x.shape[1:] == (s, s)
         ok = ok or (x.dim() == 4 and x.shape[1:] == (c, s, s))
@@ -499,6 +534,12 @@ class _Generative(BayesianNetwork):
     def _start(self, x: Tensor, num_samples: int):
         raise NotImplementedError
 
+    def _check_special_ids(self, vocab_size: int, which: str) -> None:
+        for name in ("pad_id", "bos_id", "eos_id"):
+            v = check_int(name, getattr(self, name), 0)
+            if v >= vocab_size:
+                raise ValueError(f"{name} = {v} is not an id of the {which} ({vocab_size} ids)")
+
     @torch.no_grad()
     def generate(
         self,
@@ -515,10 +556,10 @@ class _Generative(BayesianNetwork):
         expected entropy :math:`\\frac1S\\sum_s H[p_s]` and mutual information are recorded.
         ``mode="mean"`` decodes deterministically (MI = 0).
         """
-        if max_len < 1:
-            raise ValueError(f"max_len must be >= 1; got {max_len}")
-        if num_samples < 1:
-            raise ValueError(f"num_samples must be >= 1; got {num_samples}")
+        check_int("max_len", max_len, 1)
+        check_int("num_samples", num_samples, 1)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
         S = num_samples if mode != "mean" else 1
         with attention_mode(mode), self._pyro_context:
             state, B, device = self._start(x, S)
@@ -585,6 +626,8 @@ class Seq2Seq(_Generative):
         _validate_common(d_model, nhead, num_decoder_layers, max_len)
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        check_int("tgt_vocab_size", tgt_vocab_size, 1)
+        self._check_special_ids(tgt_vocab_size, "target vocabulary")
         kw = dict(
             dim_feedforward=dim_feedforward,
             dropout=dropout,
@@ -672,8 +715,9 @@ class CausalLM(_Generative):
     ) -> None:
         super().__init__()
         _validate_common(d_model, nhead, num_layers, max_len)
-        self.vocab_size = vocab_size
+        self.vocab_size = check_int("vocab_size", vocab_size, 1)
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self._check_special_ids(vocab_size, "vocabulary")
         self.embed = _Embedding(d_model, vocab_size, None, max_len, dropout)
         self.decoder = Decoder(
             d_model,

@@ -1,0 +1,851 @@
+"""A catalogue of bad and edge inputs over every public entry point, and how each one is met.
+
+Every case is a call with an expectation:
+
+``"error"``  bad input: the call must raise a *clear* error (``ValueError``/``TypeError``/
+             ``FloatingPointError``/``FileNotFoundError``/a bayesattn error, raised by bayesattn's
+             own code, so the message names the argument).
+``"ok"``     valid (edge) input: the call must return, every float in the result finite, and the
+             case's ``check`` (if any) must hold.
+``"either"`` a clear error or a finite, correct result are both fine.
+
+Outcomes: ``clear`` (right kind of error, from bayesattn), ``ok`` (returned as expected),
+``obscure`` (an error from deep inside torch/pyro/numpy, or of the wrong kind), ``silent`` (no error
+on bad input, a non-finite result, or a failed ``check``: a silently wrong answer).
+
+Run ``python tests/fuzz_catalogue.py`` for the counts per class and the list of failures; the
+test suite (``tests/test_fuzz.py``) requires 0 obscure and 0 silent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CLEAR_ERRORS = (ValueError, TypeError, FloatingPointError, FileNotFoundError, LookupError)
+
+
+class CleanExit(ValueError):
+    """The command line exited non-zero with a message and no traceback."""
+
+
+@dataclass
+class Case:
+    name: str
+    fn: Callable[[], Any]
+    expect: str = "error"  # "error" | "ok" | "either"
+    check: Callable[[Any], bool] | None = None
+    finite: bool = True  # False: -inf/inf are legitimate in the result (log-priors)
+
+
+def _finite(x: Any) -> bool:
+    if isinstance(x, torch.Tensor):
+        return not x.is_floating_point() or bool(torch.isfinite(x).all())
+    if isinstance(x, float):
+        return math.isfinite(x)
+    if isinstance(x, (tuple, list)):
+        return all(_finite(v) for v in x)
+    if isinstance(x, dict):
+        return all(_finite(v) for v in x.values())
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return all(_finite(getattr(x, f.name)) for f in dataclasses.fields(x))
+    return True
+
+
+def _from_bayesattn(e: BaseException) -> bool:
+    """The error was raised by bayesattn's own code (its last traceback frame is ours)."""
+    tb = traceback.extract_tb(e.__traceback__)
+    if not tb:
+        return False
+    f = tb[-1].filename.replace("\\", "/")
+    return "/bayesattn/" in f and "site-packages" not in f
+
+
+def classify(case: Case) -> tuple[str, str]:
+    """``(outcome, detail)`` for one case."""
+    try:
+        out = case.fn()
+    except CLEAR_ERRORS as e:
+        if case.expect in ("error", "either") and (_from_bayesattn(e) or isinstance(e, CleanExit)):
+            return "clear", f"{type(e).__name__}: {e}"
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        return "obscure", f"{type(e).__name__} at {where.filename}:{where.lineno}: {e}"
+    except Exception as e:  # noqa: BLE001 - any other exception is an obscure failure
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        return "obscure", f"{type(e).__name__} at {where.filename}:{where.lineno}: {e}"
+    if case.expect == "error":
+        return "silent", f"no error; returned {type(out).__name__}"
+    if case.finite and not _finite(out):
+        return "silent", "non-finite values in the result"
+    if case.check is not None and not case.check(out):
+        return "silent", "result failed its check"
+    return "ok", ""
+
+
+# ------------------------------------------------------------------------------------------------
+# the cases
+# ------------------------------------------------------------------------------------------------
+
+
+def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
+    import bayesattn as ba
+    from bayesattn import functional as F
+    from bayesattn import posteriors as PO
+    from bayesattn import priors as P
+
+    cases: list[Case] = []
+
+    def add(name, fn, expect="error", check=None, finite=True):
+        cases.append(Case(name, fn, expect, check, finite))
+
+    nan, inf = float("nan"), float("inf")
+    bad_ints = {"zero": 0, "neg": -1, "float": 2.5, "bool": True, "str": "3", "nan": nan}
+
+    # ---- functional ----------------------------------------------------------------------------
+    q = torch.randn(2, 3, 4)
+    k = torch.randn(2, 5, 4)
+    v = torch.randn(2, 5, 6)
+    add("logits/dim mismatch", lambda: F.attention_logits(q, torch.randn(2, 5, 3)))
+    add("logits/scale 0", lambda: F.attention_logits(q, k, 0.0))
+    add("logits/scale nan", lambda: F.attention_logits(q, k, nan))
+    add("logits/scale str", lambda: F.attention_logits(q, k, "1"))
+    add("logits/q list", lambda: F.attention_logits([[1.0]], k))
+    add("logits/q 0-d", lambda: F.attention_logits(torch.tensor(1.0), k))
+    add("logits/int q", lambda: F.attention_logits(q.long(), k.long()))
+    add("logits/dtype mix", lambda: F.attention_logits(q.double(), k))
+    add("logits/ok", lambda: F.attention_logits(q, k), "ok")
+    add("logits/empty keys", lambda: F.attention_logits(q, torch.randn(2, 0, 4)), "ok")
+    for nm, val in bad_ints.items():
+        e = "either" if nm == "zero" else "error"
+        add(f"causal_log_prior/tgt {nm}", lambda val=val: F.causal_log_prior(val, 3), e,
+            finite=False)
+        add(f"causal_log_prior/src {nm}", lambda val=val: F.causal_log_prior(3, val), e,
+            finite=False)
+    add("causal_log_prior/offset float", lambda: F.causal_log_prior(3, 3, offset=0.5))
+    add("causal_log_prior/ok", lambda: F.causal_log_prior(3, 4), "ok",
+        lambda o: o.shape == (3, 4) and o[0, 1] == -inf, finite=False)
+    add("mask/attn_mask int", lambda: F.mask_to_log_prior(
+        torch.zeros(3, 5, dtype=torch.int64), batch_size=2, num_heads=1, tgt_len=3, src_len=5))
+    add("mask/attn_mask nan", lambda: F.mask_to_log_prior(
+        torch.full((3, 5), nan), batch_size=2, num_heads=1, tgt_len=3, src_len=5))
+    add("mask/attn_mask shape", lambda: F.mask_to_log_prior(
+        torch.zeros(3, 4), batch_size=2, num_heads=1, tgt_len=3, src_len=5))
+    add("mask/attn_mask 1-d", lambda: F.mask_to_log_prior(
+        torch.zeros(5), batch_size=2, num_heads=1, tgt_len=3, src_len=5))
+    add("mask/attn_mask list", lambda: F.mask_to_log_prior(
+        [[0.0]], batch_size=2, num_heads=1, tgt_len=3, src_len=5))
+    add("mask/kpm shape", lambda: F.mask_to_log_prior(
+        None, torch.zeros(2, 4, dtype=torch.bool), batch_size=2, num_heads=1, tgt_len=3,
+        src_len=5))
+    add("mask/kpm int", lambda: F.mask_to_log_prior(
+        None, torch.zeros(2, 5, dtype=torch.int64), batch_size=2, num_heads=1, tgt_len=3,
+        src_len=5))
+    add("mask/batch_size neg", lambda: F.mask_to_log_prior(
+        torch.zeros(3, 5), batch_size=-1, num_heads=1, tgt_len=3, src_len=5), "either")
+    add("mask/causal ok", lambda: F.mask_to_log_prior(
+        None, None, True, batch_size=2, num_heads=1, tgt_len=3, src_len=5), "ok", finite=False)
+    add("posterior_weights/nan logits", lambda: F.posterior_weights(torch.full((2, 3), nan)))
+    add("posterior_weights/nan prior", lambda: F.posterior_weights(
+        torch.zeros(2, 3), torch.full((2, 3), nan)))
+    add("posterior_weights/all masked", lambda: F.posterior_weights(
+        torch.zeros(2, 3), torch.full((2, 3), -inf)), "ok", lambda o: bool((o == 0).all()))
+    add("posterior_weights/list", lambda: F.posterior_weights([1.0, 2.0]))
+    add("posterior_weights/0-d", lambda: F.posterior_weights(torch.tensor(1.0)))
+    add("posterior_weights/int", lambda: F.posterior_weights(torch.zeros(2, 3, dtype=torch.long)))
+    add("log_posterior_weights/nan", lambda: F.log_posterior_weights(torch.full((2, 3), nan)))
+    add("attend/shape", lambda: F.attend(torch.rand(2, 3, 5), torch.randn(2, 4, 6)))
+    add("attend/dtype", lambda: F.attend(torch.rand(2, 3, 5), torch.randn(2, 5, 6).double()))
+    add("attend/list", lambda: F.attend([[1.0]], v))
+    add("attention/dropout 1", lambda: F.attention(q, k, v, dropout_p=1.0))
+    add("attention/dropout str", lambda: F.attention(q, k, v, dropout_p="0.1"))
+    add("attention/nan q", lambda: F.attention(torch.full_like(q, nan), k, v))
+    add("attention/v keys", lambda: F.attention(q, k, torch.randn(2, 4, 6)))
+    add("attention/ok", lambda: F.attention(q, k, v), "ok")
+    add("attention/no keys", lambda: F.attention(q, k[:, :0], v[:, :0]), "either",
+        lambda o: bool((o[0] == 0).all()))
+    add("entropy/list", lambda: F.entropy([0.5, 0.5]))
+    add("entropy/int", lambda: F.entropy(torch.ones(3, dtype=torch.long)))
+    add("entropy/neg", lambda: F.entropy(torch.tensor([-0.5, 1.5])))
+    add("check_finite/nan", lambda: F.check_finite("x", torch.tensor([nan])))
+
+    # ---- priors --------------------------------------------------------------------------------
+    qh, kh = torch.randn(2, 2, 3, 4), torch.randn(2, 2, 5, 4)
+    for nm, val in bad_ints.items():
+        add(f"LocalWindowPrior/window {nm}", lambda val=val: P.LocalWindowPrior(val),
+            "either" if nm == "zero" else "error")
+        add(f"LearnedPrior/heads {nm}", lambda val=val: P.LearnedPrior(val, 2))
+        add(f"LearnedPrior/dist {nm}", lambda val=val: P.LearnedPrior(2, val),
+            "either" if nm == "zero" else "error")
+        add(f"DistanceDecayPrior/heads {nm}", lambda val=val: P.DistanceDecayPrior(val))
+        add(f"ContextualPrior/head_dim {nm}", lambda val=val: P.ContextualPrior(val))
+        add(f"ContextualPrior/hidden {nm}", lambda val=val: P.ContextualPrior(4, val))
+        add(f"alibi_slopes/{nm}", lambda val=val: P.alibi_slopes(val))
+    add("LocalWindowPrior/causal str", lambda: P.LocalWindowPrior(2, causal="no"))
+    add("DistanceDecayPrior/slopes shape", lambda: P.DistanceDecayPrior(2, slopes=[1.0]))
+    add("DistanceDecayPrior/slopes nan", lambda: P.DistanceDecayPrior(2, slopes=[1.0, nan]))
+    add("DistanceDecayPrior/slopes neg", lambda: P.DistanceDecayPrior(2, slopes=[1.0, -1.0]))
+    add("DistanceDecayPrior/slopes str", lambda: P.DistanceDecayPrior(2, slopes="ab"))
+    add("prior/3-d q", lambda: P.CausalPrior()(qh[0], kh[0]))
+    add("prior/list q", lambda: P.CausalPrior()([1.0], kh))
+    add("prior/q_pos shape", lambda: P.CausalPrior()(qh, kh, q_pos=torch.arange(4)))
+    add("prior/q_pos float", lambda: P.CausalPrior()(qh, kh, q_pos=torch.rand(3)), "either",
+        finite=False)
+    add("prior/q_pos list", lambda: P.CausalPrior()(qh, kh, q_pos=[0, 1, 2]))
+    add("LearnedPrior/heads mismatch", lambda: P.LearnedPrior(3, 2)(qh, kh))
+    add("DistanceDecayPrior/heads mismatch", lambda: P.DistanceDecayPrior(3)(qh, kh))
+    add("ContextualPrior/dim mismatch", lambda: P.ContextualPrior(3)(qh, kh))
+    add("ContextualPrior/nan keys", lambda: P.ContextualPrior(4)(qh, torch.full_like(kh, nan)))
+    add("SumPrior/empty", lambda: P.SumPrior())
+    add("SumPrior/bad term", lambda: P.SumPrior(P.CausalPrior(), 3))
+    add("priors/ok", lambda: (P.CausalPrior() + P.DistanceDecayPrior(2) + P.LearnedPrior(2, 2)
+                              + P.LocalWindowPrior(1) + P.ContextualPrior(4))(qh, kh), "ok",
+        finite=False)
+
+    # ---- posteriors ----------------------------------------------------------------------------
+    fams = {
+        "dirichlet": PO.DirichletWeights,
+        "logistic_normal": PO.LogisticNormalWeights,
+        "weibull": PO.WeibullWeights,
+        "concrete": PO.ConcreteWeights,
+    }
+    logits = torch.randn(2, 2, 3, 5)
+    for fname, cls in fams.items():
+        for nm, val in bad_ints.items():
+            add(f"{fname}/num_heads {nm}", lambda cls=cls, val=val: cls(val))
+        add(f"{fname}/nan logits", lambda cls=cls: cls(2).posterior(torch.full_like(logits, nan)))
+        add(f"{fname}/+inf logits", lambda cls=cls: cls(2).posterior(torch.full_like(logits, inf)))
+        add(f"{fname}/3-d logits", lambda cls=cls: cls(2).posterior(logits[0]).rsample(), "either")
+        add(f"{fname}/list logits", lambda cls=cls: cls(2).posterior([[1.0]]))
+        add(f"{fname}/int logits", lambda cls=cls: cls(2).posterior(logits.long()))
+        add(f"{fname}/prior mask shape", lambda cls=cls: cls(2).posterior(
+            logits, torch.zeros(2, 2, 3, 4)))
+        add(f"{fname}/kl Tk mismatch", lambda cls=cls: cls(2).kl(
+            cls(2).posterior(logits), cls(2).prior(None, torch.zeros(2, 2, 3, 4))))
+        add(f"{fname}/kl ok", lambda cls=cls: cls(2).kl(
+            cls(2).posterior(logits), cls(2).prior(None, logits)), "ok")
+
+        def weights_ok(cls=cls):
+            fam = cls(2)
+            lp = torch.zeros(2, 2, 3, 5)
+            lp[..., -2:] = -inf
+            d = fam.posterior(logits, lp, query=torch.randn(2, 2, 3, 4))
+            w = fam.to_weights(d.rsample(), (logits + lp) > -inf)
+            return w
+
+        add(f"{fname}/masked weights", weights_ok, "ok",
+            lambda w: bool(torch.allclose(w.sum(-1), torch.ones(())) and (w[..., -2:] == 0).all()))
+        add(f"{fname}/num_heads mismatch", lambda cls=cls: cls(3).posterior(logits))
+    add("dirichlet/init_concentration 0", lambda: PO.DirichletWeights(2, init_concentration=0.0))
+    add("dirichlet/prior_concentration nan", lambda: PO.DirichletWeights(2, prior_concentration=nan))
+    add("logistic_normal/init_scale -1", lambda: PO.LogisticNormalWeights(2, init_scale=-1.0))
+    add("logistic_normal/input_dependent no dim",
+        lambda: PO.LogisticNormalWeights(2, input_dependent=True))
+    add("logistic_normal/input_dependent no query",
+        lambda: PO.LogisticNormalWeights(2, input_dependent=True, head_dim=4).posterior(logits))
+    add("weibull/init_shape 0", lambda: PO.WeibullWeights(2, init_shape=0.0))
+    add("concrete/temperature inf", lambda: PO.ConcreteWeights(2, temperature=inf))
+
+    def weibull_small(shape):
+        torch.manual_seed(0)
+        fam = PO.WeibullWeights(2, init_shape=shape)
+        d = fam.posterior(logits * 3)
+        return fam.to_weights(d.rsample((64,)), None)
+
+    for shape in (0.01, 0.05, 0.2):
+        add(f"weibull/small shape {shape}", lambda s=shape: weibull_small(s), "either",
+            lambda w: bool(torch.allclose(w.sum(-1), torch.ones(()))))
+
+    def weibull_driven():
+        fam = PO.WeibullWeights(2)
+        with torch.no_grad():
+            fam.log_shape.fill_(-8.0)  # what one SVI step at a large LR did
+        d = fam.posterior(logits * 3)
+        return fam.to_weights(d.rsample((64,)), None), fam.kl(d, fam.prior(None, logits))
+
+    add("weibull/shape driven small", weibull_driven, "ok")
+    add("get_posterior/unknown", lambda: PO.get_posterior("gauss", 2))
+    add("get_posterior/typo kwarg", lambda: PO.get_posterior("dirichlet", 2, init_conc=3.0))
+    add("get_posterior/non-str", lambda: PO.get_posterior(3, 2))
+
+    # ---- BayesianMultiheadAttention -------------------------------------------------------------
+    MHA = ba.BayesianMultiheadAttention
+    x = torch.randn(2, 5, 8)
+    for nm, val in bad_ints.items():
+        add(f"MHA/embed_dim {nm}", lambda val=val: MHA(val, 2))
+        add(f"MHA/num_heads {nm}", lambda val=val: MHA(8, val))
+    add("MHA/embed not divisible", lambda: MHA(8, 3))
+    add("MHA/dropout 1", lambda: MHA(8, 2, dropout=1.0))
+    add("MHA/dropout nan", lambda: MHA(8, 2, dropout=nan))
+    add("MHA/kdim 0", lambda: MHA(8, 2, kdim=0))
+    add("MHA/kdim float", lambda: MHA(8, 2, kdim=2.5))
+    add("MHA/prior str", lambda: MHA(8, 2, prior="causal"), "either")
+    add("MHA/posterior typo", lambda: MHA(8, 2, posterior="dirichlett"))
+    add("MHA/posterior int", lambda: MHA(8, 2, posterior=3))
+    add("MHA/posterior heads", lambda: MHA(8, 2, posterior=PO.DirichletWeights(3)))
+    add("MHA/batch_first str", lambda: MHA(8, 2, batch_first="yes"), "either")
+    mha = MHA(8, 2, batch_first=True)
+    bmha = MHA(8, 2, batch_first=True, posterior="dirichlet")
+    for dt in (torch.float16, torch.bfloat16, torch.float64):
+        add(f"MHA/query {dt}", lambda dt=dt: mha(x.to(dt), x.to(dt), x.to(dt)), "either")
+        add(f"MHA/bayes query {dt}", lambda dt=dt: bmha(x.to(dt), x.to(dt), x.to(dt)), "either")
+    add("MHA/query int", lambda: mha(x.long(), x.long(), x.long()))
+    add("MHA/query 0-d", lambda: mha(torch.tensor(1.0), torch.tensor(1.0), torch.tensor(1.0)))
+    add("MHA/query 1-d", lambda: mha(torch.randn(8), torch.randn(8), torch.randn(8)))
+    add("MHA/query list", lambda: mha([[1.0] * 8], x, x))
+    add("MHA/last dim", lambda: mha(x[..., :4], x, x))
+    add("MHA/batch mismatch", lambda: mha(x, x[:1], x[:1]))
+    add("MHA/kv mismatch", lambda: mha(x, x, x[:, :4]))
+    add("MHA/nan query", lambda: mha(torch.full_like(x, nan), x, x))
+    add("MHA/inf key", lambda: mha(x, torch.full_like(x, inf), x))
+    add("MHA/nan value", lambda: bmha(x, x, torch.full_like(x, nan)))
+    add("MHA/kpm shape", lambda: mha(x, x, x, key_padding_mask=torch.zeros(2, 4, dtype=torch.bool)))
+    add("MHA/kpm list", lambda: mha(x, x, x, key_padding_mask=[[False] * 5] * 2))
+    add("MHA/attn_mask shape", lambda: mha(x, x, x, attn_mask=torch.zeros(4, 5)))
+    add("MHA/attn_mask int", lambda: mha(x, x, x, attn_mask=torch.zeros(5, 5, dtype=torch.int32)))
+    add("MHA/attn_mask nan", lambda: mha(x, x, x, attn_mask=torch.full((5, 5), nan)))
+    add("MHA/all masked", lambda: mha(x, x, x, key_padding_mask=torch.ones(2, 5, dtype=torch.bool)),
+        "ok", lambda o: bool((o[0] == mha.out_proj.bias).all()))
+    add("MHA/bayes all masked", lambda: bmha(
+        x, x, x, key_padding_mask=torch.ones(2, 5, dtype=torch.bool)), "ok")
+    for nm, val in bad_ints.items():
+        add(f"MHA/num_samples {nm}", lambda val=val: bmha(x, x, x, num_samples=val))
+    add("MHA/num_samples deterministic", lambda: mha(x, x, x, num_samples=4), "either",
+        lambda o: o[0].shape == (4, 2, 5, 8) and o[1].shape == (4, 2, 5, 5))
+    add("MHA/num_samples mean mode", lambda: _in_mode("mean", lambda: bmha(x, x, x, num_samples=4)),
+        "either", lambda o: o[0].shape == (4, 2, 5, 8))
+    add("MHA/num_samples ok", lambda: bmha(x, x, x, num_samples=4), "ok",
+        lambda o: o[0].shape == (4, 2, 5, 8) and o[1].shape == (4, 2, 5, 5))
+    add("MHA/zero-length query", lambda: mha(x[:, :0], x, x), "either",
+        lambda o: o[0].shape == (2, 0, 8))
+    add("MHA/zero-length key", lambda: mha(x, x[:, :0], x[:, :0]), "either",
+        lambda o: bool((o[0] == mha.out_proj.bias).all()))
+    add("MHA/bayes zero-length key", lambda: bmha(x, x[:, :0], x[:, :0]), "either")
+    add("MHA/empty batch", lambda: bmha(x[:0], x[:0], x[:0]), "either")
+    add("MHA/is_causal ok", lambda: bmha(x, x, x, is_causal=True), "ok")
+    add("MHA/q_pos wrong", lambda: MHA(8, 2, batch_first=True, prior=P.CausalPrior())(
+        x, x, x, q_pos=torch.arange(3)))
+    add("MHA/q_pos list", lambda: MHA(8, 2, batch_first=True, prior=P.CausalPrior())(
+        x, x, x, q_pos=[0, 1, 2, 3, 4]))
+
+    # ---- AttentionConfig, blocks ---------------------------------------------------------------
+    AC = ba.AttentionConfig
+    add("AttentionConfig/layers out of range",
+        lambda: ba.TransformerClassifier(2, vocab_size=5, d_model=8, nhead=2, num_layers=1,
+                                         attention=AC("dirichlet", layers=[5])))
+    add("AttentionConfig/layers negative",
+        lambda: ba.TransformerClassifier(2, vocab_size=5, d_model=8, nhead=2, num_layers=2,
+                                         attention=AC("dirichlet", layers=[-1])), "either",
+        lambda net: net.bayesian_layers == ["encoder.layers.1.self_attn"])
+    add("AttentionConfig/layers int", lambda: AC("dirichlet", layers=1))
+    add("AttentionConfig/layers str item", lambda: AC("dirichlet", layers=["0"]))
+    add("AttentionConfig/layers bad str", lambda: AC("dirichlet", layers="first"))
+    add("AttentionConfig/prior_kwargs typo", lambda: AC("dirichlet", prior="local",
+                                                        prior_kwargs={"windw": 2}))
+    add("AttentionConfig/prior_kwargs uniform", lambda: AC(prior="uniform",
+                                                           prior_kwargs={"window": 2}))
+    add("AttentionConfig/prior_kwargs bad value", lambda: AC(prior="local",
+                                                             prior_kwargs={"window": -2}))
+    add("AttentionConfig/posterior_kwargs typo",
+        lambda: AC("dirichlet", posterior_kwargs={"init_conc": 2.0}))
+    add("AttentionConfig/posterior_kwargs bad value",
+        lambda: AC("dirichlet", posterior_kwargs={"init_concentration": -2.0}))
+    add("AttentionConfig/posterior unknown", lambda: AC("gauss"))
+    add("AttentionConfig/posterior int", lambda: AC(3))
+    add("AttentionConfig/prior unknown", lambda: AC(prior="alibi2"))
+    add("AttentionConfig/prior int", lambda: AC(prior=3))
+    add("AttentionConfig/which str", lambda: AC("dirichlet", which="self"), "either",
+        lambda c: tuple(c.which) == ("self",))
+    add("AttentionConfig/which bad", lambda: AC("dirichlet", which=("selff",)))
+    add("AttentionConfig/posterior_kwargs list", lambda: AC("dirichlet", posterior_kwargs=[1]))
+    for nm, val in bad_ints.items():
+        add(f"EncoderLayer/d_model {nm}", lambda val=val: ba.EncoderLayer(val, 2))
+        add(f"EncoderLayer/nhead {nm}", lambda val=val: ba.EncoderLayer(8, val))
+        add(f"EncoderLayer/ff {nm}", lambda val=val: ba.EncoderLayer(8, 2, val))
+        add(f"Encoder/num_layers {nm}", lambda val=val: ba.Encoder(8, 2, val))
+        add(f"Decoder/num_layers {nm}", lambda val=val: ba.Decoder(8, 2, val))
+    add("EncoderLayer/not divisible", lambda: ba.EncoderLayer(8, 3))
+    add("EncoderLayer/dropout nan", lambda: ba.EncoderLayer(8, 2, 16, dropout=nan))
+    add("EncoderLayer/activation", lambda: ba.EncoderLayer(8, 2, 16, activation="tanh"))
+    add("DecoderLayer/not divisible", lambda: ba.DecoderLayer(8, 3))
+    add("Encoder/attention str", lambda: ba.Encoder(8, 2, 1, attention="dirichlet"), "either",
+        lambda e: e.layers[0].self_attn.is_bayesian)
+    add("Encoder/attention int", lambda: ba.Encoder(8, 2, 1, attention=3))
+    add("Encoder/bad kwarg", lambda: ba.Encoder(8, 2, 1, dim_ff=3))
+    enc = ba.Encoder(8, 2, 1, dim_feedforward=16)
+    add("Encoder/2-d input", lambda: enc(torch.randn(5, 8)), "either")
+    add("Encoder/last dim", lambda: enc(torch.randn(2, 5, 7)))
+    add("Encoder/float64", lambda: enc(torch.randn(2, 5, 8).double()), "either")
+    add("Encoder/nan", lambda: enc(torch.full((2, 5, 8), nan)))
+    add("Encoder/zero-length", lambda: enc(torch.randn(2, 0, 8)), "either",
+        lambda o: o.shape == (2, 0, 8))
+    dec = ba.Decoder(8, 2, 1, dim_feedforward=16)
+    add("Decoder/no memory", lambda: dec(torch.randn(2, 5, 8)))
+    add("Decoder/memory dim", lambda: dec(torch.randn(2, 5, 8), torch.randn(2, 3, 7)))
+    add("Decoder/memory batch", lambda: dec(torch.randn(2, 5, 8), torch.randn(3, 3, 8)))
+    add("Decoder/zero-length memory", lambda: dec(torch.randn(2, 5, 8), torch.randn(2, 0, 8)),
+        "either")
+
+    # ---- networks --------------------------------------------------------------------------------
+    TC = ba.TransformerClassifier
+    small = dict(d_model=8, nhead=2, num_layers=1, dim_feedforward=16)
+    for nm, val in bad_ints.items():
+        add(f"TC/vocab_size {nm}", lambda val=val: TC(2, vocab_size=val, **small))
+        add(f"TC/num_classes {nm}", lambda val=val: TC(val, vocab_size=5, **small))
+        add(f"TC/max_len {nm}", lambda val=val: TC(2, vocab_size=5, max_len=val, **small))
+        add(f"TC/input_dim {nm}", lambda val=val: TC(2, input_dim=val, **small))
+        add(f"CausalLM/vocab_size {nm}", lambda val=val: ba.CausalLM(val, **small))
+        add(f"Seq2Seq/src_vocab {nm}", lambda val=val: ba.Seq2Seq(val, 6, d_model=8, nhead=2))
+        add(f"CausalLM/max_len {nm}", lambda val=val: ba.CausalLM(6, max_len=val, **small))
+    add("TC/d_model % nhead", lambda: TC(2, vocab_size=5, d_model=10, nhead=4))
+    add("TC/dropout 1", lambda: TC(2, vocab_size=5, dropout=1.0, **small))
+    add("TC/pooling", lambda: TC(2, vocab_size=5, pooling="max", **small))
+    add("TC/both inputs", lambda: TC(2, vocab_size=5, input_dim=3, **small))
+    add("TC/neither input", lambda: TC(2, **small))
+    add("TC/attention str", lambda: TC(2, vocab_size=5, attention="dirichlet", **small), "either",
+        lambda net: len(net.bayesian_layers) == 1)
+    add("TC/attention dict", lambda: TC(2, vocab_size=5, attention={"posterior": "x"}, **small))
+    add("TC/pad_id out of vocab", lambda: TC(2, vocab_size=5, pad_id=7, **small), "either")
+    add("CausalLM/bos out of vocab", lambda: ba.CausalLM(3, bos_id=5, **small))
+    add("Seq2Seq/eos out of vocab", lambda: ba.Seq2Seq(6, 6, d_model=8, nhead=2, eos_id=9))
+    add("VisionTransformer/patch", lambda: ba.VisionTransformer(10, image_size=8, patch_size=3))
+    add("VisionTransformer/patch 0", lambda: ba.VisionTransformer(10, image_size=8, patch_size=0))
+    add("VisionTransformer/patch float",
+        lambda: ba.VisionTransformer(10, image_size=8, patch_size=2.0))
+    tc = TC(2, vocab_size=6, **small)
+    btc = TC(2, vocab_size=6, attention=AC("dirichlet"), **small)
+    xt = torch.randint(1, 6, (3, 4))
+    yt = torch.tensor([0, 1, 0])
+    add("TC/zero-length", lambda: tc(torch.zeros(3, 0, dtype=torch.long)))
+    add("TC/zero-length bayes", lambda: btc(torch.zeros(3, 0, dtype=torch.long)))
+    add("TC/all padding", lambda: tc(torch.zeros(3, 4, dtype=torch.long)), "either")
+    add("TC/ids out of range", lambda: tc(torch.full((3, 4), 9)))
+    add("TC/negative ids", lambda: tc(torch.full((3, 4), -1)))
+    add("TC/float ids", lambda: tc(xt.float()))
+    add("TC/1-d ids", lambda: tc(xt[0]))
+    add("TC/too long", lambda: tc(torch.randint(1, 6, (2, 600))))
+    add("TC/list", lambda: tc([[1, 2]]))
+    add("TC/y shape", lambda: btc.model(xt, yt[:2]))
+    add("TC/y range", lambda: btc.model(xt, torch.tensor([0, 1, 5])))
+    add("TC/y float", lambda: btc.model(xt, yt.float()))
+    add("TC/y list", lambda: btc.model(xt, [0, 1, 0]))
+    add("TC/num_data small", lambda: btc.model(xt, yt, num_data=2))
+    add("TC/num_data float", lambda: btc.model(xt, yt, num_data=5.0))
+    add("TC/elbo num_particles float", lambda: btc.elbo_loss(xt, yt, num_particles=2.0))
+    add("TC/elbo num_particles 0", lambda: btc.elbo_loss(xt, yt, num_particles=0))
+    add("TC/elbo num_particles bool", lambda: btc.elbo_loss(xt, yt, num_particles=True))
+    add("TC/elbo beta nan", lambda: btc.elbo_loss(xt, yt, beta=nan))
+    add("TC/elbo beta neg", lambda: btc.elbo_loss(xt, yt, beta=-1.0))
+    add("TC/elbo no y", lambda: btc.elbo_loss(xt, None))
+    add("TC/forward num_particles float", lambda: btc(xt, num_particles=2.0))
+    add("TC/forward num_particles 0", lambda: btc(xt, num_particles=0))
+    add("TC/elbo ok", lambda: btc.elbo_loss(xt, yt, num_particles=3), "ok")
+    vtc = TC(2, input_dim=3, **small)
+    add("TC/vectors float64", lambda: vtc(torch.randn(2, 4, 3).double()), "either")
+    add("TC/vectors float16", lambda: vtc(torch.randn(2, 4, 3).half()), "either")
+    add("TC/vectors nan", lambda: vtc(torch.full((2, 4, 3), nan)))
+    add("TC/vectors zero-length", lambda: vtc(torch.randn(2, 0, 3)))
+    add("TC/vectors int", lambda: vtc(torch.ones(2, 4, 3, dtype=torch.long)))
+    vit = ba.VisionTransformer(10, **small)
+    add("ViT/wrong size", lambda: vit(torch.randn(2, 6, 6)))
+    add("ViT/int images", lambda: vit(torch.ones(2, 8, 8, dtype=torch.long)))
+    add("ViT/float64", lambda: vit(torch.randn(2, 8, 8).double()), "either")
+    add("ViT/nan", lambda: vit(torch.full((2, 8, 8), nan)))
+    add("ViT/list", lambda: vit([[0.0]]))
+    lm = ba.CausalLM(6, **small)
+    add("CausalLM/one token", lambda: lm(torch.ones(2, 1, dtype=torch.long)))
+    add("CausalLM/zero-length", lambda: lm(torch.ones(2, 0, dtype=torch.long)))
+    add("CausalLM/generate zero-length prompt",
+        lambda: lm.generate(torch.ones(2, 0, dtype=torch.long), 3))
+    add("CausalLM/generate max_len float", lambda: lm.generate(torch.ones(2, 1, dtype=torch.long),
+                                                                2.5))
+    add("CausalLM/generate max_len bool", lambda: lm.generate(torch.ones(2, 1, dtype=torch.long),
+                                                               True))
+    add("CausalLM/generate num_samples float",
+        lambda: lm.generate(torch.ones(2, 1, dtype=torch.long), 3, num_samples=2.0))
+    add("CausalLM/generate num_samples 0",
+        lambda: lm.generate(torch.ones(2, 1, dtype=torch.long), 3, num_samples=0))
+    add("CausalLM/generate mode", lambda: lm.generate(torch.ones(2, 1, dtype=torch.long), 3,
+                                                      mode="sample"))
+    add("CausalLM/generate too long", lambda: lm.generate(torch.ones(2, 1, dtype=torch.long),
+                                                          500), "either")
+    add("CausalLM/generate ok", lambda: lm.generate(torch.ones(2, 1, dtype=torch.long), 3), "ok")
+    s2s = ba.Seq2Seq(6, 7, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1)
+    src = torch.randint(3, 6, (2, 4))
+    tgt = torch.tensor([[1, 3, 4, 2], [1, 5, 2, 0]])
+    add("Seq2Seq/no tgt", lambda: s2s(src))
+    add("Seq2Seq/tgt 1 token", lambda: s2s(src, tgt[:, :1]))
+    add("Seq2Seq/src zero-length", lambda: s2s(src[:, :0], tgt))
+    add("Seq2Seq/generate zero-length", lambda: s2s.generate(src[:, :0], 3))
+    add("Seq2Seq/generate all padding", lambda: s2s.generate(torch.zeros(2, 4, dtype=torch.long),
+                                                             3), "either")
+    add("Seq2Seq/tgt batch", lambda: s2s(src, tgt[:1]))
+    add("Seq2Seq/ok", lambda: s2s(src, tgt), "ok")
+    add("Seq2Seq/generate ok", lambda: s2s.generate(src, 3, num_samples=2), "ok")
+    add("bayesian_projections/bad target", lambda: ba.bayesian_projections(
+        TC(2, vocab_size=5, **small), targets=("*nothing*",)))
+    add("bayesian_projections/non network", lambda: ba.bayesian_projections(torch.nn.Linear(2, 2)))
+    add("bayesian_projections/prior_scale str", lambda: ba.bayesian_projections(
+        TC(2, vocab_size=5, **small), prior_scale="1"))
+    add("bayesian_projections/targets str", lambda: ba.bayesian_projections(
+        TC(2, vocab_size=5, **small), targets="*in_proj_weight"), "either")
+    add("attention_mode/bad", lambda: _in_mode("sample", lambda: None))
+
+    # ---- inference --------------------------------------------------------------------------------
+    from bayesattn import inference as I
+
+    add("TrainConfig/lr -1", lambda: I.TrainConfig(lr=-1.0))
+    add("TrainConfig/epochs 0", lambda: I.TrainConfig(epochs=0))
+    add("TrainConfig/batch float", lambda: I.TrainConfig(batch_size=2.5))
+    add("TrainConfig/mode", lambda: I.TrainConfig(mode="adam"))
+    add("TrainConfig/device", lambda: I.TrainConfig(device="gpu9"))
+    add("fit/unknown option", lambda: I.fit(btc, (xt, yt), epochs=1, lrr=1.0))
+    add("fit/data list", lambda: I.fit(btc, [xt], epochs=1, progress=False))
+    add("fit/data dict", lambda: I.fit(btc, {"x": xt}, epochs=1, progress=False))
+    add("fit/len mismatch", lambda: I.fit(btc, (xt, yt[:2]), epochs=1, progress=False))
+    add("fit/empty", lambda: I.fit(btc, (xt[:0], yt[:0]), epochs=1, progress=False))
+    add("fit/network not ours", lambda: I.fit(torch.nn.Linear(2, 2), (xt, yt), epochs=1))
+    add("fit/resume no path", lambda: I.fit(btc, (xt, yt), resume=True, progress=False))
+    add("fit/resume missing", lambda: I.fit(btc, (xt, yt), resume=True, progress=False,
+                                            checkpoint_path="/nonexistent/x.pt"))
+    add("fit/resume str", lambda: I.fit(btc, (xt, yt), resume="yes", progress=False,
+                                        checkpoint_path="/nonexistent/x.pt"))
+    tmpdir = tempfile.mkdtemp(prefix="bayesattn-fuzz-")
+
+    def fit_dir():
+        return I.fit(TC(2, vocab_size=6, **small), (xt, yt), epochs=1, progress=False,
+                     checkpoint_path=tmpdir, max_steps=None)
+
+    add("fit/checkpoint is dir", fit_dir)
+
+    def fit_under_file():
+        f = Path(tmpdir) / "afile"
+        f.write_text("x")
+        return I.fit(TC(2, vocab_size=6, **small), (xt, yt), epochs=1, progress=False,
+                     checkpoint_path=f / "ckpt.pt")
+
+    add("fit/checkpoint under a file", fit_under_file)
+
+    def fit_diverge():
+        net = TC(2, vocab_size=6, attention=AC("weibull"), **small)
+        with torch.no_grad():
+            net.head.weight.fill_(1e30)
+        try:
+            I.fit(net, (xt, yt), epochs=3, batch_size=3, lr=1e3, progress=False)
+        except FloatingPointError as e:
+            finite = all(bool(torch.isfinite(p).all()) for p in net.parameters())
+            if "diverged at step" not in str(e) or not finite:
+                raise RuntimeError(f"diverged, but: {e}; params finite: {finite}") from e
+            raise
+        return net
+
+    add("fit/diverges", fit_diverge, "either")
+
+    def fit_nan_grad():
+        net = TC(2, vocab_size=6, attention=AC("dirichlet"), **small)
+        h = net.head.weight.register_hook(lambda g: torch.full_like(g, nan))
+        try:
+            I.fit(net, (xt, yt), epochs=1, batch_size=3, progress=False)
+        except FloatingPointError as e:
+            finite = all(bool(torch.isfinite(p).all()) for p in net.parameters())
+            if "diverged at step 0" not in str(e) or not finite:
+                raise RuntimeError(f"diverged, but: {e}; params finite: {finite}") from e
+            raise
+        finally:
+            h.remove()
+        return list(net.parameters())
+
+    add("fit/nan gradient", fit_nan_grad)
+
+    def fit_nan_grad_svi():
+        net = TC(2, vocab_size=6, attention=AC("dirichlet"), **small)
+        h = net.head.weight.register_hook(lambda g: torch.full_like(g, nan))
+        try:
+            I.fit(net, (xt, yt), epochs=1, batch_size=3, progress=False, mode="svi")
+        except FloatingPointError as e:
+            finite = all(bool(torch.isfinite(p).all()) for p in net.parameters())
+            if "diverged at step 0" not in str(e) or not finite:
+                raise RuntimeError(f"diverged, but: {e}; params finite: {finite}") from e
+            raise
+        finally:
+            h.remove()
+        return list(net.parameters())
+
+    add("fit/nan gradient svi", fit_nan_grad_svi)
+    add("load_checkpoint/missing", lambda: I.load_checkpoint(Path(tmpdir) / "nope.pt"))
+    add("load_checkpoint/dir", lambda: I.load_checkpoint(tmpdir))
+
+    def garbage():
+        f = Path(tmpdir) / "garbage.pt"
+        f.write_bytes(b"not a checkpoint")
+        return I.load_checkpoint(f)
+
+    add("load_checkpoint/garbage", garbage)
+    add("save_checkpoint/not a state", lambda: I.save_checkpoint(Path(tmpdir) / "c.pt", 3))
+    add("kl_beta/ok", lambda: I.kl_beta(3, 10), "ok")
+
+    # ---- uncertainty, calibration, geometry -------------------------------------------------------
+    from bayesattn import calibration as C
+    from bayesattn import geometry as G
+    from bayesattn import uncertainty as U
+
+    for nm, val in bad_ints.items():
+        add(f"predict/num_samples {nm}", lambda val=val: U.predict(btc, xt, num_samples=val))
+        add(f"predict/batch_size {nm}", lambda val=val: U.predict(btc, xt, batch_size=val))
+    add("predict/mode", lambda: U.predict(btc, xt, mode="sample"))
+    add("predict/seq2seq", lambda: U.predict(s2s, src))
+    add("predict/zero-length", lambda: U.predict(btc, xt[:, :0]))
+    add("predict/empty batch", lambda: U.predict(btc, xt[:0]))
+    add("predict/ok", lambda: U.predict(btc, xt, num_samples=3), "ok")
+    add("AttentionSamples/4-d", lambda: U.AttentionSamples(torch.rand(2, 2, 3, 3)))
+    add("AttentionSamples/interval prob", lambda: U.AttentionSamples(
+        torch.rand(2, 1, 1, 3, 3)).interval(1.5))
+    add("PredictionResult/2-d", lambda: U.PredictionResult(torch.rand(2, 3)))
+    add("PredictionResult/nan", lambda: U.PredictionResult(torch.full((2, 3, 2), nan)).summary(),
+        "either")
+    probs = torch.softmax(torch.randn(6, 3), -1)
+    labels = torch.tensor([0, 1, 2, 0, 1, 2])
+    add("ece/n_bins 0", lambda: C.expected_calibration_error(probs, labels, n_bins=0))
+    add("ece/n_bins float", lambda: C.expected_calibration_error(probs, labels, n_bins=2.5))
+    add("ece/labels range", lambda: C.expected_calibration_error(probs, labels + 3))
+    add("ece/probs nan", lambda: C.expected_calibration_error(torch.full((6, 3), nan), labels))
+    add("ece/strategy", lambda: C.expected_calibration_error(probs, labels, strategy="bad"))
+    add("nll/probs sum", lambda: C.negative_log_likelihood(probs * 2, labels))
+    add("brier/label float", lambda: C.brier_score(probs, labels.float() + 0.5))
+    add("ood_auroc/empty", lambda: C.ood_auroc(torch.rand(3), torch.rand(0)))
+    add("ood_auroc/nan", lambda: C.ood_auroc(torch.rand(3), torch.tensor([nan])))
+    add("fit_temperature/max_iter 0", lambda: C.fit_temperature(torch.randn(6, 3), labels,
+                                                                 max_iter=0))
+    add("TemperatureScaler/neg", lambda: C.TemperatureScaler(-1.0))
+    add("pavpu/threshold nan", lambda: C.pavpu(torch.rand(6), torch.ones(6, dtype=torch.bool), nan))
+    add("geometry/entropy list", lambda: G.attention_entropy([[0.5, 0.5]]))
+    add("geometry/entropy nan", lambda: G.attention_entropy(torch.full((2, 3), nan)))
+    add("geometry/distance pos shape", lambda: G.mean_attention_distance(
+        torch.rand(2, 3, 4), q_pos=torch.arange(5)))
+    add("geometry/subspace which", lambda: G.head_subspace_angles(mha, which="z"))
+    add("geometry/subspace not mha", lambda: G.head_subspace_angles(torch.nn.Linear(2, 2)))
+    add("geometry/by_layer non module", lambda: G.attention_distance_by_layer(3, xt))
+
+    # ---- models ---------------------------------------------------------------------------------
+    from bayesattn import models as M
+
+    add("exact_posterior/3-d q", lambda: M.exact_posterior(qh[0], kh))
+    add("exact_posterior/nan", lambda: M.exact_posterior(torch.full_like(qh, nan), kh))
+    add("exact_posterior/ok", lambda: M.exact_posterior(qh, kh), "ok")
+    add("OnlineKeyRelevance/num_keys 0", lambda: M.OnlineKeyRelevance(0))
+    add("OnlineKeyRelevance/alpha neg", lambda: M.OnlineKeyRelevance(3, alpha0=-1.0))
+    add("OnlineKeyRelevance/num_keys float", lambda: M.OnlineKeyRelevance(2.5))
+    add("fit_categorical_guide/steps 0", lambda: M.fit_categorical_guide(qh, kh, num_steps=0))
+    add("fit_categorical_guide/steps float", lambda: M.fit_categorical_guide(qh, kh,
+                                                                               num_steps=2.5))
+
+    # ---- diagnostics ----------------------------------------------------------------------------
+    from bayesattn import diagnostics as D
+
+    add("psis_smooth/reff 0", lambda: D.psis_smooth(torch.randn(100).numpy(), reff=0.0))
+    add("psis_smooth/reff neg", lambda: D.psis_smooth(torch.randn(100).numpy(), reff=-1.0))
+    add("psis_smooth/reff nan", lambda: D.psis_smooth(torch.randn(100).numpy(), reff=nan))
+    add("psis_smooth/reff str", lambda: D.psis_smooth(torch.randn(100).numpy(), reff="1"))
+    add("psis_smooth/nan", lambda: D.psis_smooth([0.0, nan, 1.0]))
+    add("psis_smooth/one", lambda: D.psis_smooth([0.0]))
+    add("psis_smooth/str", lambda: D.psis_smooth("abc"))
+    add("psis_smooth/2-d", lambda: D.psis_smooth(torch.randn(10, 10).numpy()), "either")
+    add("psis_smooth/ok", lambda: D.psis_smooth(torch.randn(200).numpy()), "ok")
+    add("interpret_khat/str", lambda: D.interpret_khat("a"))
+    add("interpret_khat/nan", lambda: D.interpret_khat(nan), "ok",
+        lambda s: s == "unreliable")
+    w1 = torch.rand(4, 2, 2, 3, 3)
+    w2 = torch.rand(4, 2, 2, 5, 5)
+    add("to_arviz/stack different sizes", lambda: D.to_arviz_dict(
+        {"encoder.layers.0.self_attn.weights": w1, "encoder.layers.1.self_attn.weights": w2},
+        sample_dims=("sample",), stack_layers=True))
+    add("to_arviz/stack one singleton", lambda: D.to_arviz_dict(
+        {"encoder.layers.0.self_attn.weights": w1,
+         "encoder.layers.1.self_attn.weights": w1.unsqueeze(1)},
+        sample_dims=("sample",), stack_layers=True), "either",
+        lambda o: "encoder.self_attn.weights" in o[0]["posterior"])
+    add("to_arviz/stack 5-d with 4-d", lambda: D.to_arviz_dict(
+        {"encoder.layers.0.self_attn.weights": w1,
+         "encoder.layers.1.self_attn.weights": w1[:, 0]},
+        sample_dims=("sample",), stack_layers=True))
+    add("to_arviz/stack ok", lambda: D.to_arviz_dict(
+        {"encoder.layers.0.self_attn.weights": w1, "encoder.layers.1.self_attn.weights": w1},
+        sample_dims=("sample",), stack_layers=True), "ok",
+        lambda o: o[0]["posterior"]["encoder.self_attn.weights"].shape == (1, 4, 2, 2, 2, 3, 3))
+    add("to_arviz/sample mismatch", lambda: D.to_arviz_dict(
+        {"a": torch.rand(4, 3), "b": torch.rand(5, 3)}, sample_dims=("sample",)))
+    add("to_arviz/no draws", lambda: D.to_arviz_dict({"a": torch.rand(0, 3)},
+                                                     sample_dims=("sample",)))
+    add("to_arviz/nan draws", lambda: D.to_arviz_dict({"a": torch.full((4, 3), nan)},
+                                                      sample_dims=("sample",)))
+    add("to_arviz/num_chains", lambda: D.to_arviz_dict({"a": torch.rand(5, 3)},
+                                                       sample_dims=("sample",), num_chains=2))
+    add("to_arviz/num_chains float", lambda: D.to_arviz_dict({"a": torch.rand(4, 3)},
+                                                             sample_dims=("sample",),
+                                                             num_chains=2.0))
+    add("to_arviz/not mapping", lambda: D.to_arviz_dict([1, 2]))
+    add("to_arviz/tokens length", lambda: D.to_arviz_dict(
+        {"w.weights": w1}, sample_dims=("sample",), tokens=["a", "b"]))
+    add("to_arviz/obj values", lambda: D.to_arviz_dict({"a": object()}, sample_dims=("sample",)))
+
+    # ---- data -----------------------------------------------------------------------------------
+    from bayesattn import data as DA
+
+    add("corrupt_images/kind", lambda: DA.corrupt_images(torch.rand(2, 8, 8), "blur", 1))
+    add("corrupt_images/severity 0", lambda: DA.corrupt_images(torch.rand(2, 8, 8), "noise", 0))
+    add("corrupt_images/severity float", lambda: DA.corrupt_images(torch.rand(2, 8, 8), "noise",
+                                                                   2.5))
+    add("corrupt_images/nan", lambda: DA.corrupt_images(torch.full((2, 8, 8), nan), "noise", 1))
+    add("make_copy_task/n 0", lambda: DA.make_copy_task(0))
+    add("make_copy_task/n float", lambda: DA.make_copy_task(2.5))
+    add("images_to_patches/bad patch", lambda: DA.images_to_patches(torch.rand(2, 8, 8), 3))
+    add("train_val_test_split/frac", lambda: DA.train_val_test_split(10, 1.5))
+
+    # ---- plots, more models and data --------------------------------------------------------------
+    from bayesattn import plots as PL
+
+    png = str(Path(tmpdir) / "fig.png")
+    add("plot_reliability/nan", lambda: PL.plot_reliability_diagram(torch.full((6, 3), nan),
+                                                                     labels))
+    add("plot_reliability/labels", lambda: PL.plot_reliability_diagram(probs, labels[:3]))
+    add("plot_reliability/ok", lambda: PL.plot_reliability_diagram(probs, labels, path=png) and 0.0,
+        "ok")
+    add("plot_reliability/path dir", lambda: PL.plot_reliability_diagram(probs, labels,
+                                                                          path=tmpdir))
+    add("plot_histograms/bins 0", lambda: PL.plot_uncertainty_histograms(torch.rand(5),
+                                                                         torch.rand(5), bins=0))
+    add("plot_histograms/nan", lambda: PL.plot_uncertainty_histograms(torch.rand(5),
+                                                                      torch.full((5,), nan)))
+    add("plot_histograms/empty", lambda: PL.plot_uncertainty_histograms(torch.rand(5),
+                                                                        torch.rand(0)))
+    add("plot_risk_coverage/len", lambda: PL.plot_risk_coverage(torch.rand(5),
+                                                                torch.ones(4, dtype=torch.bool)))
+    add("plot_attention/shape", lambda: PL.plot_attention_uncertainty(torch.rand(3, 4),
+                                                                      torch.rand(3, 5)))
+    add("plot_attention/nan", lambda: PL.plot_attention_uncertainty(torch.full((3, 4), nan),
+                                                                    torch.rand(3, 4)))
+    add("plot_attention/labels", lambda: PL.plot_attention_uncertainty(
+        torch.rand(3, 4), torch.rand(3, 4), query_labels=["a"]))
+    add("plot_attention/3-d", lambda: PL.plot_attention_uncertainty(torch.rand(2, 3, 4),
+                                                                    torch.rand(2, 3, 4)))
+    add("plot_accuracy/thresholds", lambda: PL.plot_accuracy_vs_confidence(
+        probs, labels, thresholds=[2.0]))
+    add("plot_distance/not dict", lambda: PL.plot_attention_distance([1, 2]))
+    add("attention_model/dtype", lambda: M.attention_model(qh.double(), kh))
+    add("attention_model/log_prior shape", lambda: M.attention_model(qh, kh, torch.zeros(3, 4)))
+    add("attention_model/all masked", lambda: M.exact_posterior(
+        qh, kh, torch.full((2, 2, 3, 5), -inf)))
+    add("OnlineKeyRelevance/update dim", lambda: M.OnlineKeyRelevance(5).update(
+        torch.randn(3, 4), torch.randn(5, 3)))
+    add("OnlineKeyRelevance/update keys", lambda: M.OnlineKeyRelevance(5).update(
+        torch.randn(3, 4), torch.randn(6, 4)))
+    add("OnlineKeyRelevance/update nan", lambda: M.OnlineKeyRelevance(5).update(
+        torch.full((3, 4), nan), torch.randn(5, 4)))
+    add("OnlineKeyRelevance/ok", lambda: M.OnlineKeyRelevance(5).update(
+        torch.randn(3, 4), torch.randn(5, 4)).alpha, "ok")
+    add("head_projection_weights/which", lambda: G.head_projection_weights(mha, which="x"))
+    add("head_projection_weights/weight shape", lambda: G.head_projection_weights(
+        mha, weight=torch.randn(3, 3)))
+    add("make_translation_task/n neg", lambda: DA.make_translation_task(-1))
+    add("make_reverse_task/len", lambda: DA.make_reverse_task(10, length=2, min_length=5))
+    add("make_sort_task/vocab", lambda: DA.make_sort_task(10, vocab_size=0))
+    add("images_to_patches/float patch", lambda: DA.images_to_patches(torch.rand(2, 8, 8), 2.0))
+    add("corruption_suite/severity", lambda: DA.corruption_suite(torch.rand(2, 8, 8),
+                                                                severities=(9,)))
+    add("load_digits_data/frac", lambda: DA.load_digits_data(val_fraction=1.5))
+
+    # ---- study, cli -----------------------------------------------------------------------------
+    from bayesattn import study as ST
+
+    add("StudyConfig/lr -1", lambda: ST.StudyConfig(lr=-1.0))
+    add("StudyConfig/lr nan", lambda: ST.StudyConfig(lr=nan))
+    add("StudyConfig/d_model % nhead", lambda: ST.StudyConfig(d_model=30, nhead=4))
+    add("StudyConfig/nhead 0", lambda: ST.StudyConfig(nhead=0))
+    add("StudyConfig/num_layers 0", lambda: ST.StudyConfig(num_layers=0))
+    add("StudyConfig/dim_feedforward float", lambda: ST.StudyConfig(dim_feedforward=2.5))
+    add("StudyConfig/epochs bool", lambda: ST.StudyConfig(epochs=True))
+    add("StudyConfig/seed neg", lambda: ST.StudyConfig(seed=-1))
+    add("StudyConfig/kl_anneal neg", lambda: ST.StudyConfig(kl_anneal_epochs=-1))
+    add("StudyConfig/arviz_examples 0", lambda: ST.StudyConfig(arviz_examples=0))
+    add("StudyConfig/methods str", lambda: ST.StudyConfig(methods="dirichlet"))
+    add("StudyConfig/methods dup", lambda: ST.StudyConfig(methods=("dirichlet", "dirichlet")),
+        "either")
+    add("StudyConfig/severities empty", lambda: ST.StudyConfig(severities=()))
+    add("StudyConfig/kl_weight str", lambda: ST.StudyConfig(kl_weight="1"))
+    add("StudyConfig/dropout str", lambda: ST.StudyConfig(dropout="0.1"))
+    add("StudyConfig/out int", lambda: ST.StudyConfig(out=3))
+    add("StudyConfig/extra", lambda: ST.StudyConfig(extra={"lr": 1.0}), "either")
+
+    def cli_case(*args):
+        """Run the command line in-process: a clean non-zero exit with a message is a clear
+        error; any exception escaping ``main`` (a traceback for the user) is not."""
+        import contextlib
+        import io
+
+        from bayesattn.cli import main
+
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                try:
+                    rc = main(list(args))
+                except SystemExit as e:
+                    rc = e.code
+        except Exception as e:  # noqa: BLE001
+            raise RuntimeError(f"traceback from the CLI: {type(e).__name__}: {e}") from e
+        if rc == 0:
+            return "ran"
+        raise CleanExit(f"bayesattn exited {rc}: {err.getvalue().strip()}")
+
+    f = Path(tmpdir) / "out-file"
+    f.write_text("x")
+    add("cli/out is a file", lambda: cli_case("study", "--out", str(f), "--quick"))
+    add("cli/out is a file force", lambda: cli_case("study", "--out", str(f), "--quick", "--force"))
+    add("cli/out under a file", lambda: cli_case("study", "--out", str(f / "sub"), "--quick"))
+    add("cli/epochs 0", lambda: cli_case("study", "--out", str(Path(tmpdir) / "s1"), "--epochs",
+                                         "0"))
+    add("cli/samples -1", lambda: cli_case("study", "--out", str(Path(tmpdir) / "s2"),
+                                           "--samples", "-1"))
+    add("cli/threads 0", lambda: cli_case("study", "--out", str(Path(tmpdir) / "s3"), "--threads",
+                                          "-2", "--epochs", "0"))
+    return cases
+
+
+def _in_mode(mode, fn):
+    from bayesattn.nn import attention_mode
+
+    with attention_mode(mode):
+        return fn()
+
+
+def run(verbose: bool = True) -> dict[str, list[tuple[str, str]]]:
+    """Classify every case; returns ``{outcome: [(name, detail), ...]}``."""
+    torch.set_num_threads(1)
+    out: dict[str, list[tuple[str, str]]] = {"clear": [], "ok": [], "obscure": [], "silent": []}
+    for case in _cases():
+        torch.manual_seed(0)
+        outcome, detail = classify(case)
+        out[outcome].append((case.name, detail))
+    if verbose:
+        for cls in ("silent", "obscure"):
+            for name, detail in out[cls]:
+                print(f"{cls:8s} {name}: {detail[:300]}")
+        total = sum(len(v) for v in out.values())
+        print(
+            f"\n{total} cases: {len(out['clear'])} clear error, {len(out['ok'])} ok, "
+            f"{len(out['obscure'])} obscure error, {len(out['silent'])} silent wrong"
+        )
+    return out
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    run()
