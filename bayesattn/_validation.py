@@ -101,10 +101,15 @@ def check_float_tensor(name: str, x: Any, min_dim: int = 0) -> Tensor:
     return x
 
 
+class DTypeMismatchError(TypeError, RuntimeError):
+    """An input whose dtype differs from the parameters': a ``TypeError`` here, and the
+    ``RuntimeError`` torch raises in the same case (code written for torch catches that)."""
+
+
 def check_same_dtype(name: str, x: Tensor, dtype: torch.dtype, owner: str) -> None:
     """``x`` must have the parameters' dtype (torch would fail deep inside a matmul)."""
     if x.dtype != dtype:
-        raise TypeError(
+        raise DTypeMismatchError(
             f"{name} has dtype {x.dtype} but {owner}'s parameters are {dtype}; convert the input "
             f"(x.to({dtype})) or the module (module.to({x.dtype}))"
         )

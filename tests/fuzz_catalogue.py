@@ -330,7 +330,9 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
         lambda o: bool((o[0] == mha.out_proj.bias).all()))
     add("MHA/bayes zero-length key", lambda: bmha(x, x[:, :0], x[:, :0]), "either")
     add("MHA/empty batch", lambda: bmha(x[:0], x[:0], x[:0]), "either")
-    add("MHA/is_causal ok", lambda: bmha(x, x, x, is_causal=True), "ok")
+    # torch's rule (issue 9): the is_causal hint needs its mask; torch's RuntimeError message, and
+    # a ValueError too
+    add("MHA/is_causal without attn_mask", lambda: bmha(x, x, x, is_causal=True))
     add("MHA/q_pos wrong", lambda: MHA(8, 2, batch_first=True, prior=P.CausalPrior())(
         x, x, x, q_pos=torch.arange(3)))
     add("MHA/q_pos list", lambda: MHA(8, 2, batch_first=True, prior=P.CausalPrior())(

@@ -75,6 +75,12 @@ def _allow_missing_prior_posterior(module: nn.Module, incompatible) -> None:
 
 _PRIOR_POSTERIOR_KEY = re.compile(r"(^|\.)(prior|posterior|kernel)\.")
 
+class CausalHintError(RuntimeError, ValueError):
+    """``is_causal=True`` without an ``attn_mask``: a ``RuntimeError`` with torch's message (code
+    written for ``torch.nn.MultiheadAttention`` catches that) that is also a ``ValueError``
+    (bad arguments are ``ValueError``s in this library)."""
+
+
 _CAUSAL_HINT_ERROR = (
     "Need attn_mask if specifying the is_causal hint. You may use the Transformer module method "
     "`generate_square_subsequent_mask` to create this mask."
@@ -456,7 +462,7 @@ class BayesianMultiheadAttention(PyroModule):
             )  # fmt: skip
         if is_causal:
             if attn_mask is None:
-                raise RuntimeError(_CAUSAL_HINT_ERROR)
+                raise CausalHintError(_CAUSAL_HINT_ERROR)
             if key_padding_mask is None and not need_weights:
                 attn_mask = None  # torch: the hint stands for the mask
             else:
