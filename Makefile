@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: venv install test lint study bench clean
+.PHONY: venv install test test-fast lint docs study bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ lint: $(VENV)/.installed
 
 test: $(VENV)/.installed lint
 	$(PY) -m pytest -q
+
+test-fast: $(VENV)/.installed lint  # the inner loop: everything but the slow tests (CI runs all)
+	$(PY) -m pytest -q -m "not slow"
+
+docs: $(VENV)/.installed  # the user guide + API reference, strict, into site/
+	$(VENV)/bin/mkdocs build --strict
 
 study: $(VENV)/.installed
 	$(VENV)/bin/bayesattn study $(ARGS)
