@@ -341,3 +341,20 @@ def test_predict_a_converted_torch_model_through_the_same_path():
     )
     with pytest.raises(ValueError, match="temperature"):
         predict(model, x, 2, temperature=0.0)
+
+
+def test_uncertainty_decomposition_closed_form_and_errors():
+    from bayesattn.functional import uncertainty_decomposition
+
+    # two samples that disagree completely: H[p̄] = log 2, E[H] = 0, MI = log 2
+    p = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])  # (S=2, B=1, C=2)
+    total, expected, mi = uncertainty_decomposition(p)
+    torch.testing.assert_close(total, torch.tensor([0.6931472]))
+    torch.testing.assert_close(expected, torch.tensor([0.0]))
+    torch.testing.assert_close(mi, torch.tensor([0.6931472]))
+    same = uncertainty_decomposition(torch.full((3, 4, 5), 0.2))
+    assert float(same[2].abs().max()) == 0.0  # identical samples: no epistemic part
+    with pytest.raises(TypeError, match="probs must be a torch.Tensor"):
+        uncertainty_decomposition([[0.5, 0.5]])
+    with pytest.raises(ValueError, match=r"\(S, \.\.\., C\)"):
+        uncertainty_decomposition(torch.ones(3))
