@@ -760,10 +760,11 @@ class Trainer:
         """Learning rate used at (0-based) step ``step`` (default: the next step)."""
         return self.config.lr * self._lr_factor(self.step if step is None else step)
 
-    def _lr_factor(self, step: int) -> float:
+    def _schedule(self) -> dict[str, Any]:
+        """The configured schedule's arguments, shared by :func:`lr_factor` (closed form) and
+        :func:`lr_scheduler` (torch's schedulers)."""
         c = self.config
-        return lr_factor(
-            step,
+        return dict(
             warmup_steps=c.warmup_steps,
             decay=c.lr_decay,
             decay_steps=self._decay_steps or c.decay_steps or 1,
@@ -771,6 +772,9 @@ class Trainer:
             step_size=c.lr_step_size,
             gamma=c.lr_gamma,
         )
+
+    def _lr_factor(self, step: int) -> float:
+        return lr_factor(step, **self._schedule())
 
     # ---- set-up -------------------------------------------------------------------------------
     @staticmethod
@@ -787,16 +791,7 @@ class Trainer:
     ) -> torch.optim.lr_scheduler.LRScheduler:
         """The configured :func:`lr_scheduler` over ``optimizer`` (after set-up: it needs the
         schedule length)."""
-        c = self.config
-        return lr_scheduler(
-            optimizer,
-            warmup_steps=c.warmup_steps,
-            decay=c.lr_decay,
-            decay_steps=self._decay_steps or c.decay_steps or 1,
-            min_lr_ratio=c.min_lr_ratio,
-            step_size=c.lr_step_size,
-            gamma=c.lr_gamma,
-        )
+        return lr_scheduler(optimizer, **self._schedule())
 
     def _setup(self, src: DataSource) -> None:
         """Build optimiser/scheduler once; needs the training data for the schedule length and
