@@ -662,10 +662,11 @@ def _geometry_section(geo: dict[str, Any]) -> list[str]:
     return parts + [""]
 
 
-def _report(results: dict[str, Any]) -> str:
+def _intro_section(results: dict[str, Any]) -> list[str]:
+    """Title, set-up, the results table and how to read it."""
     cfg = results["config"]
     d = results["data"]
-    parts = [
+    return [
         "# bayesattn uncertainty study",
         "",
         f"Digits (scikit-learn, 8×8), classes {d['holdout_classes']} held out as OOD; "
@@ -687,9 +688,12 @@ def _report(results: dict[str, Any]) -> str:
         "label's likelihood and the attention collapses to the prior (see `docs/training.md`). "
         "The `weights` method's KL is global and uses weight 1.",
         "",
-        "## Who wins what",
-        "",
     ]
+
+
+def _wins_section(results: dict[str, Any]) -> list[str]:
+    """The best method for each metric."""
+    parts = ["## Who wins what", ""]
     labels = {
         "accuracy": "accuracy",
         "nll": "NLL",
@@ -704,40 +708,47 @@ def _report(results: dict[str, Any]) -> str:
     for k, m in results["wins"].items():
         r = results["methods"][m]
         parts.append(f"- **{labels.get(k, k)}**: `{m}` ({r[k]:.3f} ± {r['sd'][k]:.3f})")
+    return parts + [""]
+
+
+def _goal_section(goal: dict[str, Any] | None) -> list[str]:
+    """Which criteria of the recommended method's goal are reached (nothing without a goal)."""
+    if goal is None:
+        return []
+    parts = ["## The goal for the recommended method", ""]
+    for name, ok in goal["checks"].items():
+        parts.append(f"- {'reached' if ok else 'NOT reached'}: {name}")
     parts.append("")
-    goal = results.get("goal")
-    if goal is not None:
-        parts += ["## The goal for the recommended method", ""]
-        for name, ok in goal["checks"].items():
-            parts.append(f"- {'reached' if ok else 'NOT reached'}: {name}")
-        parts.append("")
-        parts.append(
-            "All criteria reached."
-            if goal["reached"]
-            else "Not every criterion is reached; the paired differences below and the Pareto figure "
-            "show the trade-off."
-        )
-        parts.append("")
-    cost = results.get("predictive_cost")
-    if cost:
-        base = cost["deterministic_forward"]
-        parts += [
-            "## Cost of posterior samples (recommended, first seed)",
-            "",
-            "| | ms/example | × deterministic forward |",
-            "|---|---|---|",
-            f"| deterministic forward | {base:.4f} | 1.00 |",
-        ]
-        for k, v in cost.items():
-            if k != "deterministic_forward":
-                parts.append(f"| {k} | {v:.4f} | {v / base:.2f} |")
-        parts.append("")
-    parts += ["## Paired differences", ""]
-    parts += _paired_table(results["paired"], "deterministic")
-    parts += _paired_table(results["paired"], "ensemble")
-    parts += ["## Quality against cost", "", f"![pareto]({results['figures']['pareto']})", ""]
-    parts += _geometry_section(results.get("geometry", {}))
-    parts += ["## Corruptions (AUROC of predictive entropy, accuracy; mean over seeds)", ""]
+    parts.append(
+        "All criteria reached."
+        if goal["reached"]
+        else "Not every criterion is reached; the paired differences below and the Pareto figure "
+        "show the trade-off."
+    )
+    return parts + [""]
+
+
+def _cost_section(cost: dict[str, float] | None) -> list[str]:
+    """Milliseconds per example of each predictive, relative to one deterministic forward."""
+    if not cost:
+        return []
+    base = cost["deterministic_forward"]
+    parts = [
+        "## Cost of posterior samples (recommended, first seed)",
+        "",
+        "| | ms/example | × deterministic forward |",
+        "|---|---|---|",
+        f"| deterministic forward | {base:.4f} | 1.00 |",
+    ]
+    for k, v in cost.items():
+        if k != "deterministic_forward":
+            parts.append(f"| {k} | {v:.4f} | {v / base:.2f} |")
+    return parts + [""]
+
+
+def _corruptions_section(results: dict[str, Any]) -> list[str]:
+    """AUROC of predictive entropy and accuracy under each corruption, per method."""
+    parts = ["## Corruptions (AUROC of predictive entropy, accuracy; mean over seeds)", ""]
     kinds = sorted(next(iter(results["methods"].values()))["corruptions"])
     parts.append("| method | " + " | ".join(kinds) + " |")
     parts.append("|---" * (len(kinds) + 1) + "|")
@@ -747,7 +758,12 @@ def _report(results: dict[str, Any]) -> str:
             for k in kinds
         ]
         parts.append(f"| {m} | " + " | ".join(cells) + " |")
-    parts += ["", "## Figures (first seed)", ""]
+    return parts
+
+
+def _figures_section(results: dict[str, Any]) -> list[str]:
+    """Each method's figures of the first seed, and where its attention posterior was saved."""
+    parts = ["", "## Figures (first seed)", ""]
     for m, r in results["methods"].items():
         parts.append(f"### {m}")
         parts.append("")
@@ -762,4 +778,20 @@ def _report(results: dict[str, Any]) -> str:
                 "(`arviz.from_netcdf`)."
             )
         parts.append("")
+    return parts
+
+
+def _report(results: dict[str, Any]) -> str:
+    """The study's Markdown report (``report.md``)."""
+    parts = _intro_section(results)
+    parts += _wins_section(results)
+    parts += _goal_section(results.get("goal"))
+    parts += _cost_section(results.get("predictive_cost"))
+    parts += ["## Paired differences", ""]
+    parts += _paired_table(results["paired"], "deterministic")
+    parts += _paired_table(results["paired"], "ensemble")
+    parts += ["## Quality against cost", "", f"![pareto]({results['figures']['pareto']})", ""]
+    parts += _geometry_section(results.get("geometry", {}))
+    parts += _corruptions_section(results)
+    parts += _figures_section(results)
     return "\n".join(parts)

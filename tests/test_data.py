@@ -301,6 +301,43 @@ def test_patches_errors() -> None:
         patches_to_images(torch.rand(2, 16, 4), image_size="a")
 
 
+def _patches_by_loops(x: torch.Tensor, p: int) -> torch.Tensor:
+    """Reference: ``(N, C, H, W)`` -> ``(N, G, C*p*p)``, patch grid row-major, features (c, a, b)."""
+    n, c, h, w = x.shape
+    out = torch.empty(n, (h // p) * (w // p), c * p * p, dtype=x.dtype)
+    for i in range(h // p):
+        for j in range(w // p):
+            for ch in range(c):
+                for a in range(p):
+                    for b in range(p):
+                        out[:, i * (w // p) + j, ch * p * p + a * p + b] = x[:, ch, i * p + a, j * p + b]
+    return out
+
+
+@pytest.mark.parametrize(("channels", "height", "width", "p"), [(1, 8, 8, 2), (3, 8, 12, 4), (2, 6, 4, 1)])
+def test_one_patch_implementation_matches_loops_and_unfold(channels, height, width, p) -> None:
+    """``images_to_patches`` and ``VisionTransformer.patchify`` share one kernel
+    (:func:`bayesattn._patches.patchify`); both agree with explicit loops and ``F.unfold``."""
+    from bayesattn._patches import patchify
+    from bayesattn.nn.networks import VisionTransformer
+
+    x = torch.rand(5, channels, height, width, generator=torch.Generator().manual_seed(0))
+    ref = _patches_by_loops(x, p)  # (N, G, C*p*p)
+    unfold = torch.nn.functional.unfold(x, kernel_size=p, stride=p).transpose(1, 2)
+    assert torch.equal(ref, unfold)
+    assert torch.equal(patchify(x, p), ref)
+    if channels == 1:
+        assert torch.equal(images_to_patches(x[:, 0], p), ref)
+    if height == width:
+        vit = VisionTransformer(
+            2, image_size=height, patch_size=p, in_channels=channels, d_model=8, nhead=2,
+            num_layers=1,
+        )  # fmt: skip
+        assert torch.equal(vit.patchify(x), ref)
+        if channels == 1:
+            assert torch.equal(vit.patchify(x[:, 0]), ref)
+
+
 # --------------------------------------------------------------------------------------
 # algorithmic sequence tasks
 # --------------------------------------------------------------------------------------

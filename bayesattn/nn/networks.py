@@ -32,6 +32,7 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroModule
 from torch import Tensor, nn
 
+from .._patches import patchify
 from .._validation import check_int, check_real, check_same_dtype
 from ..functional import uncertainty_decomposition
 from .attention import linear
@@ -480,10 +481,7 @@ class VisionTransformer(TransformerClassifier):
         """``(B, C, H, W)`` → ``(B, N, C·p·p)`` row-major patches."""
         if x.dim() == 3:
             x = x.unsqueeze(1)
-        p = self.patch_size
-        B, C, Hh, W = x.shape
-        x = x.reshape(B, C, Hh // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5)
-        return x.reshape(B, (Hh // p) * (W // p), C * p * p)
+        return patchify(x, self.patch_size)
 
     def _check_batch(self, x: Tensor, y: Tensor | None) -> None:
         if not isinstance(x, Tensor):

@@ -1,0 +1,206 @@
+"""Exact-resume checkpoints: atomic writes, ``torch.load(weights_only=True)`` reads, a SHA-256
+digest of the contents, and the RNG states (torch, Python, NumPy, CUDA, the data generator) that
+make a resumed run continue bit for bit."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "prepare_checkpoint_path"]
+
+_FORMAT = "bayesattn.checkpoint"
+_VERSION = 2  # 2: torch.optim.lr_scheduler schedules, data sources (loaders, streams)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used: corrupt, truncated, or not matching the trainer."""
+
+
+def _digest(obj: Any) -> str:
+    """SHA-256 over a canonical walk of a checkpoint's contents (tensors by dtype/shape/bytes)."""
+    h = hashlib.sha256()
+
+    def walk(o: Any) -> None:
+        if isinstance(o, Tensor):
+            t = o.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            if t.numel():
+                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(o, dict):
+            h.update(f"D{len(o)}".encode())
+            for k in sorted(o, key=lambda k: (type(k).__name__, repr(k))):
+                h.update(repr(k).encode())
+                walk(o[k])
+        elif isinstance(o, (list, tuple)):
+            h.update(f"L{len(o)}".encode())
+            for v in o:
+                walk(v)
+        else:
+            h.update(f"{type(o).__name__}:{o!r};".encode())
+
+    walk(obj)
+    return h.hexdigest()
+
+
+def prepare_checkpoint_path(path: str | os.PathLike) -> Path:
+    """Check a checkpoint path before training: a file path whose folder exists or can be
+    created and is writable. Removes temporary files (``.<name>.*.tmp``) left next to it by
+    checkpoint writes that were killed. Raises ``ValueError``/``TypeError`` naming the path."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"checkpoint_path must be a str or a path; got {type(path).__name__}")
+    path = Path(path)
+    if str(path) in ("", "."):
+        raise ValueError(f"checkpoint_path must name a file; got {str(path)!r}")
+    if path.is_dir():
+        raise ValueError(
+            f"checkpoint_path {str(path)!r} is a folder; give a file path such as "
+            f"{str(path / 'checkpoint.pt')!r}"
+        )
+    parent = path.parent if str(path.parent) else Path(".")
+    for p in (parent, *parent.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ValueError(
+                    f"checkpoint_path {str(path)!r} lies under {str(p)!r}, which is a file"
+                )
+            break
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create the folder of checkpoint_path {str(path)!r}: {e}") from e
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"the folder of checkpoint_path {str(path)!r} is not writable")
+    for stale in parent.glob(f".{path.name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            stale.unlink()
+    return path
+
+
+def save_checkpoint(path: str | os.PathLike, state: Trainer | dict[str, Any]) -> Path:
+    """Write a trainer's state (or a state dict from :meth:`Trainer.state_dict`) atomically.
+
+    The file is written to a temporary file in the same directory, flushed and fsynced, then
+    moved over ``path`` with ``os.replace``: a crash leaves either the old or the new checkpoint,
+    never a torn one. It loads with ``torch.load(path, weights_only=True)``.
+    """
+    from .trainer import Trainer  # the trainer imports this module
+
+    if isinstance(state, Trainer):
+        state = state.state_dict()
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a Trainer or a dict; got {type(state).__name__}")
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {k: v for k, v in state.items() if k != "sha256"}
+    payload["sha256"] = _digest(payload)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # persist the rename (POSIX); not possible everywhere
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    return path
+
+
+_REQUIRED = ("format", "version", "mode", "config", "network", "optimizer", "step", "epoch", "rng")
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load and verify a checkpoint written by :func:`save_checkpoint`.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        CheckpointError: the file is not a readable ``torch.save`` archive (garbage, truncated),
+            is not a bayesattn checkpoint, lacks required entries, or its contents do not match
+            their SHA-256 digest (bit rot, partial overwrite).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint file at {str(path)!r}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # any unpickling or zip failure: the file is unusable
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is corrupt or truncated and could not be read "
+            f"({type(e).__name__}: {e})"
+        ) from e
+    if not isinstance(state, dict) or state.get("format") != _FORMAT:
+        raise CheckpointError(f"{str(path)!r} is not a bayesattn training checkpoint")
+    missing = [k for k in _REQUIRED if k not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {str(path)!r} lacks required entries {missing}")
+    if state["version"] != _VERSION:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has format version {state['version']!r}; "
+            f"this bayesattn reads version {_VERSION}"
+        )
+    expected = state.pop("sha256", None)
+    if expected != _digest(state):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is corrupt: its contents do not match their SHA-256 digest"
+        )
+    return state
+
+
+def _rng_state(gen: torch.Generator) -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": [version, list(internal), gauss],
+        "numpy": {
+            "kind": str(np_state[0]),
+            "keys": torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "data": gen.get_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any], gen: torch.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    npst = state["numpy"]
+    np.random.set_state(
+        (
+            npst["kind"],
+            npst["keys"].numpy().astype(np.uint32),
+            npst["pos"],
+            npst["has_gauss"],
+            npst["cached_gaussian"],
+        )
+    )
+    gen.set_state(state["data"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

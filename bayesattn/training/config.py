@@ -1,0 +1,186 @@
+"""Training options: :class:`TrainConfig` (validated on construction) and how ``fit``'s keyword
+overrides are merged into it."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .schedules import LR_DECAYS
+
+__all__ = ["TrainConfig", "MODES", "ELBOS", "VAL_LOSSES"]
+
+MODES = ("svi", "hybrid")
+ELBOS = ("trace", "meanfield")
+VAL_LOSSES = ("nll", "elbo")
+
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
+
+
+@dataclass
+class TrainConfig:
+    """Training options; every field is validated on construction (``ValueError`` naming it).
+
+    Args:
+        mode: ``"hybrid"`` (one-pass ELBO with analytic KLs, AdamW) or ``"svi"`` (Pyro ELBO of
+            ``model`` against ``guide``).
+        epochs: passes over the training data.
+        max_steps: stop after this many optimiser steps in total (``None``: no cap). Only a
+            stopping rule: the LR schedule is set by ``decay_steps``, so a run interrupted by
+            ``max_steps`` and resumed reproduces the uninterrupted run.
+        batch_size: examples per step (the last batch of an epoch may be smaller).
+        lr: peak learning rate.
+        weight_decay: decoupled (AdamW) weight decay, both modes.
+        warmup_steps: linear warm-up, step ``s`` (0-based) uses ``lr·(s+1)/warmup_steps``.
+        lr_decay: after warm-up, ``"cosine"`` or ``"linear"`` to ``min_lr_ratio·lr`` at
+            ``decay_steps``; ``"step"`` multiplies by ``lr_gamma`` every ``lr_step_size`` steps
+            (floored at ``min_lr_ratio``); ``"none"`` keeps ``lr``.
+        decay_steps: total steps of the schedule (default ``epochs × batches per epoch``).
+        min_lr_ratio: final LR as a fraction of ``lr``.
+        lr_step_size, lr_gamma: the ``"step"`` decay.
+        clip_norm: clip the global gradient norm (of the per-example loss) to this; ``None`` off.
+        kl_anneal_steps: β rises linearly from ``kl_start`` to 1 over this many steps (0: β = 1).
+        kl_start: initial β (> 0: ``poutine.scale`` and Pyro need positive scales).
+        kl_weight: final β (1 = the ELBO; < 1 a tempered ELBO that down-weights every KL).
+        num_particles: ELBO samples per step.
+        vectorize_particles: draw the particles in one vectorised pass (a leading sample dim)
+            instead of a Python loop.
+        elbo: SVI estimator: ``"trace"`` (``Trace_ELBO``) or ``"meanfield"``
+            (``TraceMeanField_ELBO``: analytic KL where registered).
+        seed: seeds torch/Pyro/random/numpy at the start of a fresh run and the data order.
+        progress: show a tqdm bar with loss and accuracy.
+        early_stopping_patience: stop after this many evaluations without a validation-loss
+            improvement larger than ``min_delta`` (``None``: off).
+        min_delta: improvement threshold for early stopping.
+        restore_best: with early stopping, load the best validation weights when training ends.
+        eval_every: evaluate on the validation data every this many epochs (and after the last).
+        eval_batch_size: evaluation batch size (default ``max(batch_size, 256)``).
+        val_loss: ``"nll"`` (deterministic posterior-mean negative log-likelihood per example) or
+            ``"elbo"`` (negative ELBO per example, β = 1, one particle).
+        drop_last: drop the last incomplete batch of each epoch.
+        device: torch device the network and batches are moved to.
+    """
+
+    mode: str = "hybrid"
+    epochs: int = 10
+    max_steps: int | None = None
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    lr_decay: str = "cosine"
+    decay_steps: int | None = None
+    min_lr_ratio: float = 0.0
+    lr_step_size: int = 1000
+    lr_gamma: float = 0.1
+    clip_norm: float | None = 1.0
+    kl_anneal_steps: int = 0
+    kl_start: float = 1e-3
+    kl_weight: float = 1.0
+    num_particles: int = 1
+    vectorize_particles: bool = True
+    elbo: str = "trace"
+    seed: int = 0
+    progress: bool = True
+    early_stopping_patience: int | None = None
+    min_delta: float = 0.0
+    restore_best: bool = True
+    eval_every: int = 1
+    eval_batch_size: int | None = None
+    val_loss: str = "nll"
+    drop_last: bool = False
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, what: str) -> None:
+            if not ok:
+                raise ValueError(f"TrainConfig.{name} must be {what}; got {getattr(self, name)!r}")
+
+        def choice(name: str, options: tuple[str, ...]) -> None:
+            need(getattr(self, name) in options, name, f"one of {options}")
+
+        choice("mode", MODES)
+        choice("lr_decay", LR_DECAYS)
+        choice("elbo", ELBOS)
+        choice("val_loss", VAL_LOSSES)
+        for name in ("epochs", "batch_size", "num_particles", "eval_every", "lr_step_size"):
+            v = getattr(self, name)
+            need(_is_int(v) and v >= 1, name, "an int >= 1")
+        for name in ("warmup_steps", "kl_anneal_steps", "seed"):
+            v = getattr(self, name)
+            need(_is_int(v) and v >= 0, name, "an int >= 0")
+        for name in ("max_steps", "decay_steps", "eval_batch_size"):
+            v = getattr(self, name)
+            need(v is None or (_is_int(v) and v >= 1), name, "None or an int >= 1")
+        v = self.early_stopping_patience
+        need(v is None or (_is_int(v) and v >= 1), "early_stopping_patience", "None or an int >= 1")
+        need(_is_real(self.lr) and self.lr > 0, "lr", "a finite float > 0")
+        need(_is_real(self.weight_decay) and self.weight_decay >= 0, "weight_decay", "a float >= 0")
+        need(
+            _is_real(self.min_lr_ratio) and 0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "in [0, 1]"
+        )
+        need(_is_real(self.lr_gamma) and 0 < self.lr_gamma <= 1, "lr_gamma", "in (0, 1]")
+        need(_is_real(self.kl_start) and 0 < self.kl_start <= 1, "kl_start", "in (0, 1]")
+        need(_is_real(self.kl_weight) and 0 < self.kl_weight <= 1, "kl_weight", "in (0, 1]")
+        need(_is_real(self.min_delta) and self.min_delta >= 0, "min_delta", "a float >= 0")
+        v = self.clip_norm
+        need(v is None or (_is_real(v) and v > 0), "clip_norm", "None or a float > 0")
+        for name in ("vectorize_particles", "progress", "restore_best", "drop_last"):
+            need(isinstance(getattr(self, name), bool), name, "a bool")
+        need(isinstance(self.device, (str, torch.device)), "device", "a str or torch.device")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"TrainConfig.device is not a valid device: {self.device!r}") from e
+        if isinstance(self.device, torch.device):
+            self.device = str(self.device)
+
+    @classmethod
+    def tiny(cls, **overrides) -> TrainConfig:
+        """A small preset for tests, notebooks and smoke runs (2 epochs, batch 16, no bar)."""
+        kw: dict[str, Any] = dict(epochs=2, batch_size=16, lr=3e-3, progress=False)
+        kw.update(overrides)
+        return cls(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields {unknown}")
+        return cls(**d)
+
+
+def _resolve_config(config: TrainConfig | dict | None, overrides: dict[str, Any]) -> TrainConfig:
+    if config is None:
+        config = TrainConfig()
+    elif isinstance(config, dict):
+        config = TrainConfig.from_dict(config)
+    elif not isinstance(config, TrainConfig):
+        raise TypeError(
+            f"config must be a TrainConfig, a dict or None; got {type(config).__name__}"
+        )
+    if overrides:
+        names = {f.name for f in dataclasses.fields(TrainConfig)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise TypeError(
+                f"unknown training options {unknown}; TrainConfig fields: {sorted(names)}"
+            )
+        config = dataclasses.replace(config, **overrides)
+    return config
