@@ -98,4 +98,3 @@ __all__ = [
     "prepare_checkpoint_path",
     "CheckpointError",
 ]
-

@@ -1,7 +1,7 @@
 """Needle retrieval at T >= 2k: dense attention against the local, top-k and low-rank kernels.
 
 One-layer CLS classifiers (``TransformerClassifier``, d_model 32, 2 heads) learn
-:func:`bayesattn.data_long.make_retrieval_task` (a needle among ``T`` noise tokens; which needle is
+:func:`bayesattn.data.long.make_retrieval_task` (a needle among ``T`` noise tokens; which needle is
 the label; a quarter of the needles sit within 32 tokens of the start). Training is a length
 curriculum: ``--pretrain-steps`` at ``--pretrain-length`` (cheap), then ``--steps`` at the full
 length ``T``; the model is evaluated at ``T``. Each attention kind is trained with the same seed,
@@ -75,7 +75,7 @@ def run_kind(kind: str, args) -> dict:
     from tqdm import tqdm
 
     from bayesattn import calibration as C
-    from bayesattn.data_long import make_retrieval_task
+    from bayesattn.data.long import make_retrieval_task
     from bayesattn.nn.modes import attention_mode
 
     torch.set_num_threads(1)

@@ -310,11 +310,14 @@ def _patches_by_loops(x: torch.Tensor, p: int) -> torch.Tensor:
             for ch in range(c):
                 for a in range(p):
                     for b in range(p):
-                        out[:, i * (w // p) + j, ch * p * p + a * p + b] = x[:, ch, i * p + a, j * p + b]
+                        pixel = x[:, ch, i * p + a, j * p + b]  # (N,)
+                        out[:, i * (w // p) + j, ch * p * p + a * p + b] = pixel
     return out
 
 
-@pytest.mark.parametrize(("channels", "height", "width", "p"), [(1, 8, 8, 2), (3, 8, 12, 4), (2, 6, 4, 1)])
+@pytest.mark.parametrize(
+    ("channels", "height", "width", "p"), [(1, 8, 8, 2), (3, 8, 12, 4), (2, 6, 4, 1)]
+)
 def test_one_patch_implementation_matches_loops_and_unfold(channels, height, width, p) -> None:
     """``images_to_patches`` and ``VisionTransformer.patchify`` share one kernel
     (:func:`bayesattn._patches.patchify`); both agree with explicit loops and ``F.unfold``."""

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bayesattn import AttentionConfig, VisionTransformer
-from bayesattn.data_long import make_retrieval_task
+from bayesattn.data.long import make_retrieval_task
 from bayesattn.geometry import (
     geometry_report,
     spatial_attention_distance,

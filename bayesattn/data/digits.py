@@ -18,7 +18,6 @@ from ._checks import _check_fraction, _check_seed
 __all__ = ["DigitsData", "load_digits_data"]
 
 
-
 @dataclass(frozen=True, eq=False)
 class DigitsData:
     """Stratified split of the 8x8 digits with held-out classes kept aside for OOD.

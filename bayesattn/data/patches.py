@@ -15,7 +15,6 @@ from ._checks import _check_int, _check_tensor
 __all__ = ["images_to_patches", "patches_to_images"]
 
 
-
 def images_to_patches(x: Tensor, patch_size: int = 2) -> Tensor:
     """Cut images into non-overlapping square patches (ViT-style tokens).
 

@@ -18,7 +18,18 @@ from torch import Tensor
 
 from ._checks import _check_int, _check_seed, _check_tensor, _torch_generator
 
-__all__ = ["PAD_ID", "BOS_ID", "EOS_ID", "SPECIAL_TOKENS", "SequenceTask", "make_copy_task", "make_reverse_task", "make_sort_task", "make_ood_sequences", "OOD_SEQUENCE_KINDS"]
+__all__ = [
+    "PAD_ID",
+    "BOS_ID",
+    "EOS_ID",
+    "SPECIAL_TOKENS",
+    "SequenceTask",
+    "make_copy_task",
+    "make_reverse_task",
+    "make_sort_task",
+    "make_ood_sequences",
+    "OOD_SEQUENCE_KINDS",
+]
 
 
 PAD_ID = 0

@@ -4,6 +4,13 @@
   :mod:`torch.optim.lr_scheduler` (warm-up, then cosine, linear or step decay).
 * :mod:`bayesattn.training.data`: what ``fit`` accepts as data (tensors, map-style and iterable
   datasets, ``DataLoader`` objects) and the epoch order that makes resume exact.
+* :mod:`bayesattn.training.config`: :class:`~bayesattn.training.config.TrainConfig`, the
+  validated training options.
+* :mod:`bayesattn.training.kl`: KL annealing (``kl_beta``, ``ScaleLatents``).
+* :mod:`bayesattn.training.history`: the per-epoch record ``History``.
+* :mod:`bayesattn.training.checkpoint`: atomic, verified, exact-resume checkpoints.
+* :mod:`bayesattn.training.trainer`: the loop, ``Trainer`` and ``fit`` (all of these are
+  re-exported by :mod:`bayesattn.inference`, the place to import them from).
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ ELBOS = ("trace", "meanfield")
 VAL_LOSSES = ("nll", "elbo")
 
 
-
 def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 

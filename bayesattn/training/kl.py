@@ -10,6 +10,7 @@ from pyro.poutine.subsample_messenger import _Subsample
 
 __all__ = ["kl_beta", "ScaleLatents"]
 
+
 def kl_beta(step: int, anneal_steps: int, start: float = 1e-3, final: float = 1.0) -> float:
     r"""KL weight at (0-based) optimiser step ``step``: ``final·start`` at step 0, rising linearly
     to ``final`` at ``anneal_steps`` and staying there; ``final`` when ``anneal_steps == 0``.

@@ -44,6 +44,7 @@ from .schedules import lr_factor, lr_scheduler
 
 __all__ = ["Trainer", "fit", "sync_param_store"]
 
+
 def _check_data(net: BayesianNetwork, x: Tensor, y: Tensor | None, name: str) -> None:
     """Validate the whole dataset once, before any step; re-raise naming the argument."""
     try:
@@ -833,6 +834,7 @@ class Trainer:
             net.load_state_dict(self._best_state)
         net.eval()
         return history
+
 
 def fit(
     network: BayesianNetwork,
