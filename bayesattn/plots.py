@@ -508,7 +508,7 @@ def plot_accuracy_vs_confidence(
 
 def plot_history(history: History, path: PathLike | None = None) -> Figure:
     """Training curves of a :class:`~bayesattn.training.history.History` (what
-    :meth:`History.plot <bayesattn.training.history.History.plot>` draws): loss per example (train
+    :meth:`~bayesattn.training.history.History.plot` draws): loss per example (train
     −ELBO/N and validation), accuracy, and the learning-rate and KL-weight β schedules, one point
     per epoch, with the best epoch marked. Saved as an image (format from the file name,
     ``dpi=100``) when ``path`` is given. matplotlib is imported lazily."""
