@@ -756,7 +756,7 @@ def prediction_to_arviz(
     ensembles on the same footing. Draws are independent, ``(chain, draw) = (num_chains, S /
     num_chains)``.
     """
-    from .uncertainty import PredictionResult
+    from ..uncertainty import PredictionResult
 
     if not isinstance(result, PredictionResult):
         raise TypeError(f"result must be a PredictionResult; got {type(result).__name__}")
