@@ -17,6 +17,7 @@ import torch
 from pyro.infer import Predictive
 
 from bayesattn import diagnostics as D
+from bayesattn.diagnostics import arviz_io
 from bayesattn.nn.blocks import AttentionConfig
 from bayesattn.nn.networks import TransformerClassifier
 from bayesattn.nn.weights import bayesian_projections
@@ -173,7 +174,7 @@ def test_v1_adapter_passes_the_datatree_contract(monkeypatch):
         return xr.DataTree.from_dict(tree)
 
     monkeypatch.setitem(sys.modules, "arviz_base", types.SimpleNamespace(from_dict=from_dict))
-    monkeypatch.setattr(D, "_arviz_is_v1", lambda: True)
+    monkeypatch.setattr(arviz_io, "_arviz_is_v1", lambda: True)  # the adapter's own switch
     w = torch.rand(6, 2, 1, 3, 3)
     tree = D.to_arviz(
         {"weights": w},
@@ -374,6 +375,52 @@ def conjugate():
     x = torch.randn(20, dtype=torch.float64) + 1.0
     n = x.shape[0]
     return x, float(x.sum() / (n + 1)), 1.0 / math.sqrt(n + 1)
+
+
+@pytest.mark.parametrize("k_true", [0.2, 0.5, 0.8])
+def test_psis_khat_recovers_the_pareto_shape_of_known_tails(k_true):
+    """Weights drawn from a generalized Pareto distribution with shape k: k-hat estimates k (the
+    weak prior shrinks towards 0.5 by 10 / (M + 10) with M = 3·sqrt(S) ≈ 520 tail draws)."""
+    rng = np.random.default_rng(0)
+    u = rng.uniform(size=30_000)
+    w = (u ** (-k_true) - 1.0) / k_true  # GPD(k, sigma=1) by inversion
+    _, k = D.psis_smooth(np.log(w))
+    assert k == pytest.approx(k_true, abs=0.08)
+
+
+def test_psis_diagnostic_uses_psis_smooth_whatever_arviz_is_installed(conjugate):
+    """One PSIS: psis_diagnostic's k-hat and weights are psis_smooth's on the same log weights."""
+    x, m, s = conjugate
+    res = D.psis_diagnostic(
+        _normal_mean_model, _normal_guide(m + s, 0.5 * s), x, num_samples=300, seed=0
+    )
+    smoothed, k = D.psis_smooth(res.log_weights)
+    assert res.khat == k and math.isfinite(k)
+    np.testing.assert_array_equal(res.smoothed_log_weights, smoothed)
+
+
+def test_psis_tail_fit_is_pyros_generalized_pareto_fit():
+    """The tail fit is pyro.ops.stats.fit_generalized_pareto (pinned with Pyro), not a copy."""
+    from bayesattn.diagnostics import psis
+
+    assert psis.fit_generalized_pareto is pyro.ops.stats.fit_generalized_pareto
+    x = np.sort(np.random.default_rng(1).pareto(2.0, size=200))
+    assert psis._fit_gpd(x) == pyro.ops.stats.fit_generalized_pareto(torch.from_numpy(x))
+
+
+@needs_arviz0
+@pytest.mark.filterwarnings("ignore:Estimated shape parameter of Pareto")
+def test_loo_pareto_k_equals_psis_smooth_of_the_pointwise_log_likelihood():
+    """az.loo smooths -log p(y_b | w_s) per observation: its k-hat are psis_smooth's."""
+    import arviz as az
+
+    rng = np.random.default_rng(3)
+    S, B = 400, 6
+    ll = rng.normal(size=(S, B)) * rng.uniform(0.2, 3.0, size=B) - 1.0  # (S, B)
+    obj = D.to_arviz(log_likelihood={"obs": ll}, sample_dims=("sample",))
+    loo = az.loo(obj, pointwise=True, reff=1.0)
+    ours = [D.psis_smooth(-ll[:, b])[1] for b in range(B)]
+    np.testing.assert_allclose(np.asarray(loo.pareto_k), ours, rtol=1e-9, atol=1e-12)
 
 
 def test_psis_khat_small_for_exact_or_wider_guide_large_for_narrow_shifted(conjugate):

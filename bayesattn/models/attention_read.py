@@ -57,8 +57,8 @@ from pyro.infer import SVI, TraceEnum_ELBO, config_enumerate
 from pyro.ops.indexing import Vindex
 from torch import Tensor
 
-from .functional import attention_logits, check_finite
-from .priors import KeyRelevancePrior
+from ..functional import attention_logits, check_finite
+from ..priors import KeyRelevancePrior
 
 __all__ = [
     "attention_model",
