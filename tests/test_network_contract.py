@@ -156,7 +156,9 @@ def test_missing_required_method_is_a_clear_type_error():
             return x
 
     assert not isinstance(Duck(), NetworkContract)
-    with pytest.raises(TypeError, match=r"Duck\) does not implement .*missing targets, check_batch"):
+    with pytest.raises(
+        TypeError, match=r"Duck\) does not implement .*missing targets, check_batch"
+    ):
         check_network(Duck())
 
 
@@ -171,7 +173,7 @@ def test_default_check_batch_names_argument_and_shapes():
 
 
 def test_old_private_overrides_and_calls_still_work():
-    class Shifted(LogReg):  # pre-0.3 style: overrides the private name
+    class Shifted(LogReg):  # 0.2 style: overrides the private name
         def _forward_logits(self, x, y=None, num_particles=1):
             return super()._forward_logits(x, y, num_particles) + 5.0
 

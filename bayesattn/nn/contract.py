@@ -58,7 +58,7 @@ PROVIDED: tuple[str, ...] = (
     "weights_from",
     "pyro_context",
 )
-#: The pre-0.3 private names, kept as aliases: ``{old: new}``.
+#: The 0.2 private names, kept as aliases: ``{old: new}``.
 PRIVATE_ALIASES: dict[str, str] = {
     "_forward_logits": "forward_logits",
     "_targets": "targets",

@@ -14,6 +14,9 @@ Every network is a ``PyroModule`` with
 * ``elbo_loss(x, y, num_data, beta, num_particles)``: the same ELBO in **one network pass**
   (analytic KLs collected from the layers; used by the hybrid trainer).
 
+What a network must implement (``forward_logits``, ``targets``) and what the trainers, ``predict``
+and the diagnostics call is the network contract, :mod:`bayesattn.nn.contract`.
+
 Shapes: tokens ``(B, T)`` int64 (``pad_id`` = padding) or vectors ``(B, T, D)``; logits
 ``(*S, B, C)`` for classifiers, ``(*S, B, T, V)`` for sequence models.
 """
@@ -81,7 +84,7 @@ class BayesianNetwork(PyroModule):
     observation distribution; categorical by default). Everything else (:meth:`forward`,
     :meth:`model`, :meth:`guide`, :meth:`elbo_loss`, the weight-space pieces) is built from these
     and is what :class:`~bayesattn.inference.Trainer`, :func:`~bayesattn.uncertainty.predict`, the
-    Lightning module and :mod:`~bayesattn.diagnostics` call. The pre-0.3 private names
+    Lightning module and :mod:`~bayesattn.diagnostics` call. The 0.2 private names
     (``_forward_logits``, ``_targets``, ``_check_batch``, ``_obs_dist``, ``_weights_from``,
     ``_weight_prior_model``) remain aliases of the public ones, also in subclasses that define
     either spelling.
@@ -317,7 +320,7 @@ class BayesianNetwork(PyroModule):
         loss = -(N / B) * per_example.sum() + beta * kl_w
         return loss, logits
 
-    # pre-0.3 private spellings (see __init_subclass__ for subclasses)
+    # 0.2 private spellings (see __init_subclass__ for subclasses)
     _forward_logits = forward_logits
     _targets = targets
     _check_batch = check_batch
