@@ -113,7 +113,7 @@ def predictive_probs(
         res = predict(network, x, num_samples=num_samples, keep_attention=False)
         return res.mean_probs, y
     _num_classes(network)
-    network._check_batch(x, y)
+    network.check_batch(x, y)
     stochastic = bool(network.bayesian_layers) or network.weight_guide is not None
     S = num_samples if stochastic else 1
     was_training = network.training
@@ -123,16 +123,16 @@ def predictive_probs(
         with (
             poutine.block(),
             attention_mode("posterior"),
-            network._pyro_context,
-            network._weights_from(values),
+            network.pyro_context,
+            network.weights_from(values),
         ):
-            logits = network._forward_logits(x, y, S)  # (S?, B, T, V)
+            logits = network.forward_logits(x, y, S)  # (S?, B, T, V)
     finally:
         network.train(was_training)
     probs = torch.softmax(logits, -1)
     if S > 1:
         probs = probs.mean(0)  # (B, T, V)
-    targets, mask, _ = network._targets(x, y)
+    targets, mask, _ = network.targets(x, y)
     return probs[mask], targets[mask]  # (M, V), (M,)
 
 
@@ -190,7 +190,7 @@ class BayesianLightningModule(L.LightningModule):
         C = _num_classes(network)
         # lazily built parameters (the weight autoguide's) must exist before DDP wraps the module
         if network.weight_guide is not None:
-            with fork_rng(), torch.no_grad(), network._pyro_context:
+            with fork_rng(), torch.no_grad(), network.pyro_context:
                 network.weight_guide()
         c = self.config
         if c.mode == "svi":
@@ -317,7 +317,7 @@ class BayesianLightningModule(L.LightningModule):
                 f"training loss became {float(loss)} at step {self.global_step}; lower lr, "
                 f"enable clip_norm or anneal the KL"
             )
-        targets, mask, _ = self.network._targets(xb, yb)
+        targets, mask, _ = self.network.targets(xb, yb)
         if logits.dim() > targets.dim() + 1:  # particles: average the predictive
             probs = torch.softmax(logits, -1).reshape((-1,) + logits.shape[-targets.dim() - 1 :])
             logits = probs.mean(0).log()

@@ -468,7 +468,7 @@ def _draw_weights(network: BayesianNetwork, mode: str, num_samples: int) -> dict
         return None
     if mode == "mean":
         return network.weight_guide.median()
-    fn = network._weight_prior_model if mode == "prior" else network.weight_guide
+    fn = network.weight_prior_model if mode == "prior" else network.weight_guide
     with poutine.block():
         if num_samples == 1:
             values = fn()  # (*shape)
@@ -496,8 +496,8 @@ def _run_pass(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """One network pass with ``num_particles`` particles: probabilities ``(P, b, ..., C)`` and the
     recorded attention weights ``(P, b, H, Tq, Tk)`` per layer."""
-    with poutine.block(), attention_mode(mode), net._pyro_context, net._weights_from(values):
-        logits = net._forward_logits(xb, yb, num_particles)  # (P?, b, ..., C)
+    with poutine.block(), attention_mode(mode), net.pyro_context, net.weights_from(values):
+        logits = net.forward_logits(xb, yb, num_particles)  # (P?, b, ..., C)
     if num_particles == 1:
         logits = logits.unsqueeze(0)  # (1, b, ..., C)
     ws: dict[str, Tensor] = {}
@@ -514,7 +514,7 @@ def _predictive_mask(net: BayesianNetwork, x: Tensor, y: Tensor | None) -> Tenso
     classifiers."""
     if isinstance(net, TransformerClassifier):
         return None
-    _, mask, _ = net._targets(x, y)
+    _, mask, _ = net.targets(x, y)
     return mask
 
 
@@ -551,7 +551,7 @@ def _sample_predictive(
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor; got {type(x).__name__}")
     _check_targets(net, x, y)
-    net._check_batch(x, y)
+    net.check_batch(x, y)
     if x.shape[0] == 0:
         raise ValueError(f"x must hold at least one input; got shape {tuple(x.shape)}")
 

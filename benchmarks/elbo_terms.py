@@ -49,8 +49,8 @@ def terms(net, x: torch.Tensor, y: torch.Tensor, samples: int) -> dict[str, floa
         for m in net.modules()
         if getattr(m, "is_bayesian", False)
     ]
-    with net._pyro_context, collect_kl() as col:
-        logits = net._forward_logits(x, y, samples)  # (S, B, C)
+    with net.pyro_context, collect_kl() as col:
+        logits = net.forward_logits(x, y, samples)  # (S, B, C)
     for h in hooks:
         h.remove()
     ll = torch.distributions.Categorical(logits=logits).log_prob(y).mean(0)  # (B,)

@@ -2,6 +2,7 @@
 
 from .attention import BayesianMultiheadAttention
 from .blocks import AttentionConfig, Decoder, DecoderLayer, Encoder, EncoderLayer
+from .contract import NetworkContract, check_network
 from .modes import attention_mode, collect_kl, current_mode
 from .networks import (
     BayesianNetwork,
@@ -21,6 +22,8 @@ __all__ = [
     "Encoder",
     "Decoder",
     "BayesianNetwork",
+    "NetworkContract",
+    "check_network",
     "TransformerClassifier",
     "VisionTransformer",
     "Seq2Seq",

@@ -14,6 +14,9 @@ Every network is a ``PyroModule`` with
 * ``elbo_loss(x, y, num_data, beta, num_particles)``: the same ELBO in **one network pass**
   (analytic KLs collected from the layers; used by the hybrid trainer).
 
+What a network must implement (``forward_logits``, ``targets``) and what the trainers, ``predict``
+and the diagnostics call is the network contract, :mod:`bayesattn.nn.contract`.
+
 Shapes: tokens ``(B, T)`` int64 (``pad_id`` = padding) or vectors ``(B, T, D)``; logits
 ``(*S, B, C)`` for classifiers, ``(*S, B, T, V)`` for sequence models.
 """
@@ -37,6 +40,8 @@ from .._validation import check_int, check_real, check_same_dtype
 from ..functional import uncertainty_decomposition
 from .attention import linear
 from .blocks import AttentionConfig, Decoder, Encoder
+from .contract import PRIVATE_ALIASES as _PRIVATE_ALIASES
+from .contract import REQUIRED
 from .modes import MODES, attention_mode, collect_kl, current_mode
 
 __all__ = [
@@ -69,34 +74,135 @@ def _finite(t: Tensor) -> bool:
 
 
 class BayesianNetwork(PyroModule):
-    """Base class: subclasses define ``_forward_logits(x, y, num_particles)`` and
-    ``_targets(x, y) -> (targets, mask or None, event_dims)``."""
+    r"""Base class of every network: the public network contract (:mod:`bayesattn.nn.contract`).
+
+    A subclass **must** implement
+
+    * :meth:`forward_logits` ``(x, y=None, num_particles=1)``: logits ``(*P, B, ..., C)``;
+    * :meth:`targets` ``(x, y)``: ``(targets, mask, event_dims)`` the likelihood scores,
+
+    and **may** override :meth:`check_batch` (input validation) and :meth:`likelihood` (the
+    observation distribution; categorical by default). Everything else (:meth:`forward`,
+    :meth:`model`, :meth:`guide`, :meth:`elbo_loss`, the weight-space pieces) is built from these
+    and is what :class:`~bayesattn.inference.Trainer`, :func:`~bayesattn.uncertainty.predict`, the
+    Lightning module and :mod:`~bayesattn.diagnostics` call. The 0.2 private names
+    (``_forward_logits``, ``_targets``, ``_check_batch``, ``_obs_dist``, ``_weights_from``,
+    ``_weight_prior_model``) remain aliases of the public ones, also in subclasses that define
+    either spelling.
+    """
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        # keep each (public, private) pair one function in every class that defines one of them,
+        # so old subclasses overriding ``_forward_logits`` and old callers of ``_targets`` work
+        for old, new in _PRIVATE_ALIASES.items():
+            own = cls.__dict__
+            if new in own and old not in own:
+                setattr(cls, old, own[new])
+            elif old in own and new not in own:
+                setattr(cls, new, own[old])
 
     def __init__(self) -> None:
+        missing = [
+            n for n in REQUIRED if getattr(type(self), n) is getattr(BayesianNetwork, n, None)
+        ]
+        if missing:
+            raise TypeError(
+                f"{type(self).__name__} does not implement "
+                + ", ".join(f"{n}()" for n in missing)
+                + ", required of every BayesianNetwork (see bayesattn.nn.contract)"
+            )
         super().__init__()
         self._weight_sites: list[tuple[nn.Module, str, str]] = []
         self.weight_guide: nn.Module | None = None
 
-    # ---- pieces for subclasses --------------------------------------------------------------
-    def _forward_logits(self, x: Tensor, y: Tensor | None, num_particles: int = 1) -> Tensor:
-        raise NotImplementedError
+    # ---- required of subclasses --------------------------------------------------------------
+    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
+        r"""Logits of one network pass: ``(B, ..., C)``, or ``(P, B, ..., C)`` with a leading
+        particle dim when ``num_particles = P > 1``. **Required.**
 
-    def _targets(self, x: Tensor, y: Tensor | None) -> tuple[Tensor | None, Tensor | None, int]:
-        raise NotImplementedError
+        Runs in whatever attention mode and Pyro context the caller set up (``model``, ``guide``,
+        ``forward`` and ``predict`` do that); it must not call ``check_batch``. Attention layers
+        draw their weights :math:`w\sim p(w)` or :math:`q(w\mid x)` as the mode says; with
+        ``P > 1`` the ``P`` draws travel as the leading dim (e.g. expand the input to
+        ``(P, B, ...)`` before the first random layer). ``y`` is given for teacher forcing and
+        may be ignored.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement forward_logits()")
 
-    def _check_batch(self, x: Tensor, y: Tensor | None) -> None:
-        """Validate inputs; subclasses extend."""
+    def targets(self, x: Tensor, y: Tensor | None) -> tuple[Tensor | None, Tensor | None, int]:
+        """What the likelihood scores: ``(targets, mask, event_dims)``. **Required.**
 
-    # ---- public API --------------------------------------------------------------------------
+        ``targets`` has the logits' shape without the class dim (``(B,)`` labels for a
+        classifier, ``(B, T)`` tokens for a sequence model); when ``y`` is needed but not given
+        it is ``None`` (or the method raises); ``mask`` (same shape, ``True`` = scored) or ``None``; ``event_dims`` the
+        number of trailing target dims that form one example's event (0 for a classifier, 1 for
+        per-token targets), so ``log p(y_b | x_b)`` sums over them.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement targets()")
+
+    # ---- optional, with defaults --------------------------------------------------------------
+    def check_batch(self, x: Tensor, y: Tensor | None) -> None:
+        """Validate a batch before any pass; raise ``TypeError``/``ValueError`` naming the
+        argument and the shapes seen. The default checks that ``x`` is a tensor with a batch dim
+        and that ``y`` (if given) is a tensor of the same batch size; subclasses extend."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a torch.Tensor; got {type(x).__name__}")
+        if x.dim() < 1:
+            raise ValueError(f"x must have a leading batch dim; got shape {tuple(x.shape)}")
+        if y is not None:
+            if not isinstance(y, Tensor):
+                raise TypeError(f"y must be a torch.Tensor; got {type(y).__name__}")
+            if y.dim() < 1 or y.shape[0] != x.shape[0]:
+                raise ValueError(
+                    f"x and y must have the same batch size; got x {tuple(x.shape)}, "
+                    f"y {tuple(y.shape)}"
+                )
+
+    def likelihood(
+        self, logits: Tensor, mask: Tensor | None, event_dims: int
+    ) -> dist.TorchDistribution:
+        r"""The observation distribution :math:`p(y\mid x, w)` of ``targets``: by default
+        ``Categorical(logits)``, masked by ``mask`` and with ``event_dims`` trailing dims moved
+        into the event, so ``log_prob(targets)`` is ``(*P, B)``. Raises ``FloatingPointError`` on
+        non-finite logits."""
+        if not bool(torch.isfinite(logits.detach().sum())) and not _finite(logits):
+            raise FloatingPointError(
+                f"the network's logits hold NaN/inf values (shape {tuple(logits.shape)}): its "
+                "parameters or activations have overflowed"
+            )
+        d = dist.Categorical(logits=logits)
+        if mask is not None:
+            d = d.mask(mask)
+        return d.to_event(event_dims) if event_dims else d
+
+    # ---- provided ------------------------------------------------------------------------------
     def forward(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
         """Logits; deterministic posterior-mean attention (and posterior-median Bayesian weights)
         unless an attention mode is set."""
-        self._check_batch(x, y)
+        self.check_batch(x, y)
         check_int("num_particles", num_particles, 1)
         ctx = attention_mode("mean") if current_mode() is None else contextlib.nullcontext()
         values = self.weight_guide.median() if self.weight_guide is not None else None
-        with ctx, self._pyro_context, self._weights_from(values):
-            return self._forward_logits(x, y, num_particles)
+        with ctx, self.pyro_context, self.weights_from(values):
+            return self.forward_logits(x, y, num_particles)
+
+    @property
+    def pyro_context(self) -> contextlib.AbstractContextManager:
+        """The network's Pyro module context (re-entrant): inside it, the ``PyroSample`` weight
+        sites of submodules are named by module path and drawn once per context. Enter it around
+        :meth:`forward_logits` when calling that directly."""
+        return self._pyro_context
+
+    def weight_sites(self) -> list[tuple[nn.Module, str, str]]:
+        """``(module, attribute, site name)`` of each Bayesian projection weight (empty unless
+        :func:`~bayesattn.nn.weights.bayesian_projections` was applied)."""
+        return list(self._weight_sites)
+
+    def register_weight_site(self, module: nn.Module, attribute: str, name: str) -> None:
+        """Record that ``module.attribute`` is a ``PyroSample`` weight site called ``name`` (a
+        global site of :meth:`model`); used by :func:`~bayesattn.nn.weights.bayesian_projections`."""
+        self._weight_sites.append((module, attribute, name))
 
     @property
     def bayesian_layers(self) -> list[str]:
@@ -110,28 +216,21 @@ class BayesianNetwork(PyroModule):
             raise ValueError(f"num_data must be an int >= batch size {batch}; got {num_data!r}")
         return num_data
 
-    def _obs_dist(self, logits: Tensor, mask: Tensor | None, event_dims: int):
-        if not bool(torch.isfinite(logits.detach().sum())) and not _finite(logits):
-            raise FloatingPointError(
-                f"the network's logits hold NaN/inf values (shape {tuple(logits.shape)}): its "
-                "parameters or activations have overflowed"
-            )
-        d = dist.Categorical(logits=logits)
-        if mask is not None:
-            d = d.mask(mask)
-        return d.to_event(event_dims) if event_dims else d
-
     def _touch_weight_sites(self) -> dict[str, Tensor]:
         return {full: getattr(mod, attr) for mod, attr, full in self._weight_sites}
 
-    def _weight_prior_model(self, *args, **kwargs) -> dict[str, Tensor]:
-        """The global (weight-space) part of the model alone, for the autoguide."""
-        with self._pyro_context:
+    def weight_prior_model(self, *args, **kwargs) -> dict[str, Tensor]:
+        """The global (weight-space) part of the model alone: draws every Bayesian weight from
+        its prior and returns ``{site name: value}`` (the model of the weight autoguide; ignores
+        its arguments)."""
+        with self.pyro_context:
             return self._touch_weight_sites()
 
     @contextlib.contextmanager
-    def _weights_from(self, values: dict[str, Tensor] | None):
-        """Use given values for the Bayesian weights, hidden from the current trace."""
+    def weights_from(self, values: dict[str, Tensor] | None):
+        """Context manager: use the given ``{site name: value}`` for the Bayesian weights (e.g.
+        ``(S, *shape)`` draws that broadcast over particles), hidden from the current trace;
+        ``None`` or ``{}`` changes nothing."""
         if not values:
             yield
             return
@@ -140,30 +239,30 @@ class BayesianNetwork(PyroModule):
 
     def model(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
         """Generative model: priors over weights and attention, categorical likelihood."""
-        self._check_batch(x, y)
+        self.check_batch(x, y)
         B = x.shape[0]
         N = self._num_data(num_data, B)
-        with self._pyro_context:
+        with self.pyro_context:
             self._touch_weight_sites()  # global sites: outside the data plate
             with pyro.plate("data", N, subsample=torch.arange(B, device=x.device)):
                 with attention_mode("prior"):
-                    logits = self._forward_logits(x, y)
-                targets, mask, ev = self._targets(x, y)
-                pyro.sample("obs", self._obs_dist(logits, mask, ev), obs=targets)
+                    logits = self.forward_logits(x, y)
+                targets, mask, ev = self.targets(x, y)
+                pyro.sample("obs", self.likelihood(logits, mask, ev), obs=targets)
         return logits
 
     def guide(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> None:
         """Amortised attention posteriors (+ autoguide over Bayesian weights)."""
-        self._check_batch(x, y)
+        self.check_batch(x, y)
         B = x.shape[0]
         N = self._num_data(num_data, B)
-        with self._pyro_context:
+        with self.pyro_context:
             values = self.weight_guide() if self.weight_guide is not None else None
             if not self.bayesian_layers:
                 return  # no latent attention: nothing in the data plate to guide, no network pass
             with pyro.plate("data", N, subsample=torch.arange(B, device=x.device)):
-                with attention_mode("posterior"), self._weights_from(values):
-                    self._forward_logits(x, y)
+                with attention_mode("posterior"), self.weights_from(values):
+                    self.forward_logits(x, y)
 
     def _weight_kl(self) -> tuple[dict[str, Tensor] | None, Tensor | float]:
         """Draw Bayesian weights from their guide; ``KL(q‖p)`` (analytic for mean-field normal
@@ -176,7 +275,7 @@ class BayesianNetwork(PyroModule):
             for n, s in gtr.nodes.items()
             if s["type"] == "sample" and not s["infer"].get("is_auxiliary")
         }
-        ptr = poutine.trace(poutine.condition(self._weight_prior_model, data=values)).get_trace()
+        ptr = poutine.trace(poutine.condition(self.weight_prior_model, data=values)).get_trace()
         if isinstance(self.weight_guide, AutoNormal):
             # AutoNormal samples an auxiliary unconstrained Normal then a Delta; our weight priors
             # have real support, so the auxiliary Normal is q itself and the KL is closed form.
@@ -202,25 +301,33 @@ class BayesianNetwork(PyroModule):
 
         Particles are vectorised (a leading sample dim through the whole network).
         """
-        self._check_batch(x, y)
+        self.check_batch(x, y)
         check_int("num_particles", num_particles, 1)
         check_real("beta", beta, ge=0.0)
-        if self._targets(x[:1], None if y is None else y[:1])[0] is None:
+        if self.targets(x[:1], None if y is None else y[:1])[0] is None:
             raise ValueError(f"{type(self).__name__}.elbo_loss needs targets y; got y=None")
         B = x.shape[0]
         N = self._num_data(num_data, B)
-        with self._pyro_context:
+        with self.pyro_context:
             values, kl_w = self._weight_kl()
-            with collect_kl() as col, self._weights_from(values):
-                logits = self._forward_logits(x, y, num_particles)  # (P?, B, ...)
-        targets, mask, ev = self._targets(x, y)
-        ll = self._obs_dist(logits, mask, ev).log_prob(targets)  # (P?, B)
+            with collect_kl() as col, self.weights_from(values):
+                logits = self.forward_logits(x, y, num_particles)  # (P?, B, ...)
+        targets, mask, ev = self.targets(x, y)
+        ll = self.likelihood(logits, mask, ev).log_prob(targets)  # (P?, B)
         kl = col.total()
         per_example = ll - beta * kl  # (P?, B)
         if num_particles > 1:
             per_example = per_example.mean(0)
         loss = -(N / B) * per_example.sum() + beta * kl_w
         return loss, logits
+
+    # 0.2 private spellings (see __init_subclass__ for subclasses)
+    _forward_logits = forward_logits
+    _targets = targets
+    _check_batch = check_batch
+    _obs_dist = likelihood
+    _weights_from = weights_from
+    _weight_prior_model = weight_prior_model
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,7 +441,7 @@ class TransformerClassifier(BayesianNetwork):
         )
         self.head = nn.Linear(d_model, num_classes)
 
-    def _check_batch(self, x: Tensor, y: Tensor | None) -> None:
+    def check_batch(self, x: Tensor, y: Tensor | None) -> None:
         if self.vocab_size is not None:
             _check_tokens("x", x, self.vocab_size)
         else:
@@ -429,7 +536,7 @@ class TransformerClassifier(BayesianNetwork):
                 return i, True
         return n, False
 
-    def _forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
+    def forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
         # the last layer's other rows are only computed when its attention map is being recorded
         recording = self.encoder.layers[-1].self_attn.record_weights
         h, pad = self.encode(x, num_particles, cls_only=self.cls is not None and not recording)
@@ -444,7 +551,7 @@ class TransformerClassifier(BayesianNetwork):
         out = linear(pooled.unsqueeze(-2), self.head.weight, self.head.bias)  # (*P, B, 1, C)
         return out.squeeze(-2)  # (*P, B, C)
 
-    def _targets(self, x, y):
+    def targets(self, x, y):
         return y, None, 0
 
 
@@ -483,7 +590,7 @@ class VisionTransformer(TransformerClassifier):
             x = x.unsqueeze(1)
         return patchify(x, self.patch_size)
 
-    def _check_batch(self, x: Tensor, y: Tensor | None) -> None:
+    def check_batch(self, x: Tensor, y: Tensor | None) -> None:
         if not isinstance(x, Tensor):
             raise TypeError(f"images must be a torch.Tensor; got {type(x).__name__}")
         s, c = self.image_size, self.in_channels
@@ -493,10 +600,10 @@ class VisionTransformer(TransformerClassifier):
             raise ValueError(
                 f"images must be (B, {s}, {s}) or (B, {c}, {s}, {s}); got {tuple(x.shape)}"
             )
-        super()._check_batch(self.patchify(x), y)
+        super().check_batch(self.patchify(x), y)
 
-    def _forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
-        return super()._forward_logits(self.patchify(x), y, num_particles)
+    def forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
+        return super().forward_logits(self.patchify(x), y, num_particles)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -559,7 +666,7 @@ class _Generative(BayesianNetwork):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
         S = num_samples if mode != "mean" else 1
-        with attention_mode(mode), self._pyro_context:
+        with attention_mode(mode), self.pyro_context:
             state, B, device = self._start(x, S)
             prefix = torch.full((B, 1), self.bos_id, dtype=torch.long, device=device)
             done = torch.zeros(B, dtype=torch.bool, device=device)
@@ -638,7 +745,7 @@ class Seq2Seq(_Generative):
         self.decoder = Decoder(d_model, nhead, num_decoder_layers, attention, **kw)
         self.head = nn.Linear(d_model, tgt_vocab_size)
 
-    def _check_batch(self, x: Tensor, y: Tensor | None) -> None:
+    def check_batch(self, x: Tensor, y: Tensor | None) -> None:
         _check_tokens("src", x, self.src_vocab_size)
         if y is not None:
             _check_tokens("tgt", y, self.tgt_vocab_size)
@@ -666,13 +773,13 @@ class Seq2Seq(_Generative):
         )
         return linear(h, self.head.weight, self.head.bias)  # (*P, B, T, V)
 
-    def _forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
+    def forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
         if y is None:
             raise ValueError("Seq2Seq needs tgt (teacher forcing) for logits; use generate()")
         mem, pad = self.encode(x, num_particles)
         return self.decode(y[:, :-1], mem, pad, num_particles)
 
-    def _targets(self, x, y):
+    def targets(self, x, y):
         tgt_out = y[:, 1:]
         return tgt_out, tgt_out != self.pad_id, 1
 
@@ -730,7 +837,7 @@ class CausalLM(_Generative):
         )
         self.head = nn.Linear(d_model, vocab_size)
 
-    def _check_batch(self, x: Tensor, y: Tensor | None) -> None:
+    def check_batch(self, x: Tensor, y: Tensor | None) -> None:
         _check_tokens("x", x, self.vocab_size)
         if x.shape[1] < 2:
             raise ValueError(f"x needs >= 2 tokens to predict the next; got shape {tuple(x.shape)}")
@@ -740,10 +847,10 @@ class CausalLM(_Generative):
         h = self.decoder(h, tgt_key_padding_mask=None)
         return linear(h, self.head.weight, self.head.bias)  # (*P, B, T, V)
 
-    def _forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
+    def forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
         return self._logits_of(x[:, :-1], num_particles)
 
-    def _targets(self, x, y):
+    def targets(self, x, y):
         t = x[:, 1:]
         return t, t != self.pad_id, 1
 

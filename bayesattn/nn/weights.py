@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import pyro
 import pyro.distributions as dist
+from pyro import poutine
 from pyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoNormal, init_to_value
 from pyro.nn import PyroModule, PyroSample
 from pyro.nn.module import to_pyro_module_
@@ -60,7 +61,7 @@ def bayesian_projections(
         raise ValueError(f"prior_scale must be positive and finite; got {prior_scale!r}")
     if not init_scale > 0:
         raise ValueError(f"init_scale must be positive; got {init_scale!r}")
-    if network._weight_sites:
+    if network.weight_sites():
         raise ValueError("bayesian_projections was already applied to this network")
     if isinstance(targets, str):
         targets = (targets,)
@@ -87,25 +88,24 @@ def bayesian_projections(
         if not isinstance(module, PyroModule):
             to_pyro_module_(module, recurse=False)
             module = network.get_submodule(path)  # attribute access links it to the root's context
-        if module._pyro_name != path:
-            raise RuntimeError(f"could not attach {path} to the network's Pyro context")
         value = getattr(module, pname).detach().clone()
         fan_in = value.shape[-1] if value.dim() > 1 else value.shape[0]
         s = prior_scale if prior_scale is not None else 1.0 / math.sqrt(fan_in)
         delattr(module, pname)
         prior = dist.Normal(value.new_zeros(()), value.new_tensor(s))
         setattr(module, pname, PyroSample(prior.expand(value.shape).to_event(value.dim())))
-        network._weight_sites.append((module, pname, full))
+        network.register_weight_site(module, pname, full)
         init[full] = value
+    _check_sites_attached(network, init)
     if guide == "normal":
         wg = AutoNormal(
-            network._weight_prior_model,
+            network.weight_prior_model,
             init_loc_fn=init_to_value(values=init),
             init_scale=init_scale,
         )
     else:
         wg = AutoLowRankMultivariateNormal(
-            network._weight_prior_model,
+            network.weight_prior_model,
             init_loc_fn=init_to_value(values=init),
             init_scale=init_scale,
             rank=rank,
@@ -116,3 +116,18 @@ def bayesian_projections(
     with pyro.get_param_store().scope():
         wg()
     return names
+
+
+def _check_sites_attached(network: BayesianNetwork, init: dict) -> None:
+    """The weight prior must hold exactly the new sites, named by module path: otherwise a module
+    did not join the network's Pyro context (its sites would be named wrongly or drawn apart).
+    Conditioned on ``init``, so no random number is drawn."""
+    prior = poutine.condition(network.weight_prior_model, data=init)
+    with poutine.block(), poutine.trace() as tr:
+        prior()
+    seen = sorted(n for n, s in tr.trace.nodes.items() if s["type"] == "sample")
+    if seen != sorted(init):
+        raise RuntimeError(
+            f"could not attach the weights to the network's Pyro context: its weight prior "
+            f"draws sites {seen}, expected {sorted(init)}"
+        )

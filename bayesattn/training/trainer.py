@@ -48,11 +48,11 @@ __all__ = ["Trainer", "fit", "sync_param_store"]
 def _check_data(net: BayesianNetwork, x: Tensor, y: Tensor | None, name: str) -> None:
     """Validate the whole dataset once, before any step; re-raise naming the argument."""
     try:
-        net._check_batch(x, y)
+        net.check_batch(x, y)
     except (ValueError, TypeError) as e:
         raise type(e)(f"{name}: {e}") from e
     try:
-        targets = net._targets(x[:1], None if y is None else y[:1])[0]
+        targets = net.targets(x[:1], None if y is None else y[:1])[0]
     except (TypeError, ValueError, IndexError):
         targets = None
     if targets is None:
@@ -369,7 +369,7 @@ class Trainer:
 
     # ---- metrics ------------------------------------------------------------------------------
     def _correct(self, logits: Tensor, xb: Tensor, yb: Tensor | None) -> tuple[float, float]:
-        targets, mask, _ = self.network._targets(xb, yb)
+        targets, mask, _ = self.network.targets(xb, yb)
         if logits.dim() > targets.dim() + 1:  # particles: average the predictive
             probs = torch.softmax(logits, -1).reshape((-1,) + logits.shape[-targets.dim() - 1 :])
             pred = probs.mean(0).argmax(-1)
@@ -420,8 +420,8 @@ class Trainer:
                         total += float(loss) * len(xb) / n
                     else:
                         logits = net(xb, yb)
-                        targets, mask, ev = net._targets(xb, yb)
-                        total -= float(net._obs_dist(logits, mask, ev).log_prob(targets).sum())
+                        targets, mask, ev = net.targets(xb, yb)
+                        total -= float(net.likelihood(logits, mask, ev).log_prob(targets).sum())
                     k, m = self._correct(logits, xb, yb)
                     correct, count = correct + k, count + m
         finally:
