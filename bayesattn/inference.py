@@ -80,7 +80,7 @@ import torch
 from pyro import poutine
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from pyro.poutine.messenger import Messenger
-from pyro.poutine.subsample_messenger import _Subsample
+from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
 from .nn.networks import BayesianNetwork
@@ -325,7 +325,7 @@ class ScaleLatents(Messenger):
         self.beta = beta
 
     def _process_message(self, msg) -> None:
-        if msg["type"] != "sample" or msg["is_observed"] or isinstance(msg["fn"], _Subsample):
+        if msg["type"] != "sample" or msg["is_observed"] or site_is_subsample(msg):
             return
         beta = self.beta() if callable(self.beta) else self.beta
         if beta <= 0:
