@@ -1,13 +1,22 @@
 # Two commands do all the set-up on a fresh machine (Python >= 3.11 and pip only):
 #   make study   -> builds .venv, installs bayesattn, runs the main job
 #   make test    -> builds .venv, installs bayesattn with dev, examples, lightning and hf extras,
-#                   runs lint + the test suite (including a 2-process DDP run on CPU)
+#                   runs lint + the test suite (including a 2-process DDP run on CPU), then
+#                   `make test-arviz1`: builds .venv312 (Python 3.12, ArviZ 1.x) and runs the
+#                   ArviZ-facing tests there too
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: venv install test test-fast lint docs study bench clean
+# ArviZ 1.x needs Python >= 3.12: the first working python3.12 on PATH, in pyenv, or in /usr
+PYTHON312 ?= $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12 \
+	/usr/local/bin/python3.12 /usr/bin/python3.12; do $$p -c "" 2>/dev/null && { echo $$p; break; }; done)
+VENV312   ?= .venv312
+ARVIZ1_TESTS := tests/test_arviz1.py tests/test_diagnostics.py \
+	tests/test_recommended.py::test_prediction_to_arviz_reads_any_predictor_and_loo_runs
+
+.PHONY: venv install test test-fast test-arviz1 lint docs study bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +29,19 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check bayesattn tests benchmarks examples notebooks
 
 test: $(VENV)/.installed lint
-	$(PY) -m pytest -q
+	BAYESATTN_EXPECT_ARVIZ_MAJOR=0 $(PY) -m pytest -q
+	$(MAKE) test-arviz1
+
+$(VENV312)/.installed: pyproject.toml constraints-arviz1.txt
+	@test -n "$(PYTHON312)" || { echo "test-arviz1 needs Python 3.12: set PYTHON312=/path/to/python3.12"; exit 1; }
+	$(PYTHON312) -m venv $(VENV312)
+	$(VENV312)/bin/python -m pip --disable-pip-version-check -q install \
+		-c constraints-arviz1.txt -e ".[examples]" pytest
+	touch $@
+
+# the ArviZ-facing tests under ArviZ 1.x (they fail, not skip, if arviz 1.x is not what runs)
+test-arviz1: $(VENV312)/.installed
+	BAYESATTN_EXPECT_ARVIZ_MAJOR=1 $(VENV312)/bin/python -m pytest -q $(ARVIZ1_TESTS)
 
 test-fast: $(VENV)/.installed lint  # the inner loop: everything but the slow tests (CI runs all)
 	$(PY) -m pytest -q -m "not slow"
@@ -37,4 +58,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/interop_speed.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV312) build *.egg-info .pytest_cache .ruff_cache

@@ -4,6 +4,7 @@ import torch
 from pyro import poutine
 from pyro.infer import Predictive
 from pyro.nn import PyroModule
+from torch.distributions.relaxed_categorical import ExpRelaxedCategorical
 
 import bayesattn.nn.attention as attn_mod
 from bayesattn.nn.attention import BayesianMultiheadAttention as BMHA
@@ -112,12 +113,18 @@ def test_fused_path_when_weights_not_needed(monkeypatch):
         return real(*a, **k)
 
     monkeypatch.setattr(attn_mod.F, "scaled_dot_product_attention", spy)
-    m = BMHA(E, H, batch_first=True)
+    ref, m = _pair(True)
     x = torch.randn(2, 5, E)
-    m(x, x, x, need_weights=False)
-    assert len(calls) == 1
-    m(x, x, x, need_weights=True)
-    assert len(calls) == 1
+    with torch.no_grad():
+        fused, none = m(x, x, x, need_weights=False)
+        assert len(calls) == 1 and none is None
+        explicit, w = m(x, x, x, need_weights=True)
+        assert len(calls) == 1
+        # both paths give torch's values
+        torch.testing.assert_close(fused, explicit, atol=1e-6, rtol=0)
+        r, rw = ref(x, x, x)
+        torch.testing.assert_close(fused, r, atol=1e-5, rtol=0)
+        torch.testing.assert_close(w, rw, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("need_weights", [True, False])
@@ -205,21 +212,101 @@ def test_site_names_follow_module_path_and_are_distinct():
     assert names == ["layers.0.latent", "layers.1.latent", "layers.2.latent"]
 
 
+def _dirichlet_kl(a, b):
+    """KL(Dir(a) || Dir(b)) over the last dim, in closed form."""
+    a0, b0 = a.sum(-1), b.sum(-1)
+    return (
+        torch.lgamma(a0) - torch.lgamma(a).sum(-1) - torch.lgamma(b0) + torch.lgamma(b).sum(-1)
+        + ((a - b) * (torch.digamma(a) - torch.digamma(a0).unsqueeze(-1))).sum(-1)
+    )
+
+
+def _normal_kl(mq, sq, mp, sp):
+    """KL(N(mq, sq²) || N(mp, sp²)) summed over the last dim, in closed form."""
+    return (torch.log(sp / sq) + (sq**2 + (mq - mp) ** 2) / (2 * sp**2) - 0.5).sum(-1)
+
+
+def _weibull_gamma_kl(k, lam, alpha, beta):
+    """KL(Weibull(k, λ) || Gamma(α, β)) summed over the last dim (Fan et al. 2020, eq. 8)."""
+    g = 0.5772156649015329  # Euler–Mascheroni
+    return (
+        g * alpha / k - alpha * lam.log() + k.log() + beta * lam * torch.exp(torch.lgamma(1 + 1 / k))
+        - g - 1 - alpha * beta.log() + torch.lgamma(alpha)
+    ).sum(-1)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_elbo_mode_collects_kl(family):
+    """The KL collected in ELBO mode is Σ_{h,i} KL(q_hi || p_hi), with q centred on the exact
+    posterior p̄ (computed here by torch.nn.MultiheadAttention with the ALiBi log-prior as a
+    per-head float mask) and p on the normalised prior π ∝ exp(-m_h|i-j|), in closed form
+    (Concrete has none: a large independent Monte-Carlo estimate with torch's
+    ExpRelaxedCategorical)."""
+    B, T = 2, 5
     m = BMHA(E, H, batch_first=True, posterior=family, prior=DistanceDecayPrior(H))
-    x = torch.randn(2, 5, E)
-    with collect_kl() as col:
-        m(x, x, x)
-    kl = col.total()
-    assert kl.shape == (2,) and torch.all(kl > -1e-4)
+    ref = torch.nn.MultiheadAttention(E, H, batch_first=True)
+    ref.load_state_dict(m.state_dict(), strict=False)
+    x = torch.randn(B, T, E)
+    i = torch.arange(T)
+    log_pi = -m.prior.slopes.view(H, 1, 1) * (i[:, None] - i[None, :]).abs()  # (H, T, T)
+    with torch.no_grad():
+        pbar = ref(x, x, x, attn_mask=log_pi.repeat(B, 1, 1), average_attn_weights=False)[1]
+    pi = torch.softmax(log_pi, -1).expand(B, H, T, T)  # (B, H, Tq, Tk)
+    fam, n = m.posterior, T
+    num = 4000 if family == "concrete" else None
+    with torch.no_grad(), collect_kl() as col:
+        m(x, x, x, num_samples=num)
+    kl = col.total()  # (B,) or (S, B)
+    if family == "dirichlet":
+        kappa = fam.log_concentration.exp().view(1, H, 1, 1)
+        expect = _dirichlet_kl(kappa * n * pbar, fam.prior_concentration * n * pi)
+    elif family == "logistic_normal":
+        sq = torch.nn.functional.softplus(fam.scale_bias).view(1, H, 1, 1).expand_as(pbar)
+        expect = _normal_kl(pbar.log(), sq, pi.log(), torch.full_like(pi, fam.prior_scale))
+    elif family == "weibull":
+        k = fam.shape_k.view(1, H, 1, 1).expand_as(pbar)
+        lam = pbar / torch.exp(torch.lgamma(1 + 1 / k))  # E[g] = p̄
+        c = fam.prior_concentration * n
+        expect = _weibull_gamma_kl(k, lam, c * pi, torch.full_like(pi, c))
+    else:  # E_q[log q - log p], independent draws and densities
+        q = ExpRelaxedCategorical(
+            torch.tensor(fam.temperature), probs=pbar
+        )
+        p = ExpRelaxedCategorical(
+            torch.tensor(fam.prior_temperature), probs=pi
+        )
+        z = q.sample((num,))
+        mc = (q.log_prob(z) - p.log_prob(z)).sum((-2, -1))  # (S, B)
+        se = (kl.var(0) / num + mc.var(0) / num).sqrt()
+        assert kl.shape == (num, B)
+        assert torch.all((kl.mean(0) - mc.mean(0)).abs() < 4 * se), (kl.mean(0), mc.mean(0), se)
+        return
+    assert kl.shape == (B,)
+    torch.testing.assert_close(kl, expect.sum((-2, -1)), atol=1e-4, rtol=1e-4)
+    assert torch.all(kl > 0)
 
 
 def test_priors_with_sample_dims_contextual():
+    """A leading sample dim: each slice is the layer applied to that slice (mean mode), and the
+    stochastic output is out_proj(w @ V) of the per-head weights it returns."""
     m = BMHA(E, H, batch_first=True, posterior="weibull", prior=ContextualPrior(E // H))
     x = torch.randn(7, 2, 5, E)  # extra leading sample dim
     y, w = m(x, x, x)
     assert y.shape == (7, 2, 5, E) and w.shape == (7, 2, 5, 5)
+    with torch.no_grad():
+        with attention_mode("mean"):
+            ym, wm = m(x, x, x, average_attn_weights=False)
+            for s in (0, 6):
+                ys, ws = m(x[s], x[s], x[s], average_attn_weights=False)
+                torch.testing.assert_close(ym[s], ys, atol=1e-5, rtol=0)
+                torch.testing.assert_close(wm[s], ws, atol=1e-6, rtol=0)
+        y, w = m(x, x, x, average_attn_weights=False)  # (7, 2, 5, E), (7, 2, H, 5, 5)
+        torch.testing.assert_close(w.sum(-1), torch.ones(7, 2, H, 5))
+        v = x @ m.in_proj_weight[2 * E :].T + m.in_proj_bias[2 * E :]  # (7, 2, 5, E)
+        vh = v.view(7, 2, 5, H, E // H).transpose(-3, -2)  # (7, 2, H, 5, Dh)
+        o = (w @ vh).transpose(-3, -2).reshape(7, 2, 5, E)
+        torch.testing.assert_close(y, m.out_proj(o), atol=1e-5, rtol=0)
+        assert (w - wm).abs().amax() > 1e-3  # the weights were sampled, not the mean
 
 
 @pytest.mark.parametrize(

@@ -23,16 +23,6 @@ from bayesattn.nn.networks import TransformerClassifier
 from bayesattn.nn.weights import bayesian_projections
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention (on a loaded 2-core machine a
-    (4, 3, 16) layer norm takes ~14 ms with 2 threads and ~10 µs with 1)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _clf(posterior="dirichlet", num_layers=1, num_classes=2):
     cfg = AttentionConfig(posterior=posterior)
     return TransformerClassifier(

@@ -23,14 +23,6 @@ from bayesattn.nn.weights import bayesian_projections
 SMALL = dict(d_model=8, nhead=2, dim_feedforward=16, dropout=0.0)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # ---- entropy and distance -------------------------------------------------------------------
 
 

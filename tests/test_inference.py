@@ -28,15 +28,6 @@ from bayesattn.nn.blocks import AttentionConfig
 from bayesattn.nn.networks import CausalLM, Seq2Seq, TransformerClassifier, VisionTransformer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The CI machine is small and shared: oversubscribed intra-op threads are much slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def contains3(n: int, seed: int, T: int = 8, vocab: int = 10):
     """Label = whether token 3 occurs in the sequence (about balanced for T=8, vocab=10)."""
     g = torch.Generator().manual_seed(seed)

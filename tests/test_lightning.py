@@ -39,14 +39,6 @@ HELPER = ROOT / "tests" / "ddp_run.py"
 TOL = 1e-9
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _trainer(**kw) -> L.Trainer:
     kw.setdefault("accelerator", "cpu")
     kw.setdefault("devices", 1)

@@ -24,14 +24,6 @@ from bayesattn.geometry import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # ------------------------------------------------------------------------------- the task
 def test_retrieval_task_is_seeded_and_has_one_needle_per_row():
     a = make_retrieval_task(200, length=300, num_values=5, num_noise=7, near=20, seed=3)

@@ -9,7 +9,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -22,15 +21,6 @@ from bayesattn.plots import (  # noqa: E402
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture
-def figures():
-    """Collect figures made in a test and close them afterwards."""
-    made: list[Figure] = []
-    yield made
-    for fig in made:
-        plt.close(fig)
 
 
 def _problem(seed: int = 0, n: int = 400, c: int = 5):

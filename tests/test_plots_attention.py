@@ -6,7 +6,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -23,14 +22,6 @@ from bayesattn.plots import (  # noqa: E402
 from bayesattn.uncertainty import predict  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture
-def figures():
-    made: list[Figure] = []
-    yield made
-    for fig in made:
-        plt.close(fig)
 
 
 def _assert_png(path):

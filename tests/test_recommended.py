@@ -264,12 +264,13 @@ def test_prediction_to_arviz_reads_any_predictor_and_loo_runs():
 
     import arviz as az
 
-    from bayesattn.diagnostics import prediction_to_arviz
+    from bayesattn.diagnostics import arviz_major_version, prediction_to_arviz
 
     members = [_vit(None, dropout=0.2).eval() for _ in range(2)]
     x, y = torch.rand(5, 4, 4), torch.randint(0, 4, (5,))
+    v1 = arviz_major_version() >= 1
     for res in (
-        predict_mc_dropout(members[0], x, 6),
+        predict_mc_dropout(members[0], x, 30 if v1 else 6),
         predict_ensemble(members, x),
         predict(_vit(AttentionConfig.recommended()), x, 6),
     ):
@@ -280,9 +281,12 @@ def test_prediction_to_arviz_reads_any_predictor_and_loo_runs():
         got = idata.log_likelihood["obs"].values  # (chain, draw, example)
         assert got.shape == (1, res.num_samples, 5)
         torch.testing.assert_close(torch.from_numpy(got[0]), ll.double(), check_dtype=False)
+        if v1 and res.num_samples < 25:
+            continue  # arviz_stats' PSIS needs >= 5 tail draws: 25 (0.x smooths any S >= 2)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            assert float(az.loo(idata).elpd_loo) < 0
+            loo = az.loo(idata)
+            assert float(loo.elpd if v1 else loo.elpd_loo) < 0
     with pytest.raises(ValueError, match="y must have shape"):
         res.log_likelihood(y[:3])
     with pytest.raises(TypeError, match="PredictionResult"):

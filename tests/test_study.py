@@ -1,7 +1,6 @@
 import json
 
 import pytest
-import torch
 
 from bayesattn.cli import main
 from bayesattn.study import METHODS, StudyConfig, format_table, run_study
@@ -19,14 +18,6 @@ TINY = dict(
     arviz_examples=2,
     progress=False,
 )
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_study_writes_results_report_figures_and_is_reproducible(tmp_path):

@@ -18,14 +18,6 @@ from bayesattn.training.data import as_train_data
 from bayesattn.training.schedules import lr_factor, lr_scheduler
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def contains3(n: int, seed: int, T: int = 8, vocab: int = 10):
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(1, vocab, (n, T), generator=g)

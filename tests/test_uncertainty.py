@@ -24,15 +24,6 @@ from bayesattn.uncertainty import (
 SMALL = dict(d_model=8, nhead=2, dim_feedforward=16, dropout=0.0)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: intra-op threads only add contention on a loaded machine (20x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _clf(posterior="dirichlet", num_layers=2, **kw):
     kw = {**SMALL, **kw}
     return TransformerClassifier(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pyro.poutine.messenger import Messenger
-from pyro.poutine.subsample_messenger import _Subsample
+from pyro.poutine.util import site_is_subsample
 
 __all__ = ["kl_beta", "ScaleLatents"]
 
@@ -44,7 +44,7 @@ class ScaleLatents(Messenger):
         self.beta = beta
 
     def _process_message(self, msg) -> None:
-        if msg["type"] != "sample" or msg["is_observed"] or isinstance(msg["fn"], _Subsample):
+        if msg["type"] != "sample" or msg["is_observed"] or site_is_subsample(msg):
             return
         beta = self.beta() if callable(self.beta) else self.beta
         if beta <= 0:
