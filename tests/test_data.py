@@ -316,7 +316,7 @@ def _patches_by_loops(x: torch.Tensor, p: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("channels", "height", "width", "p"), [(1, 8, 8, 2), (3, 8, 12, 4), (2, 6, 4, 1)]
+    ("channels", "height", "width", "p"), [(1, 8, 8, 2), (3, 8, 8, 2), (3, 8, 12, 4), (2, 6, 4, 1)]
 )
 def test_one_patch_implementation_matches_loops_and_unfold(channels, height, width, p) -> None:
     """``images_to_patches`` and ``VisionTransformer.patchify`` share one kernel
