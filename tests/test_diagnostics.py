@@ -53,8 +53,31 @@ needs_arviz0 = pytest.mark.skipif(
 
 
 def test_import_does_not_import_arviz():
-    code = "import sys, bayesattn.diagnostics; sys.exit('arviz' in sys.modules)"
+    """Lazy ArviZ/matplotlib; and the models never import the diagnostics (no upward import)."""
+    code = (
+        "import sys, bayesattn.models; up = 'bayesattn.diagnostics' in sys.modules; "
+        "import bayesattn.diagnostics; "
+        "sys.exit(up or any(m in sys.modules for m in ('arviz', 'matplotlib')))"
+    )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_package_layout_keeps_every_public_name_and_the_layering():
+    """Each public name lives in one concern module and is re-exported unchanged; the NUTS
+    regression model sits with the models (see test_import_does_not_import_arviz for layering)."""
+    import importlib
+
+    from bayesattn import models as M
+
+    for name in D.__all__:
+        obj = getattr(D, name)
+        home = getattr(obj, "__module__", None)
+        if home is not None:
+            assert home.startswith(("bayesattn.diagnostics.", "bayesattn.models.")), (name, home)
+            assert getattr(importlib.import_module(home), name) is obj
+    for name in ("AttentionRegressionData", "attention_regression_model"):
+        assert getattr(M, name) is getattr(D, name)
+        assert getattr(M, name).__module__ == "bayesattn.models.regression"
 
 
 def test_flat_draws_become_one_chain_with_attention_dims_and_tokens():
