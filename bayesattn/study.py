@@ -107,7 +107,7 @@ class StudyConfig:
 
     @classmethod
     def quick(cls, **kw: Any) -> StudyConfig:
-        base = dict(
+        base: dict[str, Any] = dict(
             epochs=5, seeds=2, num_samples=8, ensemble_size=2, severities=(3,), arviz_examples=4
         )
         base.update(kw)

@@ -169,7 +169,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 def _rng_state(gen: torch.Generator) -> dict[str, Any]:
     version, internal, gauss = random.getstate()
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()  # the legacy tuple (kind, keys, pos, has_gauss, cached)
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": [version, list(internal), gauss],

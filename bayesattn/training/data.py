@@ -192,6 +192,8 @@ class TensorSource(DataSource):
     """In-memory ``(x, y)``: slices of a permutation drawn from the trainer's generator."""
 
     kind = "tensors"
+    num_data: int
+    batch_size: int
 
     def __init__(self, x: Tensor, y: Tensor | None, batch_size: int, drop_last: bool, name: str):
         super().__init__(name)
@@ -254,6 +256,8 @@ class DatasetSource(DataSource):
     ``DataLoader`` (with ``loader``'s settings when it came in one)."""
 
     kind = "dataset"
+    num_data: int
+    batch_size: int
 
     def __init__(
         self,
@@ -352,6 +356,7 @@ class StreamSource(DataSource):
 
     kind = "stream"
     shuffled = False
+    num_data: int
 
     def __init__(
         self,

@@ -70,7 +70,8 @@ class History:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> History:
-        h = cls(**{k: list(d.get(k, [])) for k in _HISTORY_KEYS})
+        curves: dict[str, Any] = {k: list(d.get(k, [])) for k in _HISTORY_KEYS}
+        h = cls(**curves)
         h.stopped_early = bool(d.get("stopped_early", False))
         h.best_epoch = d.get("best_epoch")
         h.best_val_loss = d.get("best_val_loss")

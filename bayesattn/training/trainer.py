@@ -370,6 +370,10 @@ class Trainer:
     # ---- metrics ------------------------------------------------------------------------------
     def _correct(self, logits: Tensor, xb: Tensor, yb: Tensor | None) -> tuple[float, float]:
         targets, mask, _ = self.network.targets(xb, yb)
+        if targets is None:
+            raise ValueError(
+                f"{type(self.network).__name__}.targets(x, y) gave no targets: accuracy needs labels"
+            )
         if logits.dim() > targets.dim() + 1:  # particles: average the predictive
             probs = torch.softmax(logits, -1).reshape((-1,) + logits.shape[-targets.dim() - 1 :])
             pred = probs.mean(0).argmax(-1)
@@ -422,8 +426,8 @@ class Trainer:
                         logits = net(xb, yb)
                         targets, mask, ev = net.targets(xb, yb)
                         total -= float(net.likelihood(logits, mask, ev).log_prob(targets).sum())
-                    k, m = self._correct(logits, xb, yb)
-                    correct, count = correct + k, count + m
+                    hits, m = self._correct(logits, xb, yb)
+                    correct, count = correct + hits, count + m
         finally:
             net.train(was_training)
         if seen == 0:
@@ -681,7 +685,7 @@ class Trainer:
             _check_data(net, *src.first_batch(), "train_data (batch 0)")
         if val_data is not None:
             self._check_val_data(val_data)
-        if src.kind in ("tensors", "dataset") and c.drop_last and src.num_data < c.batch_size:
+        if src.kind in ("tensors", "dataset") and c.drop_last and (src.num_data or 0) < c.batch_size:
             raise ValueError(
                 f"batch_size={c.batch_size} with drop_last=True leaves no batch for "
                 f"{src.num_data} training examples"
