@@ -32,7 +32,7 @@ def _check_kind(kind: Any) -> str:
 def _check_severity(severity: Any) -> int:
     if isinstance(severity, bool) or not isinstance(severity, numbers.Integral):
         raise TypeError(f"severity must be an int in 1..5, got {severity!r}")
-    if not 1 <= severity <= 5:
+    if not 1 <= int(severity) <= 5:
         raise ValueError(f"severity must be an int in 1..5, got {severity}")
     return int(severity)
 

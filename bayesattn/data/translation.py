@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import torch
@@ -188,8 +189,8 @@ def _translate_clause(
     if end != len(tokens):
         raise _untranslatable(tokens, end, "end of sentence")
 
-    finite = (de_finite, i + 1)
-    nonfinite = (de_verb, i + 2)
+    finite: tuple[str, int | None] = (cast(str, de_finite), i + 1)
+    nonfinite: tuple[str, int | None] = (cast(str, de_verb), i + 2)
     middle = adverb + [(article, i + 3), (de_noun, i + 4)]
     if subordinate:  # verb cluster at the end, finite verb last
         return [(de_subj, subj_pos), *middle, nonfinite, finite]

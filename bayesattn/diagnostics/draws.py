@@ -93,7 +93,7 @@ def _draws_parallel(
     pred, lp = _obs_terms(mtr, obs_name, y is not None)
     ll = _per_draw(lp, S, dim) if lp is not None else None
     if ll is not None and ll.shape[1] != x.shape[0]:
-        raise RuntimeError(f"log-likelihood has shape {tuple(lp.shape)}; expected (S, B)")
+        raise RuntimeError(f"log-likelihood has shape {tuple(ll.shape)}; expected (S, B)")
     return {n: mtr.nodes[n]["value"] for n in names}, pred, ll
 
 
