@@ -27,6 +27,7 @@ venv install: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check bayesattn tests benchmarks examples notebooks
+	$(VENV)/bin/mypy
 
 test: $(VENV)/.installed lint
 	BAYESATTN_EXPECT_ARVIZ_MAJOR=0 $(PY) -m pytest -q
