@@ -29,10 +29,10 @@ from torch import Tensor, nn
 
 from .. import functional as BF
 from .._validation import check_int, check_same_dtype
-from ..families import AttentionFamily, get_family
+from ..families import AttentionFamily, FamilyName, get_family
 from ..priors import KeyRelevancePrior, UniformPrior
 from .kernels import AttentionKernel, finish, get_kernel, kernel_attention
-from .modes import current_kl_collector, current_mode
+from .modes import AttentionMode, current_kl_collector, current_mode
 from .sampling import current_num_samples
 
 __all__ = ["BayesianMultiheadAttention", "linear"]
@@ -168,7 +168,7 @@ class BayesianMultiheadAttention(PyroModule):
         dtype=None,
         *,
         prior: KeyRelevancePrior | None = None,
-        posterior: AttentionFamily | str | None = None,
+        posterior: AttentionFamily | FamilyName | None = None,
         kernel: AttentionKernel | str | None = None,
     ) -> None:
         for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
@@ -357,7 +357,7 @@ class BayesianMultiheadAttention(PyroModule):
         """True when the layer has a posterior family over its attention weights."""
         return self.posterior is not None
 
-    def mode(self) -> str:
+    def mode(self) -> AttentionMode:
         """The effective mode: the context's (:func:`~bayesattn.nn.modes.attention_mode`) or the
         layer default (``"guide"`` with a family, ``"mean"`` without)."""
         if self.posterior is None:

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .. import priors as P
 from .._validation import check_int, check_real
-from ..families import get_family
+from ..families import FamilyName, get_family
 from .attention import BayesianMultiheadAttention, linear
 from .kernels import get_kernel
 
@@ -58,7 +58,7 @@ class AttentionConfig:
             options in ``kernel_kwargs``; see :mod:`bayesattn.nn.kernels`.
     """
 
-    posterior: str | None = None
+    posterior: FamilyName | None = None
     prior: str | Callable[[int, int], P.KeyRelevancePrior] = "uniform"
     layers: str | Sequence[int] = "all"
     which: Sequence[str] = ("self", "cross")
