@@ -67,7 +67,6 @@ _SUBMODULES = (
     "training",
     "lightning",
     "families",
-    "posteriors",  # deprecated alias of families (until 0.4)
 )
 
 #: top-level names renamed in 0.3 (old -> new), served with a DeprecationWarning until 0.4
@@ -109,7 +108,7 @@ __all__ = [
 
 def __getattr__(name: str):
     """Submodules are imported on first use (``bayesattn.diagnostics`` etc.)."""
-    if name in _SUBMODULES:
+    if name in _SUBMODULES or name == "posteriors":  # posteriors: deprecated, warns on import
         return importlib.import_module(f".{name}", __name__)
     if name in _RENAMED:
         from ._deprecation import warn_renamed

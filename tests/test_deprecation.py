@@ -37,7 +37,7 @@ def _tokens(B=5, T=4):
 
 
 def test_posteriors_module_is_a_warning_alias_of_families():
-    sys.modules.pop("bayesattn.posteriors", None)
+    _forget_posteriors_module()
     with pytest.warns(DeprecationWarning, match="bayesattn.families"):
         P = importlib.import_module("bayesattn.posteriors")
     assert P.DirichletWeights is F.DirichletWeights
@@ -217,3 +217,18 @@ def test_library_code_uses_no_deprecated_name():
         for mode in MODES:
             predict(net, _tokens(), 2, mode=mode)
         _s2s("weibull").generate(_tokens(2, 3), 2, num_samples=2)
+
+
+def _forget_posteriors_module():
+    sys.modules.pop("bayesattn.posteriors", None)
+    bayesattn.__dict__.pop("posteriors", None)  # set by an earlier import of the submodule
+
+
+def test_star_import_and_all_use_no_deprecated_name():
+    _forget_posteriors_module()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        exec("from bayesattn import *", {})
+    assert "AttentionPosterior" not in bayesattn.__all__ and "posteriors" not in bayesattn.__all__
+    with pytest.warns(DeprecationWarning, match="bayesattn.families"):
+        assert bayesattn.posteriors.DirichletWeights is F.DirichletWeights
