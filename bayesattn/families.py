@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from torch.distributions import Distribution, constraints
 from torch.distributions.kl import kl_divergence, register_kl
 
-from ._deprecation import renamed_kwargs, warn_renamed
+from ._deprecation import module_getattr, renamed_kwargs, warn_renamed
 from ._validation import check_float_tensor, check_int, check_no_nan, check_real, check_tensor
 from .functional import log_posterior_weights, posterior_weights
 
@@ -899,17 +899,10 @@ def get_family(
     return _FAMILIES[name](num_heads=num_heads, **kwargs)
 
 
-def __getattr__(name: str) -> Any:
-    """Deprecated names of this module (until 0.4)."""
-    if name in _RENAMED_NAMES:
-        warn_renamed(f"bayesattn.families.{name}", _RENAMED_NAMES[name], "name")
-        return globals()[_RENAMED_NAMES[name]]
-    raise AttributeError(f"module 'bayesattn.families' has no attribute {name!r}")
-
-
-#: module-level names renamed in 0.3 (old -> new)
+#: module-level names renamed in 0.3, served with a warning until 0.4: old -> (module, new)
 _RENAMED_NAMES = {
-    "AttentionPosterior": "AttentionFamily",
-    "get_posterior": "get_family",
-    "PRIOR_LOCATIONS": "MODEL_LOCATIONS",
+    "AttentionPosterior": ("bayesattn.families", "AttentionFamily"),
+    "get_posterior": ("bayesattn.families", "get_family"),
+    "PRIOR_LOCATIONS": ("bayesattn.families", "MODEL_LOCATIONS"),
 }
+__getattr__ = module_getattr("bayesattn.families", _RENAMED_NAMES)
