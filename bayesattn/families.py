@@ -468,15 +468,27 @@ class AttentionFamily(nn.Module):
 
     #: ``True``: :meth:`kl` uses the closed form registered with ``torch.distributions``
     analytic_kl: ClassVar[bool] = True
+    #: extension points a subclass defined under their old names (served under the new ones)
+    _legacy_methods: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        legacy = []
         for old, new in _RENAMED_METHODS.items():
             if old in cls.__dict__ and new not in cls.__dict__:
                 # a family written against the old extension points: serve it under the new names
                 warn_renamed(f"{cls.__name__}.{old}", f"{cls.__name__}.{new}", "method", 3)
                 setattr(cls, new, cls.__dict__[old])
-                delattr(cls, old)
+                legacy.append(new)
+        cls._legacy_methods = tuple(legacy)
+
+    def _inherited(self, new: str) -> Any:
+        """The first ``new`` method along the MRO that is not a legacy override, bound: what an
+        old-style ``super().posterior(...)`` call inside such an override means."""
+        for c in type(self).__mro__:
+            if new in c.__dict__ and new not in c.__dict__.get("_legacy_methods", ()):
+                return c.__dict__[new].__get__(self)
+        raise AttributeError(new)  # unreachable: AttentionFamily defines every extension point
 
     @renamed_kwargs(prior_location="model_location")
     def __init__(self, num_heads: int = 1, model_location: ModelLocation = "key_relevance") -> None:
@@ -621,19 +633,19 @@ class AttentionFamily(nn.Module):
     ) -> Distribution:
         """Deprecated: :meth:`guide`."""
         warn_renamed(f"{type(self).__name__}.posterior", "guide", "method")
-        return self.guide(logits, log_prior, query)
+        return self._inherited("guide")(logits, log_prior, query)
 
     def prior(self, log_prior: Tensor | None, like: Tensor, key: Tensor | None = None) -> Distribution:
         """Deprecated: :meth:`model`."""
         warn_renamed(f"{type(self).__name__}.prior", "model", "method")
-        return self.model(log_prior, like, key)
+        return self._inherited("model")(log_prior, like, key)
 
     def prior_log_location(
         self, log_prior: Tensor | None, logits: Tensor
     ) -> tuple[Tensor, Tensor | None]:
         """Deprecated: :meth:`model_log_location`."""
         warn_renamed(f"{type(self).__name__}.prior_log_location", "model_log_location", "method")
-        return self.model_log_location(log_prior, logits)
+        return self._inherited("model_log_location")(log_prior, logits)
 
     def kl(self, q_dist: Distribution, p_dist: Distribution, num_samples: int = 1) -> Tensor:
         r""":math:`\mathrm{KL}(q\|p)` per row ``(..., Tq)`` between a :meth:`guide` and a :meth:`model`

@@ -113,14 +113,14 @@ def test_a_family_written_against_the_old_extension_points_still_works_in_a_laye
     calls = []
     with pytest.warns(DeprecationWarning) as rec:
 
-        class OldStyle(F.DirichletWeights):  # overrides the old names only
+        class OldStyle(F.DirichletWeights):  # overrides the old names only, calls super()'s
             def posterior(self, logits, log_prior=None, query=None):
                 calls.append("posterior")
-                return super().guide(logits, log_prior, query)
+                return super().posterior(logits, log_prior, query)
 
             def prior(self, log_prior, like, key=None):
                 calls.append("prior")
-                return super().model(log_prior, like, key)
+                return super().prior(log_prior, like, key)
 
     assert sorted(str(w.message).split("'")[1] for w in rec) == ["OldStyle.posterior", "OldStyle.prior"]
     x = torch.randn(2, 4, 8)
@@ -130,6 +130,12 @@ def test_a_family_written_against_the_old_extension_points_still_works_in_a_laye
             tr = pyro.poutine.trace(m).get_trace(x, x, x)
         assert tr.nodes["latent"]["value"].shape == (2, 2, 4, 4)
     assert calls == ["posterior", "prior"]  # the layer reached the user's overrides
+    fam, logits = OldStyle(2), torch.randn(1, 2, 3, 4)
+    torch.manual_seed(3)
+    z = fam.posterior(logits).rsample()  # direct old-name call: the override, once
+    torch.manual_seed(3)
+    torch.testing.assert_close(z, F.DirichletWeights(2).guide(logits).rsample())
+    assert calls[2:] == ["posterior"]
 
 
 # ---- attention modes, prediction kinds ------------------------------------------------------
