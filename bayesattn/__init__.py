@@ -16,6 +16,13 @@ from __future__ import annotations
 import importlib
 
 from . import functional
+from .families import (
+    AttentionFamily,
+    ConcreteWeights,
+    DirichletWeights,
+    LogisticNormalWeights,
+    WeibullWeights,
+)
 from .interop.convert import convert, unconvert
 from .nn import (
     AttentionConfig,
@@ -33,13 +40,6 @@ from .nn import (
     collect_kl,
 )
 from .nn.sampling import num_samples
-from .posteriors import (
-    AttentionPosterior,
-    ConcreteWeights,
-    DirichletWeights,
-    LogisticNormalWeights,
-    WeibullWeights,
-)
 from .priors import (
     CausalPrior,
     ContextualPrior,
@@ -66,7 +66,11 @@ _SUBMODULES = (
     "cli",
     "training",
     "lightning",
+    "families",
 )
+
+#: top-level names renamed in 0.3 (old -> new), served with a DeprecationWarning until 0.4
+_RENAMED = {"AttentionPosterior": "AttentionFamily"}
 
 __all__ = [
     "functional",
@@ -77,7 +81,7 @@ __all__ = [
     "DistanceDecayPrior",
     "LearnedPrior",
     "ContextualPrior",
-    "AttentionPosterior",
+    "AttentionFamily",
     "DirichletWeights",
     "LogisticNormalWeights",
     "WeibullWeights",
@@ -104,6 +108,11 @@ __all__ = [
 
 def __getattr__(name: str):
     """Submodules are imported on first use (``bayesattn.diagnostics`` etc.)."""
-    if name in _SUBMODULES:
+    if name in _SUBMODULES or name == "posteriors":  # posteriors: deprecated, warns on import
         return importlib.import_module(f".{name}", __name__)
+    if name in _RENAMED:
+        from ._deprecation import warn_renamed
+
+        warn_renamed(f"bayesattn.{name}", f"bayesattn.{_RENAMED[name]}", "name")
+        return globals()[_RENAMED[name]]
     raise AttributeError(f"module 'bayesattn' has no attribute {name!r}")

@@ -21,7 +21,7 @@ returns the scores on that support only, as a :class:`ReducedSupport`:
 
 A :class:`ReducedSupport` carries the likelihood scores ``logits`` and the log-prior
 ``log_prior`` (``-inf`` on empty or masked slots) separately, so every posterior family of
-:mod:`bayesattn.posteriors` runs on it unchanged: the support *is* the key axis. Sampling a
+:mod:`bayesattn.families` runs on it unchanged: the support *is* the key axis. Sampling a
 family on the support equals sampling the dense family whose prior is restricted (``-inf``) to the
 same keys. :func:`support_attend` reads the values for weights on the support (with any leading
 sample dims), and :class:`SupportWeights` turns them back into a dense ``(…, Tq, Tk)`` matrix when

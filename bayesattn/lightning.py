@@ -119,10 +119,10 @@ def predictive_probs(
     was_training = network.training
     network.eval()
     try:
-        values = _draw_weights(network, "posterior", S)
+        values = _draw_weights(network, "guide", S)
         with (
             poutine.block(),
-            attention_mode("posterior"),
+            attention_mode("guide"),
             network.pyro_context,
             network.weights_from(values),
         ):

@@ -48,9 +48,10 @@ import torch
 from pyro import poutine
 from torch import Tensor, nn
 
+from ._deprecation import renamed_kwargs, warn_renamed
 from .functional import entropy, uncertainty_decomposition
 from .nn.attention import BayesianMultiheadAttention
-from .nn.modes import MODES, attention_mode
+from .nn.modes import AttentionMode, attention_mode, check_mode
 from .nn.networks import BayesianNetwork, Seq2Seq, TransformerClassifier
 
 __all__ = [
@@ -227,8 +228,9 @@ class PredictionResult:
         probs: ``(S, B, C)`` per-sample class probabilities :math:`p_s(c\mid x_b)`.
         attention: layer path → :class:`AttentionSamples` ``(S, B, H, Tq, Tk)`` (empty when
             ``keep_attention=False``).
-        mode: the attention mode the samples were drawn in (or ``"mc_dropout"``,
-            ``"ensemble/<mode>"``).
+        kind: how the samples were drawn: the attention mode (``"guide"``, ``"model"``,
+            ``"mean"``, ``"elbo"``), ``"mc_dropout"`` or ``"ensemble/<mode>"`` (formerly
+            ``mode``, a deprecated alias until 0.4).
         mask: for per-token predictives ``(S, B, T, V)``, the valid positions ``(B, T)``
             (``None``: all valid).
 
@@ -244,8 +246,14 @@ class PredictionResult:
 
     probs: Tensor
     attention: dict[str, AttentionSamples] = field(default_factory=dict)
-    mode: str = "posterior"
+    kind: str = "guide"
     mask: Tensor | None = None
+
+    @property
+    def mode(self) -> str:
+        """Deprecated: :attr:`kind`."""
+        warn_renamed("PredictionResult.mode", "kind", "attribute")
+        return self.kind
 
     def __post_init__(self) -> None:
         if not isinstance(self.probs, Tensor):
@@ -430,7 +438,11 @@ def _sample_foreign(
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if S != num_samples:
         probs = probs.expand((num_samples,) + probs.shape[1:])
-    return PredictionResult(probs=probs, mode=mode)
+    return PredictionResult(probs=probs, kind=mode)
+
+
+# ``PredictionResult(mode=...)``: the field is ``kind`` since 0.3 (deprecated alias until 0.4)
+PredictionResult.__init__ = renamed_kwargs(mode="kind")(PredictionResult.__init__)  # type: ignore[method-assign]
 
 
 def _check_network(network: Any) -> BayesianNetwork:
@@ -462,13 +474,13 @@ def _check_targets(net: BayesianNetwork, x: Tensor, y: Tensor | None) -> None:
 
 def _draw_weights(network: BayesianNetwork, mode: str, num_samples: int) -> dict | None:
     """Projection weights for the ``S`` samples: ``(S, *shape)`` draws from the weight guide
-    (``"posterior"``/``"elbo"``) or the weight prior (``"prior"``); the posterior median in
+    (``"guide"``/``"elbo"``) or the projection prior (``"model"``); the guide's median in
     ``"mean"`` mode (as :meth:`BayesianNetwork.forward`); ``None`` without Bayesian weights."""
     if network.weight_guide is None:
         return None
     if mode == "mean":
         return network.weight_guide.median()
-    fn = network.weight_prior_model if mode == "prior" else network.weight_guide
+    fn = network.weight_prior_model if mode == "model" else network.weight_guide
     with poutine.block():
         if num_samples == 1:
             values = fn()  # (*shape)
@@ -546,8 +558,7 @@ def _sample_predictive(
     net = _check_network(network)
     _check_int("num_samples", num_samples)
     _check_int("batch_size", batch_size, allow_none=True)
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
+    mode = check_mode(mode)
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor; got {type(x).__name__}")
     _check_targets(net, x, y)
@@ -600,7 +611,7 @@ def _sample_predictive(
     }
     mask = _predictive_mask(net, x, y)
     return PredictionResult(
-        probs=probs, attention=attention, mode="mc_dropout" if dropout else mode, mask=mask
+        probs=probs, attention=attention, kind="mc_dropout" if dropout else mode, mask=mask
     )
 
 
@@ -610,7 +621,7 @@ def predict(
     num_samples: int = 32,
     batch_size: int | None = None,
     progress: bool = False,
-    mode: str = "posterior",
+    mode: AttentionMode = "guide",
     keep_attention: bool = True,
     *,
     y: Tensor | None = None,
@@ -627,10 +638,10 @@ def predict(
     baselines) run through the same code.
 
     Each sample :math:`s` runs the network with attention weights drawn in ``mode`` (the amortised
-    posterior :math:`q(w\mid x)` by default; ``"prior"``; ``"mean"`` for the deterministic posterior
-    mean) and, if the network has Bayesian projections, with projection weights
+    guide :math:`q(w\mid x)` by default; ``"model"``: the weight model; ``"mean"``: the deterministic
+    exact-posterior weights) and, if the network has Bayesian projections, with projection weights
     :math:`\theta_s \sim q(\theta)` (one draw per sample shared by all inputs and batches; the
-    weight *prior* in ``"prior"`` mode, the guide's median in ``"mean"`` mode). The ``S`` samples
+    projection prior in ``"model"`` mode, the guide's median in ``"mean"`` mode). The ``S`` samples
     travel as a leading particle dim (``forward(x, num_particles=S)``), entering a classifier just
     before its first random layer (the computation before it is shared), sampled weights
     broadcasting through :func:`bayesattn.nn.attention.linear` (which is why
@@ -650,8 +661,9 @@ def predict(
         num_samples: ``S >= 1``.
         batch_size: split ``x`` into chunks of at most this many inputs (``None``: one chunk).
         progress: show a ``tqdm`` bar over the chunks.
-        mode: ``"posterior"`` (default), ``"prior"``, ``"mean"`` or ``"elbo"`` (posterior draws
-            without Pyro sites); see :mod:`bayesattn.nn.modes`.
+        mode: the attention mode: ``"guide"`` (default), ``"model"``, ``"mean"`` or ``"elbo"``
+            (guide draws without Pyro sites); see :mod:`bayesattn.nn.modes`. ``"posterior"`` and
+            ``"prior"`` are deprecated spellings of ``"guide"`` and ``"model"``.
         keep_attention: record every attention layer's weights.
         y: target sequences for a ``Seq2Seq`` (BOS first); not used by other networks.
         forward, temperature, vectorised: for a **model we did not write** (any ``nn.Module``
@@ -668,11 +680,10 @@ def predict(
         ``probs (S, B, C)`` (``(S, B, T, V)`` for sequence models), attention
         ``(S, B, H, Tq, Tk)`` per layer.
     """
+    mode = check_mode(mode, stacklevel=4)
     if isinstance(network, nn.Module) and not isinstance(network, BayesianNetwork):
         _check_int("num_samples", num_samples)
         _check_int("batch_size", batch_size, allow_none=True)
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
         if y is not None:
             raise ValueError("y is only used by Seq2Seq networks; got y for a foreign model")
         return _sample_foreign(
@@ -713,13 +724,14 @@ def predict_ensemble(
     batch_size: int | None = None,
     *,
     y: Tensor | None = None,
-    mode: str = "mean",
+    mode: AttentionMode = "mean",
     num_samples: int = 1,
 ) -> PredictionResult:
     r"""Deep ensemble (Lakshminarayanan et al., 2017): ``M`` independently trained networks, each
     run through :func:`predict` (``num_samples`` draws each in ``mode``; deterministic
-    posterior-mean attention by default); the samples of all members are stacked,
+    exact-posterior attention, ``"mean"``, by default); the samples of all members are stacked,
     ``probs (M·S, B, ..., C)``, and the decomposition reads member disagreement as epistemic."""
+    mode = check_mode(mode, stacklevel=4)
     if isinstance(networks, BayesianNetwork) or not isinstance(networks, Sequence):
         raise TypeError(
             f"networks must be a sequence of BayesianNetworks; got {type(networks).__name__}"
@@ -735,4 +747,4 @@ def predict_ensemble(
         _sample_predictive(n, x, y, num_samples, batch_size, False, mode, False) for n in networks
     ]
     probs = torch.cat([r.probs[: (num_samples if mode != "mean" else 1)] for r in results])
-    return PredictionResult(probs=probs, mode=f"ensemble/{mode}", mask=results[0].mask)
+    return PredictionResult(probs=probs, kind=f"ensemble/{mode}", mask=results[0].mask)

@@ -61,7 +61,7 @@ def run_case(method: str, path: str, T: int, E: int, H: int, repeats: int) -> di
     x = torch.randn(1, T, E)
 
     def call():
-        with torch.no_grad(), attention_mode("posterior" if fam else "mean"):
+        with torch.no_grad(), attention_mode("guide" if fam else "mean"):
             if path == "mean":
                 return m(x, x, x, need_weights=False)
             if path == "weights":

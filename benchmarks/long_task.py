@@ -115,7 +115,7 @@ def run_kind(kind: str, args) -> dict:
         for s in range(0, len(test), args.batch):
             xb = test.x[s : s + args.batch]
             if args.family:
-                with attention_mode("posterior"):
+                with attention_mode("guide"):
                     p = net(xb, num_particles=args.samples).softmax(-1).mean(0)
             else:
                 p = net(xb).softmax(-1)

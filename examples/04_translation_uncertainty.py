@@ -151,7 +151,7 @@ def main() -> None:
     src, tgt = test.src[:1], test.tgt[:1]
     layer.record_weights = True
     try:
-        with torch.no_grad(), attention_mode("posterior"):
+        with torch.no_grad(), attention_mode("guide"):
             net(src, tgt, num_particles=max(S, 16))
         w = layer.last_weights.mean(-3)  # (S, 1, Tt-1, Ts): averaged over heads
     finally:

@@ -98,8 +98,8 @@ def classify(case: Case) -> tuple[str, str]:
 
 def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
     import bayesattn as ba
+    from bayesattn import families as PO
     from bayesattn import functional as F
-    from bayesattn import posteriors as PO
     from bayesattn import priors as P
 
     cases: list[Case] = []
@@ -221,43 +221,43 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
     for fname, cls in fams.items():
         for nm, val in bad_ints.items():
             add(f"{fname}/num_heads {nm}", lambda cls=cls, val=val: cls(val))
-        add(f"{fname}/nan logits", lambda cls=cls: cls(2).posterior(torch.full_like(logits, nan)))
-        add(f"{fname}/+inf logits", lambda cls=cls: cls(2).posterior(torch.full_like(logits, inf)))
-        add(f"{fname}/3-d logits", lambda cls=cls: cls(2).posterior(logits[0]).rsample(), "either")
-        add(f"{fname}/list logits", lambda cls=cls: cls(2).posterior([[1.0]]))
-        add(f"{fname}/int logits", lambda cls=cls: cls(2).posterior(logits.long()))
-        add(f"{fname}/prior mask shape", lambda cls=cls: cls(2).posterior(
+        add(f"{fname}/nan logits", lambda cls=cls: cls(2).guide(torch.full_like(logits, nan)))
+        add(f"{fname}/+inf logits", lambda cls=cls: cls(2).guide(torch.full_like(logits, inf)))
+        add(f"{fname}/3-d logits", lambda cls=cls: cls(2).guide(logits[0]).rsample(), "either")
+        add(f"{fname}/list logits", lambda cls=cls: cls(2).guide([[1.0]]))
+        add(f"{fname}/int logits", lambda cls=cls: cls(2).guide(logits.long()))
+        add(f"{fname}/prior mask shape", lambda cls=cls: cls(2).guide(
             logits, torch.zeros(2, 2, 3, 4)))
         add(f"{fname}/kl Tk mismatch", lambda cls=cls: cls(2).kl(
-            cls(2).posterior(logits), cls(2).prior(None, torch.zeros(2, 2, 3, 4))))
+            cls(2).guide(logits), cls(2).model(None, torch.zeros(2, 2, 3, 4))))
         add(f"{fname}/kl ok", lambda cls=cls: cls(2).kl(
-            cls(2).posterior(logits), cls(2).prior(None, logits)), "ok")
+            cls(2).guide(logits), cls(2).model(None, logits)), "ok")
 
         def weights_ok(cls=cls):
             fam = cls(2)
             lp = torch.zeros(2, 2, 3, 5)
             lp[..., -2:] = -inf
-            d = fam.posterior(logits, lp, query=torch.randn(2, 2, 3, 4))
+            d = fam.guide(logits, lp, query=torch.randn(2, 2, 3, 4))
             w = fam.to_weights(d.rsample(), (logits + lp) > -inf)
             return w
 
         add(f"{fname}/masked weights", weights_ok, "ok",
             lambda w: bool(torch.allclose(w.sum(-1), torch.ones(())) and (w[..., -2:] == 0).all()))
-        add(f"{fname}/num_heads mismatch", lambda cls=cls: cls(3).posterior(logits))
+        add(f"{fname}/num_heads mismatch", lambda cls=cls: cls(3).guide(logits))
     add("dirichlet/init_concentration 0", lambda: PO.DirichletWeights(2, init_concentration=0.0))
-    add("dirichlet/prior_concentration nan", lambda: PO.DirichletWeights(2, prior_concentration=nan))
+    add("dirichlet/model_concentration nan", lambda: PO.DirichletWeights(2, model_concentration=nan))
     add("logistic_normal/init_scale -1", lambda: PO.LogisticNormalWeights(2, init_scale=-1.0))
     add("logistic_normal/input_dependent no dim",
         lambda: PO.LogisticNormalWeights(2, input_dependent=True))
     add("logistic_normal/input_dependent no query",
-        lambda: PO.LogisticNormalWeights(2, input_dependent=True, head_dim=4).posterior(logits))
+        lambda: PO.LogisticNormalWeights(2, input_dependent=True, head_dim=4).guide(logits))
     add("weibull/init_shape 0", lambda: PO.WeibullWeights(2, init_shape=0.0))
     add("concrete/temperature inf", lambda: PO.ConcreteWeights(2, temperature=inf))
 
     def weibull_small(shape):
         torch.manual_seed(0)
         fam = PO.WeibullWeights(2, init_shape=shape)
-        d = fam.posterior(logits * 3)
+        d = fam.guide(logits * 3)
         return fam.to_weights(d.rsample((64,)), None)
 
     for shape in (0.01, 0.05, 0.2):
@@ -268,13 +268,13 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
         fam = PO.WeibullWeights(2)
         with torch.no_grad():
             fam.log_shape.fill_(-8.0)  # what one SVI step at a large LR did
-        d = fam.posterior(logits * 3)
-        return fam.to_weights(d.rsample((64,)), None), fam.kl(d, fam.prior(None, logits))
+        d = fam.guide(logits * 3)
+        return fam.to_weights(d.rsample((64,)), None), fam.kl(d, fam.model(None, logits))
 
     add("weibull/shape driven small", weibull_driven, "ok")
-    add("get_posterior/unknown", lambda: PO.get_posterior("gauss", 2))
-    add("get_posterior/typo kwarg", lambda: PO.get_posterior("dirichlet", 2, init_conc=3.0))
-    add("get_posterior/non-str", lambda: PO.get_posterior(3, 2))
+    add("get_family/unknown", lambda: PO.get_family("gauss", 2))
+    add("get_family/typo kwarg", lambda: PO.get_family("dirichlet", 2, init_conc=3.0))
+    add("get_family/non-str", lambda: PO.get_family(3, 2))
 
     # ---- BayesianMultiheadAttention -------------------------------------------------------------
     MHA = ba.BayesianMultiheadAttention

@@ -172,12 +172,12 @@ def test_sites_model_guide_and_predictive():
     x = torch.randn(3, 5, E)
 
     def model():
-        with attention_mode("prior"), pyro.plate("data", 3):
+        with attention_mode("model"), pyro.plate("data", 3):
             y, _ = m(x, x, x)
             pyro.sample("obs", pyro.distributions.Normal(y.sum((-1, -2)), 1.0), obs=torch.zeros(3))
 
     def guide():
-        with attention_mode("posterior"), pyro.plate("data", 3):
+        with attention_mode("guide"), pyro.plate("data", 3):
             m(x, x, x)
 
     tr = poutine.trace(guide).get_trace()

@@ -91,7 +91,7 @@ def test_decoder_is_causal_and_sample_dims_flow():
     x2[:, 3:] = torch.randn(2, 2, 16)  # changing the future leaves the past unchanged
     torch.testing.assert_close(dec(x2)[:, :3], y[:, :3])
     bdec = Decoder(16, 4, 1, AttentionConfig(posterior="dirichlet"), dim_feedforward=8)
-    with attention_mode("posterior"):
+    with attention_mode("guide"):
         out = bdec(torch.randn(7, 2, 3, 16), torch.randn(7, 2, 4, 16))
     assert out.shape == (7, 2, 3, 16)
 

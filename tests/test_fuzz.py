@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bayesattn as ba
+from bayesattn import families as PO
 from bayesattn import functional as F
 from bayesattn import inference as I
-from bayesattn import posteriors as PO
 from bayesattn.nn import AttentionConfig, attention_mode
 
 FUZZ = settings(
@@ -93,7 +93,7 @@ families = st.sampled_from([None, "dirichlet", "logistic_normal", "weibull", "co
     where=st.sampled_from(["query", "key", "value"]),
     mask=st.sampled_from([None, "padding", "float", "causal", "all"]),
     num_samples=st.one_of(st.none(), st.integers(0, 3), st.just(2.0), st.just(True)),
-    mode=st.sampled_from([None, "mean", "posterior", "prior"]),
+    mode=st.sampled_from([None, "mean", "guide", "model"]),
     batch_first=st.booleans(),
 )
 def test_attention_layer_fuzz(
@@ -190,7 +190,7 @@ def test_posterior_families_fuzz(family, H, Tk, scale, masked, hyper, log_shape)
         "weibull": {"init_shape": hyper},
         "concrete": {"temperature": hyper},
     }[family]
-    kind, fam = _run(lambda: PO.get_posterior(family, H, 4, **kw))
+    kind, fam = _run(lambda: PO.get_family(family, H, 4, **kw))
     if kind == "error":  # only the Weibull shape below its float32-safe bound is refused
         assert family == "weibull" and hyper < PO.WeibullWeights.MIN_SHAPE
         return
@@ -200,8 +200,8 @@ def test_posterior_families_fuzz(family, H, Tk, scale, masked, hyper, log_shape)
     logits = torch.randn(2, H, 3, Tk) * scale
     lp = torch.zeros(2, H, 3, Tk).masked_fill(torch.rand(2, H, 3, Tk) < masked, float("-inf"))
     allowed = (logits + lp) > float("-inf")
-    q = fam.posterior(logits, lp, query=torch.randn(2, H, 3, 4))
-    p = fam.prior(lp, logits)
+    q = fam.guide(logits, lp, query=torch.randn(2, H, 3, 4))
+    p = fam.model(lp, logits)
     w = fam.to_weights(q.rsample((4,)), allowed)
     assert _finite(w), f"{family}: non-finite weights"
     s = w.sum(-1)
@@ -367,10 +367,10 @@ def test_weibull_shape_is_bounded_and_never_nan():
         fam.log_shape.fill_(-20.0)
     assert torch.equal(fam.shape_k, torch.full((2,), fam.min_shape))
     logits = torch.randn(64, 2, 8, 8) * 5
-    q = fam.posterior(logits)
+    q = fam.guide(logits)
     w = fam.to_weights(q.rsample((16,)), None)
     assert _finite(w) and torch.allclose(w.sum(-1), torch.ones(()))
-    assert _finite(fam.kl(q, fam.prior(None, logits)))
+    assert _finite(fam.kl(q, fam.model(None, logits)))
 
 
 def test_num_samples_gives_a_sample_dim_in_every_mode():

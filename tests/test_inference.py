@@ -104,7 +104,7 @@ def test_seq2seq_learns_reverse_and_is_uncertain_out_of_distribution():
     torch.manual_seed(0)
     # a wider logistic-normal prior (σ0 = 3): under the default σ0 = 1 the KL price of sharp
     # cross-attention outweighs the likelihood of a 5-token sequence and reverse is not learned
-    att = AttentionConfig(posterior="logistic_normal", posterior_kwargs={"prior_scale": 3.0})
+    att = AttentionConfig(posterior="logistic_normal", posterior_kwargs={"model_scale": 3.0})
     net = Seq2Seq(
         V,
         V,

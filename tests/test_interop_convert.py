@@ -12,8 +12,8 @@ from torch import nn
 
 import bayesattn
 from bayesattn import BayesianMultiheadAttention, attention_mode
+from bayesattn.families import DirichletWeights
 from bayesattn.interop import bayesian_attention_modules, convert, unconvert
-from bayesattn.posteriors import DirichletWeights
 from bayesattn.priors import DistanceDecayPrior
 
 E, H = 16, 4
@@ -85,11 +85,11 @@ def test_converted_foreign_model_trains_with_pyro_svi():
     x, y = torch.randn(8, 5, E), torch.randint(0, 3, (8,))
 
     def pmodel(x, y):
-        with attention_mode("prior"), pyro.plate("data", x.shape[0]):
+        with attention_mode("model"), pyro.plate("data", x.shape[0]):
             pyro.sample("obs", dist.Categorical(logits=model(x)), obs=y)
 
     def guide(x, y):
-        with attention_mode("posterior"), pyro.plate("data", x.shape[0]):
+        with attention_mode("guide"), pyro.plate("data", x.shape[0]):
             model(x)
 
     before = {k: v.clone() for k, v in model.state_dict().items()}

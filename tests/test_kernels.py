@@ -15,6 +15,7 @@ from torch import nn
 
 from bayesattn import BayesianMultiheadAttention, LocalWindowPrior, attention_mode, collect_kl
 from bayesattn import functional as BF
+from bayesattn.families import get_family
 from bayesattn.kernels import (
     SupportWeights,
     chunk_log_prior,
@@ -29,7 +30,6 @@ from bayesattn.kernels import (
 from bayesattn.nn.blocks import AttentionConfig
 from bayesattn.nn.kernels import LocalKernel, LowRankKernel, TopKKernel, get_kernel
 from bayesattn.nn.networks import TransformerClassifier
-from bayesattn.posteriors import get_posterior
 from bayesattn.priors import DistanceDecayPrior
 
 FAMILIES = ["dirichlet", "logistic_normal", "weibull", "concrete"]
@@ -240,16 +240,16 @@ def _scatter(latent_red: torch.Tensor, s, like: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["local", "topk"])
 def test_family_on_support_is_the_dense_family_restricted_to_it(family, kind):
     torch.manual_seed(0)
-    fam = get_posterior(family, num_heads=2, head_dim=8)
+    fam = get_family(family, num_heads=2, head_dim=8)
     q, logits, restricted, s = _dense_and_reduced(kind)
     allowed = s.allowed()
-    for side in ("posterior", "prior"):
-        if side == "posterior":
-            d_red = fam.posterior(s.logits, s.log_prior.expand_as(s.logits), query=q)
-            d_den = fam.posterior(logits, restricted, query=q)
+    for side in ("guide", "model"):
+        if side == "guide":
+            d_red = fam.guide(s.logits, s.log_prior.expand_as(s.logits), query=q)
+            d_den = fam.guide(logits, restricted, query=q)
         else:
-            d_red = fam.prior(s.log_prior.expand_as(s.logits), s.logits)
-            d_den = fam.prior(restricted, logits)
+            d_red = fam.model(s.log_prior.expand_as(s.logits), s.logits)
+            d_den = fam.model(restricted, logits)
         lat = d_red.rsample((50,))  # (50, 1, 2, 9, K)
         w = fam.to_weights(lat, allowed)
         torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-5, rtol=0)
@@ -262,18 +262,18 @@ def test_family_on_support_is_the_dense_family_restricted_to_it(family, kind):
         w_dense = fam.to_weights(lat_dense, restricted.expand_as(logits) > float("-inf"))
         torch.testing.assert_close(_scatter(w, s, logits), w_dense, atol=1e-5, rtol=0)
     if fam.analytic_kl:
-        p_red = fam.prior(s.log_prior.expand_as(s.logits), s.logits)
-        q_red = fam.posterior(s.logits, s.log_prior.expand_as(s.logits), query=q)
+        p_red = fam.model(s.log_prior.expand_as(s.logits), s.logits)
+        q_red = fam.guide(s.logits, s.log_prior.expand_as(s.logits), query=q)
         kl_red = fam.kl(q_red, p_red)
-        kl_den = fam.kl(fam.posterior(logits, restricted, query=q), fam.prior(restricted, logits))
+        kl_den = fam.kl(fam.guide(logits, restricted, query=q), fam.model(restricted, logits))
         torch.testing.assert_close(kl_red, kl_den, atol=1e-3, rtol=1e-4)
 
 
 def test_dirichlet_mean_on_support_is_the_exact_restricted_posterior():
     torch.manual_seed(1)  # E[w] = p̄ exactly for the Dirichlet family: a distributional check
-    fam = get_posterior("dirichlet", num_heads=2)
+    fam = get_family("dirichlet", num_heads=2)
     _, _, _, s = _dense_and_reduced("topk")
-    d = fam.posterior(s.logits, s.log_prior.expand_as(s.logits))
+    d = fam.guide(s.logits, s.log_prior.expand_as(s.logits))
     w = fam.to_weights(d.rsample((4000,)), s.allowed()).mean(0)
     torch.testing.assert_close(w, s.posterior_weights(), atol=0.02, rtol=0)
 
@@ -285,7 +285,7 @@ def test_layer_samples_on_support_in_every_mode(family, kernel):
     kern = get_kernel(kernel, **({"max_len": 32} if kernel == "lowrank" else {}))
     m = BayesianMultiheadAttention(16, 4, batch_first=True, posterior=family, kernel=kern)
     x = torch.randn(2, 20, 16)
-    for mode in ("posterior", "prior"):
+    for mode in ("guide", "model"):
         with attention_mode(mode):
             tr = pyro.poutine.trace(lambda: m(x, x, x, num_samples=3)).get_trace()
         y, w = tr.nodes["_RETURN"]["value"]

@@ -247,7 +247,7 @@ def test_prior_predictive_matches_closed_form():
     bayesian_projections(net, targets="head.weight", prior_scale=s)
     assert [name for _, _, name in net.weight_sites()] == ["head.weight"]
     x = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.3, 0.1]])
-    p = predict(net, x, num_samples=S, mode="prior").probs  # (S, 2, 2)
+    p = predict(net, x, num_samples=S, mode="model").probs  # (S, 2, 2)
     diff = (p[..., 1].log() - p[..., 0].log()).double()  # (S, 2)
     b = net.head.bias.detach().double()
     mean, var = b[1] - b[0], 2 * s**2 * x.double().pow(2).sum(-1)  # (2,)

@@ -41,7 +41,7 @@ def test_deterministic_forward_is_repeatable_and_stochastic_differs():
     torch.testing.assert_close(net(x), net(x))
     from bayesattn.nn.modes import attention_mode
 
-    with attention_mode("posterior"):
+    with attention_mode("guide"):
         assert not torch.allclose(net(x), net(x))
 
 

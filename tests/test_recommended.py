@@ -7,12 +7,12 @@ import torch
 from pyro import poutine
 from pyro.infer import SVI, Trace_ELBO
 
+from bayesattn.families import DirichletWeights, LogisticNormalWeights, WeibullWeights
 from bayesattn.inference import fit
 from bayesattn.nn.blocks import AttentionConfig
 from bayesattn.nn.modes import attention_mode
 from bayesattn.nn.networks import CausalLM, Seq2Seq, TransformerClassifier, VisionTransformer
 from bayesattn.nn.weights import bayesian_projections
-from bayesattn.posteriors import DirichletWeights, LogisticNormalWeights, WeibullWeights
 from bayesattn.uncertainty import predict, predict_ensemble, predict_mc_dropout
 
 SMALL = dict(d_model=8, nhead=2, dim_feedforward=16, dropout=0.0)
@@ -29,29 +29,29 @@ def _vit(attention=None, num_layers=2, **kw):
 
 
 def test_logistic_normal_attention_centred_kl_is_closed_form_spread_only():
-    fam = LogisticNormalWeights(2, init_scale=0.3, prior_scale=1.2, prior_location="attention")
+    fam = LogisticNormalWeights(2, init_scale=0.3, model_scale=1.2, model_location="attention")
     logits = torch.randn(3, 2, 4, 5)
-    q = fam.posterior(logits)
-    p = fam.prior(None, logits)
+    q = fam.guide(logits)
+    p = fam.model(None, logits)
     kl = fam.kl(q, p)  # (3, 2, 4)
     r = (0.3 / 1.2) ** 2
     expected = 5 * 0.5 * (r - 1 - torch.log(torch.tensor(r)))  # 5 keys, same location
     torch.testing.assert_close(kl, expected.expand_as(kl), rtol=1e-4, atol=1e-5)
     # and it does not depend on where the attention looks
-    kl2 = fam.kl(fam.posterior(10 * logits), fam.prior(None, 10 * logits))
+    kl2 = fam.kl(fam.guide(10 * logits), fam.model(None, 10 * logits))
     torch.testing.assert_close(kl2, kl, rtol=1e-4, atol=1e-5)
     # the default (key relevance) prior charges a sharp attention row for its location
-    base = LogisticNormalWeights(2, init_scale=0.3, prior_scale=1.2)
-    assert (base.kl(base.posterior(10 * logits), base.prior(None, 10 * logits)) > kl2 + 1).all()
+    base = LogisticNormalWeights(2, init_scale=0.3, model_scale=1.2)
+    assert (base.kl(base.guide(10 * logits), base.model(None, 10 * logits)) > kl2 + 1).all()
 
 
 @pytest.mark.parametrize("family", [DirichletWeights, WeibullWeights])
 def test_attention_centred_prior_means_equal_the_exact_posterior(family):
-    fam = family(2, prior_location="attention")
+    fam = family(2, model_location="attention")
     logits = torch.randn(2, 2, 3, 6)
     mask = torch.zeros(2, 1, 3, 6)
     mask[..., -1] = float("-inf")  # a masked key stays masked under the prior too
-    p = fam.prior(mask, logits)
+    p = fam.model(mask, logits)
     exact = torch.softmax(logits + mask, -1)
     mean = torch.where(p.allowed, p.mean, torch.zeros_like(p.mean))
     mean = mean / mean.sum(-1, keepdim=True)  # Gamma: unnormalised weights with mean m
@@ -60,19 +60,19 @@ def test_attention_centred_prior_means_equal_the_exact_posterior(family):
 
 def test_dirichlet_attention_centred_kl_is_zero_at_the_prior_concentration():
     fam = DirichletWeights(
-        2, init_concentration=3.0, prior_concentration=3.0, prior_location="attention"
+        2, init_concentration=3.0, model_concentration=3.0, model_location="attention"
     )
     logits = torch.randn(2, 2, 3, 6)
-    kl = fam.kl(fam.posterior(logits), fam.prior(None, logits))
+    kl = fam.kl(fam.guide(logits), fam.model(None, logits))
     torch.testing.assert_close(kl, torch.zeros_like(kl), atol=2e-4, rtol=0)
 
 
 def test_prior_location_is_validated():
-    with pytest.raises(ValueError, match="prior_location"):
-        DirichletWeights(2, prior_location="keys")
+    with pytest.raises(ValueError, match="model_location"):
+        DirichletWeights(2, model_location="keys")
     cfg = AttentionConfig.recommended(layers="all")
     assert cfg.layers == "all" and cfg.posterior == "logistic_normal"
-    assert cfg.posterior_kwargs["prior_location"] == "attention"
+    assert cfg.posterior_kwargs["model_location"] == "attention"
 
 
 # ---- shared trunk, CLS-only last layer ---------------------------------------------------------
@@ -94,7 +94,7 @@ def test_samples_share_the_trunk_and_equal_the_unshared_computation(monkeypatch)
     x = torch.rand(3, 4, 4)
     with attention_mode("mean"):
         assert net.first_stochastic_layer() == 2
-    with attention_mode("posterior"):
+    with attention_mode("guide"):
         assert net.first_stochastic_layer() == 1
         torch.manual_seed(3)
         shared = net._forward_logits(x, None, 6)  # (6, 3, C)
@@ -235,7 +235,7 @@ def test_mc_dropout_baseline():
     net = _vit(None, dropout=0.3).eval()
     x = torch.rand(6, 4, 4)
     r = predict_mc_dropout(net, x, 8)
-    assert r.mode == "mc_dropout" and r.probs.shape == (8, 6, 4)
+    assert r.kind == "mc_dropout" and r.probs.shape == (8, 6, 4)
     assert r.mutual_information.mean() > 0
     assert all(not m.training for m in net.modules())  # flags restored
     still = predict_mc_dropout(_vit(None, dropout=0.0), x, 8)

@@ -132,7 +132,7 @@ def test_trained_network_is_less_uncertain_in_distribution():
     x_in, y_in = _has_token3(128, gt)
     x_ood, _ = _has_token3(128, gt, low=1)  # tokens 1, 2 never seen in training
     post = predict(net, x_in, num_samples=32)
-    prior = predict(net, x_in, num_samples=32, mode="prior")
+    prior = predict(net, x_in, num_samples=32, mode="model")
     ood = predict(net, x_ood, num_samples=32)
     assert (post.predictions == y_in).float().mean() > 0.95
     mi_in = post.mutual_information.mean()
@@ -222,7 +222,7 @@ def test_bayesian_projections_give_epistemic_uncertainty_without_bayesian_attent
     med = predict(net, x, num_samples=3, mode="mean")
     torch.testing.assert_close(med.mean_probs, torch.softmax(net(x), -1))
     assert med.mutual_information.abs().max() < 1e-6
-    prior = predict(net, x, num_samples=4, mode="prior")
+    prior = predict(net, x, num_samples=4, mode="model")
     assert prior.probs.shape == (4, 5, 3)
 
 
@@ -246,7 +246,7 @@ def test_vectorised_weight_samples_match_sequential_runs(guide):
     net = _clf(posterior=None).eval()
     bayesian_projections(net, init_scale=0.1, guide=guide)
     x = _tokens()
-    values = _draw_weights(net, "posterior", 3)
+    values = _draw_weights(net, "guide", 3)
     assert all(v.shape[0] == 3 for v in values.values())
     assert not torch.equal(*[v[:2] for v in values.values()][0])
 

@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 
 from torch import nn
 
+from ..families import AttentionFamily, get_family
 from ..nn.attention import BayesianMultiheadAttention
-from ..posteriors import AttentionPosterior, get_posterior
 from ..priors import KeyRelevancePrior
 
 __all__ = ["convert", "unconvert", "bayesian_attention_modules"]
@@ -72,8 +72,8 @@ def _build(spec, kind: str, path: str, mha: nn.Module):
     if isinstance(spec, str):
         if kind == "prior":
             raise TypeError("prior must be a KeyRelevancePrior, a callable or None; got a str")
-        return get_posterior(spec, num_heads=H, head_dim=Dh)
-    if isinstance(spec, (AttentionPosterior, KeyRelevancePrior)):
+        return get_family(spec, num_heads=H, head_dim=Dh)
+    if isinstance(spec, (AttentionFamily, KeyRelevancePrior)):
         return copy.deepcopy(spec)
     if callable(spec):
         return spec(path, mha)
@@ -93,7 +93,7 @@ def _name_sites(layer: BayesianMultiheadAttention, path: str) -> None:
 
 def convert(
     model: nn.Module,
-    posterior: str | AttentionPosterior | Callable | None = None,
+    posterior: str | AttentionFamily | Callable | None = None,
     prior: KeyRelevancePrior | Callable | None = None,
     layers: LayerSelector = "all",
 ) -> nn.Module:
@@ -103,8 +103,8 @@ def convert(
         model: any ``nn.Module`` (or an ``nn.MultiheadAttention`` itself, then a new module is
             returned).
         posterior: family name (``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
-            ``"concrete"``), an :class:`~bayesattn.posteriors.AttentionPosterior` (deep-copied
-            per layer), a callable ``(path, mha) -> AttentionPosterior | None``, or ``None``
+            ``"concrete"``), an :class:`~bayesattn.families.AttentionFamily` (deep-copied
+            per layer), a callable ``(path, mha) -> AttentionFamily | None``, or ``None``
             (deterministic drop-ins).
         prior: a :class:`~bayesattn.priors.KeyRelevancePrior` (deep-copied per layer), a callable
             ``(path, mha) -> KeyRelevancePrior | None``, or ``None`` (uniform: outputs unchanged).

@@ -13,7 +13,7 @@ Per attention module and query :math:`i`, with transformers' own scores
 
 * ``"mean"`` mode: :math:`w_i = \operatorname{softmax}(\ell_i + m_i)`, exactly transformers'
   eager attention (the model's own output);
-* ``"posterior"``/``"prior"``/``"elbo"`` modes: :math:`w_i` drawn from the module's posterior family
+* ``"guide"``/``"model"``/``"elbo"`` modes: :math:`w_i` drawn from the module's family
   :math:`q(w_i\mid\ell_i, \log\pi_i)` (or its prior), masked keys (``m_{ij}`` at the dtype's
   minimum) getting zero weight, exactly as in :class:`~bayesattn.nn.attention.BayesianMultiheadAttention`.
 
@@ -38,9 +38,9 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as BF
+from ..families import AttentionFamily, get_family
 from ..nn.attention import _current_mode_at_trace
 from ..nn.modes import current_kl_collector, current_mode
-from ..posteriors import AttentionPosterior, get_posterior
 
 __all__ = [
     "ATTN_NAME",
@@ -70,11 +70,11 @@ def register() -> None:
     AttentionMaskInterface.register(ATTN_NAME, eager_mask)
 
 
-def _mode(fam: AttentionPosterior | None) -> str:
+def _mode(fam: AttentionFamily | None) -> str:
     if fam is None:
         return "mean"
     m = _current_mode_at_trace() if torch.compiler.is_compiling() else current_mode()
-    return "posterior" if m is None else m
+    return "guide" if m is None else m
 
 
 def _repeat_kv(x: Tensor, n_rep: int) -> Tensor:
@@ -136,7 +136,7 @@ def bayesian_attention_forward(
 
 
 def _sample_weights(
-    fam: AttentionPosterior,
+    fam: AttentionFamily,
     site: str,
     mode: str,
     logits: Tensor,
@@ -147,19 +147,19 @@ def _sample_weights(
     """Draw simplex weights ``(B, H, Tq, Tk)`` at Pyro site ``site`` (as the torch layer does)."""
     lp_full = log_prior.expand_as(logits) if log_prior is not None else None
     allowed = None if lp_full is None else BF.allowed_keys(logits + lp_full)
-    if mode == "prior":
-        d = fam.prior(lp_full, logits, key=k)
+    if mode == "model":
+        d = fam.model(lp_full, logits, key=k)
     else:
-        d = fam.posterior(logits, lp_full, query=q)
+        d = fam.guide(logits, lp_full, query=q)
     if mode == "elbo":
         latent = d.rsample()
         col = current_kl_collector()
         if col is not None:
-            col.add(site, fam.kl(d, fam.prior(lp_full, logits, key=k)).sum((-2, -1)))  # (B,)
+            col.add(site, fam.kl(d, fam.model(lp_full, logits, key=k)).sum((-2, -1)))  # (B,)
         return fam.to_weights(latent, allowed)
     latent = pyro.sample(site, d.to_event(2))
     w = fam.to_weights(latent, allowed)
-    if mode == "prior":
+    if mode == "model":
         pyro.deterministic(site.rsplit(".", 1)[0] + ".weights", w, event_dim=3)
     return w
 
@@ -196,7 +196,7 @@ def _heads(m: nn.Module) -> tuple[int, int]:
 
 def convert_hf(
     model: nn.Module,
-    posterior: str | AttentionPosterior | None = "dirichlet",
+    posterior: str | AttentionFamily | None = "dirichlet",
     layers: str | list[int] | list[str] = "all",
     **posterior_kwargs,
 ) -> nn.Module:
@@ -204,10 +204,10 @@ def convert_hf(
 
     Args:
         model: a transformers model whose attention modules use ``AttentionInterface``.
-        posterior: family name or an :class:`~bayesattn.posteriors.AttentionPosterior` (deep-copied
+        posterior: family name or an :class:`~bayesattn.families.AttentionFamily` (deep-copied
             per module); ``None`` installs the deterministic function only.
         layers: ``"all"``, ``"last"`` or module paths / indices into :func:`hf_attention_modules`.
-        posterior_kwargs: passed to :func:`~bayesattn.posteriors.get_posterior`.
+        posterior_kwargs: passed to :func:`~bayesattn.families.get_family`.
 
     Returns:
         ``model``; its mean-mode output equals its own eager-attention output.
@@ -228,12 +228,12 @@ def convert_hf(
         if path not in chosen or posterior is None:
             continue
         H, D = _heads(m)
-        if isinstance(posterior, AttentionPosterior):
+        if isinstance(posterior, AttentionFamily):
             fam = copy.deepcopy(posterior)
         elif isinstance(posterior, str):
-            fam = get_posterior(posterior, num_heads=H, head_dim=D, **posterior_kwargs)
+            fam = get_family(posterior, num_heads=H, head_dim=D, **posterior_kwargs)
         else:
-            raise TypeError(f"posterior must be a name, an AttentionPosterior or None; got {posterior!r}")
+            raise TypeError(f"posterior must be a name, an AttentionFamily or None; got {posterior!r}")
         ref = next(m.parameters())
         setattr(m, _POSTERIOR_ATTR, fam.to(device=ref.device))
         setattr(m, _SITE_ATTR, f"{path}.latent")

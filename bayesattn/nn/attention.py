@@ -6,10 +6,10 @@ posterior over which key each query reads.
   uniform prior this reproduces ``torch.nn.MultiheadAttention`` (same parameters, ``state_dict``,
   masks, outputs and weights). Uses the fused ``scaled_dot_product_attention`` when no weights are
   requested.
-* With ``posterior=`` a family from :mod:`bayesattn.posteriors`: the attention weights are a
+* With ``posterior=`` a family from :mod:`bayesattn.families`: the attention weights are a
   ``pyro.sample`` site ``"<module path>.latent"`` (``"latent"`` for a root layer) drawn from the
-  prior in ``"prior"`` mode (the model) and from the amortised posterior in ``"posterior"`` mode
-  (the guide); see :mod:`bayesattn.nn.modes`. In ``"prior"`` mode the simplex weights are also
+  family's weight model in ``"model"`` mode and from its amortised guide in ``"guide"`` mode;
+  see :mod:`bayesattn.nn.modes`. In ``"model"`` mode the simplex weights are also
   recorded as the deterministic site ``"<path>.weights"``.
 
 Shape glossary: ``S`` samples (leftmost), ``B`` batch, ``H`` heads, ``Tq``/``Tk`` query/key length,
@@ -29,10 +29,10 @@ from torch import Tensor, nn
 
 from .. import functional as BF
 from .._validation import check_int, check_same_dtype
-from ..posteriors import AttentionPosterior, get_posterior
+from ..families import AttentionFamily, FamilyName, get_family
 from ..priors import KeyRelevancePrior, UniformPrior
 from .kernels import AttentionKernel, finish, get_kernel, kernel_attention
-from .modes import current_kl_collector, current_mode
+from .modes import AttentionMode, current_kl_collector, current_mode
 from .sampling import current_num_samples
 
 __all__ = ["BayesianMultiheadAttention", "linear"]
@@ -126,7 +126,7 @@ class BayesianMultiheadAttention(PyroModule):
     Keyword Args:
         prior: a :class:`~bayesattn.priors.KeyRelevancePrior` added to the masks' log-prior
             (default uniform: plain softmax attention).
-        posterior: ``None`` (deterministic), an :class:`~bayesattn.posteriors.AttentionPosterior`
+        posterior: ``None`` (deterministic), an :class:`~bayesattn.families.AttentionFamily`
             or a family name (``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
             ``"concrete"``) built with ``num_heads`` heads.
         kernel: ``None``/``"dense"`` (every key), or an efficient kernel over a reduced key
@@ -168,7 +168,7 @@ class BayesianMultiheadAttention(PyroModule):
         dtype=None,
         *,
         prior: KeyRelevancePrior | None = None,
-        posterior: AttentionPosterior | str | None = None,
+        posterior: AttentionFamily | FamilyName | None = None,
         kernel: AttentionKernel | str | None = None,
     ) -> None:
         for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
@@ -222,10 +222,10 @@ class BayesianMultiheadAttention(PyroModule):
 
         self.prior = prior if prior is not None else UniformPrior()
         if isinstance(posterior, str):
-            posterior = get_posterior(posterior, num_heads=num_heads, head_dim=self.head_dim)
-        elif posterior is not None and not isinstance(posterior, AttentionPosterior):
+            posterior = get_family(posterior, num_heads=num_heads, head_dim=self.head_dim)
+        elif posterior is not None and not isinstance(posterior, AttentionFamily):
             raise TypeError(
-                f"posterior must be None, a family name or an AttentionPosterior; "
+                f"posterior must be None, a family name or an AttentionFamily; "
                 f"got {type(posterior).__name__}"
             )
         if posterior is not None and posterior.num_heads not in (1, num_heads):
@@ -357,14 +357,14 @@ class BayesianMultiheadAttention(PyroModule):
         """True when the layer has a posterior family over its attention weights."""
         return self.posterior is not None
 
-    def mode(self) -> str:
+    def mode(self) -> AttentionMode:
         """The effective mode: the context's (:func:`~bayesattn.nn.modes.attention_mode`) or the
-        layer default (``"posterior"`` with a family, ``"mean"`` without)."""
+        layer default (``"guide"`` with a family, ``"mean"`` without)."""
         if self.posterior is None:
             return "mean"
         # Dynamo cannot trace ContextVar.get: read the mode once at trace time (compile in one mode)
         m = _current_mode_at_trace() if torch.compiler.is_compiling() else current_mode()
-        return "posterior" if m is None else m
+        return "guide" if m is None else m
 
     # ------------------------------------------------------------------------------------------
     def _projections(self, query: Tensor, key: Tensor, value: Tensor, self_attn: bool):
@@ -644,10 +644,10 @@ class BayesianMultiheadAttention(PyroModule):
         assert fam is not None
         lp_full = log_prior.expand_as(logits) if log_prior is not None else None
         allowed = None if lp_full is None else BF.allowed_keys(logits + lp_full)  # None: all
-        if mode == "prior":
-            d = fam.prior(lp_full, logits, key=k)
+        if mode == "model":
+            d = fam.model(lp_full, logits, key=k)
         else:
-            d = fam.posterior(logits, lp_full, query=q)
+            d = fam.guide(logits, lp_full, query=q)
         if num_samples is not None:
             d = d.expand(torch.Size((num_samples,)) + d.batch_shape)
             if allowed is not None:
@@ -656,7 +656,7 @@ class BayesianMultiheadAttention(PyroModule):
             latent = d.rsample()
             col = current_kl_collector()
             if col is not None:
-                p = fam.prior(lp_full, logits, key=k)
+                p = fam.model(lp_full, logits, key=k)
                 if num_samples is not None:
                     p = p.expand(d.batch_shape)
                 kl = fam.kl(d, p)  # (…, B, H, Tq)
@@ -664,7 +664,7 @@ class BayesianMultiheadAttention(PyroModule):
             return fam.to_weights(latent, allowed)
         latent = pyro.sample(self._pyro_get_fullname("latent"), d.to_event(2))
         w = fam.to_weights(latent, allowed)
-        if mode == "prior":
+        if mode == "model":
             pyro.deterministic(self._pyro_get_fullname("weights"), w, event_dim=3)
         return w
 

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .. import priors as P
 from .._validation import check_int, check_real
-from ..posteriors import get_posterior
+from ..families import FamilyName, get_family
 from .attention import BayesianMultiheadAttention, linear
 from .kernels import get_kernel
 
@@ -58,7 +58,7 @@ class AttentionConfig:
             options in ``kernel_kwargs``; see :mod:`bayesattn.nn.kernels`.
     """
 
-    posterior: str | None = None
+    posterior: FamilyName | None = None
     prior: str | Callable[[int, int], P.KeyRelevancePrior] = "uniform"
     layers: str | Sequence[int] = "all"
     which: Sequence[str] = ("self", "cross")
@@ -110,7 +110,7 @@ class AttentionConfig:
             self.build_prior(1, 1)  # validates the values
         if self.posterior is not None:
             # validates the name and posterior_kwargs (names and values)
-            get_posterior(self.posterior, num_heads=1, head_dim=1, **self.posterior_kwargs)
+            get_family(self.posterior, num_heads=1, head_dim=1, **self.posterior_kwargs)
         elif self.posterior_kwargs:
             raise ValueError(
                 f"posterior_kwargs {sorted(self.posterior_kwargs)} given without a posterior"
@@ -133,10 +133,10 @@ class AttentionConfig:
         r"""The library's recommended Bayesian attention (the study's ``recommended`` method).
 
         Logistic-normal weights in the **last** layer only, with an input-dependent scale and a
-        prior centred on the softmax attention (``prior_location="attention"``):
+        weight model centred on the softmax attention (``model_location="attention"``):
 
-        .. math:: y_{ij}\sim\mathcal N(\log\bar p_{ij}, \sigma_0^2)\ \text{(prior)},\qquad
-                  y_{ij}\sim\mathcal N(\log\bar p_{ij}, \sigma_{hi}(q_i)^2)\ \text{(posterior)},
+        .. math:: y_{ij}\sim\mathcal N(\log\bar p_{ij}, \sigma_0^2)\ \text{(weight model)},\qquad
+                  y_{ij}\sim\mathcal N(\log\bar p_{ij}, \sigma_{hi}(q_i)^2)\ \text{(guide)},
                   \qquad w_i = \operatorname{softmax}(y_i).
 
         Why: the KL then measures spread only (no price for attention being sharp), the latents
@@ -149,7 +149,7 @@ class AttentionConfig:
         kw: dict = dict(
             posterior="logistic_normal",
             layers="last",
-            posterior_kwargs={"input_dependent": True, "prior_location": "attention"},
+            posterior_kwargs={"input_dependent": True, "model_location": "attention"},
         )
         kw.update(overrides)
         return cls(**kw)
@@ -183,7 +183,7 @@ class AttentionConfig:
         head_dim = embed_dim // num_heads
         bayes = self.is_bayesian(index, num_layers, kind)
         posterior = (
-            get_posterior(self.posterior, num_heads, head_dim, **self.posterior_kwargs)
+            get_family(self.posterior, num_heads, head_dim, **self.posterior_kwargs)
             if bayes
             else None
         )

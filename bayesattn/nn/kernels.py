@@ -13,7 +13,7 @@ kernel                 support of query ``i``                      cost (time / 
 =====================  ==========================================  ============================
 
 Every mode works on the support: posterior mean (``"mean"``), and draws of every posterior family
-(``"posterior"``, ``"prior"``, ``"elbo"``), whose latent site then has event shape
+(``"guide"``, ``"model"``, ``"elbo"``), whose latent site then has event shape
 ``(H, Tq, K)``. With ``need_weights=True`` the layer returns a
 :class:`~bayesattn.kernels.SupportWeights` (per head, on the support; ``.to_dense()`` gives
 torch's layout). ``record_weights`` stores dense weights (local, top-k) or the weights over the

@@ -1,19 +1,23 @@
 """How Bayesian attention layers draw their weights: one switch shared by a whole network.
 
-Modes (set with :func:`attention_mode`; the default is ``"posterior"`` for layers that have a
-posterior family and ``"mean"`` otherwise):
+Modes are named after what the weights are drawn from, in Pyro's terms (set with
+:func:`attention_mode`; the default is ``"guide"`` for layers that have a family and ``"mean"``
+otherwise):
 
 ``"mean"``
-    deterministic posterior mean: the exact posterior weights (softmax attention under the prior);
+    deterministic: the exact posterior weights (softmax attention under the key-relevance prior);
     no Pyro sites. This is the ``torch.nn.MultiheadAttention``-compatible mode.
-``"posterior"``
-    draw weights from the amortised posterior ``q(w | x)`` at a ``pyro.sample`` site (the guide).
-``"prior"``
-    draw weights from the prior ``p(w | π)`` at the same site (the model; under a guide's trace
-    replay the site takes the guide's value and scores it under the prior).
+``"guide"``
+    draw weights from the family's amortised guide ``q(w | x)`` at a ``pyro.sample`` site.
+``"model"``
+    draw weights from the family's weight model ``p(w | π)`` at the same site (under a guide's
+    trace replay the site takes the guide's value and scores it under the weight model).
 ``"elbo"``
-    one-pass ELBO: draw from the posterior *without* Pyro sites and add each layer's
+    one-pass ELBO: draw from the guide *without* Pyro sites and add each layer's
     ``KL(q‖p)`` to the collector opened by :func:`collect_kl` (analytic where registered).
+
+``"posterior"`` and ``"prior"`` are deprecated spellings of ``"guide"`` and ``"model"`` (until 0.4;
+see ``docs/glossary.md``).
 """
 
 from __future__ import annotations
@@ -21,11 +25,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
+from typing import Literal, get_args
 
 from torch import Tensor
 
+from .._deprecation import renamed_value
+
 __all__ = [
+    "AttentionMode",
     "MODES",
+    "check_mode",
     "attention_mode",
     "current_mode",
     "collect_kl",
@@ -33,22 +42,37 @@ __all__ = [
     "KLCollector",
 ]
 
-MODES = ("mean", "posterior", "prior", "elbo")
+AttentionMode = Literal["mean", "guide", "model", "elbo"]
+MODES: tuple[str, ...] = get_args(AttentionMode)
+#: deprecated spellings of attention modes (old -> new), accepted with a warning until 0.4
+RENAMED_MODES = {"posterior": "guide", "prior": "model"}
 
-_MODE: ContextVar[str | None] = ContextVar("bayesattn_attention_mode", default=None)
+_MODE: ContextVar[AttentionMode | None] = ContextVar("bayesattn_attention_mode", default=None)
 _KL: ContextVar[KLCollector | None] = ContextVar("bayesattn_kl", default=None)
 
 
-def current_mode() -> str | None:
+def check_mode(mode: str, name: str = "mode", stacklevel: int = 5) -> AttentionMode:
+    """``mode`` as one of :data:`MODES`: an old spelling is mapped (with a warning), anything else
+    is a ``ValueError`` naming ``name``."""
+    mode = renamed_value(name, mode, RENAMED_MODES, stacklevel)
+    if mode not in MODES:
+        raise ValueError(f"{name} must be one of {MODES}; got {mode!r}")
+    return mode
+
+
+def current_mode() -> AttentionMode | None:
     """The mode set by the innermost :func:`attention_mode`, or ``None`` (layer default)."""
     return _MODE.get()
 
 
 @contextlib.contextmanager
-def attention_mode(mode: str | None) -> Iterator[None]:
-    """Context manager setting how every Bayesian attention layer inside draws its weights."""
-    if mode is not None and mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES} or None; got {mode!r}")
+def attention_mode(mode: AttentionMode | None) -> Iterator[None]:
+    """Context manager setting how every Bayesian attention layer inside draws its weights
+    (``None``: each layer's default)."""
+    if mode is not None:
+        mode = renamed_value("mode", mode, RENAMED_MODES, 5)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES} or None; got {mode!r}")
     token = _MODE.set(mode)
     try:
         yield

@@ -42,7 +42,7 @@ from .attention import linear
 from .blocks import AttentionConfig, Decoder, Encoder
 from .contract import PRIVATE_ALIASES as _PRIVATE_ALIASES
 from .contract import REQUIRED
-from .modes import MODES, attention_mode, collect_kl, current_mode
+from .modes import AttentionMode, attention_mode, check_mode, collect_kl, current_mode
 
 __all__ = [
     "BayesianNetwork",
@@ -245,7 +245,7 @@ class BayesianNetwork(PyroModule):
         with self.pyro_context:
             self._touch_weight_sites()  # global sites: outside the data plate
             with pyro.plate("data", N, subsample=torch.arange(B, device=x.device)):
-                with attention_mode("prior"):
+                with attention_mode("model"):
                     logits = self.forward_logits(x, y)
                 targets, mask, ev = self.targets(x, y)
                 pyro.sample("obs", self.likelihood(logits, mask, ev), obs=targets)
@@ -261,7 +261,7 @@ class BayesianNetwork(PyroModule):
             if not self.bayesian_layers:
                 return  # no latent attention: nothing in the data plate to guide, no network pass
             with pyro.plate("data", N, subsample=torch.arange(B, device=x.device)):
-                with attention_mode("posterior"), self.weights_from(values):
+                with attention_mode("guide"), self.weights_from(values):
                     self.forward_logits(x, y)
 
     def _weight_kl(self) -> tuple[dict[str, Tensor] | None, Tensor | float]:
@@ -651,7 +651,7 @@ class _Generative(BayesianNetwork):
         x: Tensor,
         max_len: int,
         num_samples: int = 8,
-        mode: str = "posterior",
+        mode: AttentionMode = "guide",
     ) -> GenerationResult:
         """Autoregressive decoding as sequential posterior sampling.
 
@@ -663,8 +663,7 @@ class _Generative(BayesianNetwork):
         """
         check_int("max_len", max_len, 1)
         check_int("num_samples", num_samples, 1)
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
+        mode = check_mode(mode, stacklevel=6)
         S = num_samples if mode != "mean" else 1
         with attention_mode(mode), self.pyro_context:
             state, B, device = self._start(x, S)

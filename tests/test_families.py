@@ -1,4 +1,4 @@
-"""Tests for bayesattn.posteriors against independent references.
+"""Tests for bayesattn.families against independent references.
 
 References are torch's own distributions and KLs (Dirichlet, Normal, Weibull, Gamma,
 ExpRelaxedCategorical), applied row by row to the allowed sub-vector; Monte-Carlo estimates with
@@ -26,7 +26,7 @@ from torch.distributions import (
 from torch.distributions.relaxed_categorical import ExpRelaxedCategorical
 
 from bayesattn import functional as BF
-from bayesattn.posteriors import (
+from bayesattn.families import (
     ConcreteWeights,
     DirichletWeights,
     LogisticNormalWeights,
@@ -36,7 +36,7 @@ from bayesattn.posteriors import (
     MaskedNormal,
     MaskedWeibull,
     WeibullWeights,
-    get_posterior,
+    get_family,
     kl_weibull_gamma,
 )
 
@@ -120,7 +120,7 @@ def allowed_ref(logits, log_prior):
 
 
 def make_family(name, **kw):
-    return get_posterior(name, H, **kw)
+    return get_family(name, H, **kw)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -408,7 +408,7 @@ def test_dirichlet_family_posterior_mean_is_exact_posterior(lp_name):
     logits = torch.randn(B, H, TQ, TK, dtype=D64)
     fam = DirichletWeights(H, init_concentration=5.0)
     pbar = exact_posterior_ref(logits, log_prior)
-    q = fam.posterior(logits, log_prior)
+    q = fam.guide(logits, log_prior)
     torch.testing.assert_close(q.mean, pbar)
     n = 20000
     w = fam.to_weights(q.sample((n,)), q.allowed)
@@ -422,7 +422,7 @@ def test_dirichlet_family_posterior_mean_is_exact_posterior(lp_name):
     assert_mc_close(est_var, se_var, var_ref, slack=1e-12)
     # the prior is Dir(kappa0 n pi): its mean is the normalised prior
     pi = exact_posterior_ref(torch.zeros_like(logits), log_prior)
-    torch.testing.assert_close(fam.prior(log_prior, logits).mean, pi)
+    torch.testing.assert_close(fam.model(log_prior, logits).mean, pi)
 
 
 @pytest.mark.parametrize("lp_name", list(LOG_PRIORS))
@@ -432,7 +432,7 @@ def test_weibull_family_latent_mean_is_exact_posterior(lp_name):
     pbar = exact_posterior_ref(logits, log_prior)
     allowed = allowed_ref(logits, log_prior)
     fam = WeibullWeights(H, init_shape=3.0)
-    q = fam.posterior(logits, log_prior)
+    q = fam.guide(logits, log_prior)
     n = 20000
     g = q.rsample((n,))
     est, se = mean_se(g)
@@ -440,7 +440,7 @@ def test_weibull_family_latent_mean_is_exact_posterior(lp_name):
     torch.testing.assert_close(q.mean[allowed], pbar[allowed])
     # Gamma prior has mean pi
     pi = exact_posterior_ref(torch.zeros_like(logits), log_prior)
-    p = fam.prior(log_prior, logits)
+    p = fam.model(log_prior, logits)
     torch.testing.assert_close(p.mean[allowed], pi[allowed])
 
 
@@ -451,7 +451,7 @@ def test_weibull_family_normalised_weights_concentrate_for_large_shape(lp_name):
     pbar = exact_posterior_ref(logits, log_prior)
     k = 200.0
     fam = WeibullWeights(H, init_shape=k)
-    q = fam.posterior(logits, log_prior)
+    q = fam.guide(logits, log_prior)
     n = 4000
     w = fam.to_weights(q.rsample((n,)), q.allowed)
     est, se = mean_se(w)
@@ -469,7 +469,7 @@ def test_logistic_normal_family_centred_on_exact_posterior(lp_name):
     pbar = exact_posterior_ref(logits, log_prior)
     sigma = 0.01
     fam = LogisticNormalWeights(H, init_scale=sigma)
-    q = fam.posterior(logits, log_prior)
+    q = fam.guide(logits, log_prior)
     torch.testing.assert_close(fam.to_weights(q.loc, q.allowed), pbar)
     torch.testing.assert_close(q.scale, torch.full_like(q.scale, sigma), rtol=1e-5, atol=0)
     n = 4000
@@ -487,7 +487,7 @@ def test_concrete_family_low_temperature_mean_is_exact_posterior(lp_name):
     pbar = exact_posterior_ref(logits, log_prior)
     tau = 0.05
     fam = ConcreteWeights(H, temperature=tau)
-    q = fam.posterior(logits, log_prior)
+    q = fam.guide(logits, log_prior)
     n = 20000
     w = fam.to_weights(q.rsample((n,)), q.allowed)
     est, se = mean_se(w)
@@ -507,8 +507,8 @@ def test_family_weights_are_valid_and_differentiable(name, lp_name):
     log_prior = LOG_PRIORS[lp_name]
     fam = make_family(name)
     logits = (3 * torch.randn(B, H, TQ, TK, dtype=D64)).requires_grad_()
-    q = fam.posterior(logits, log_prior)
-    p = fam.prior(log_prior, logits)
+    q = fam.guide(logits, log_prior)
+    p = fam.model(log_prior, logits)
     assert q.batch_shape == (B, H, TQ) and q.event_shape == (TK,)
     assert p.batch_shape == (B, H, TQ) and p.event_shape == (TK,)
     allowed = allowed_ref(logits.detach(), log_prior)
@@ -544,13 +544,13 @@ def test_analytic_kl_is_nonnegative_and_matches_monte_carlo(name, lp_name):
     """Validates log_prob and the closed-form KL together: KL = E_q[log q - log p]."""
     log_prior = LOG_PRIORS[lp_name]
     kw = {
-        "dirichlet": dict(init_concentration=4.0, prior_concentration=1.5),
-        "logistic_normal": dict(init_scale=0.4, prior_scale=1.3),
-        "weibull": dict(init_shape=3.0, prior_concentration=2.0),
+        "dirichlet": dict(init_concentration=4.0, model_concentration=1.5),
+        "logistic_normal": dict(init_scale=0.4, model_scale=1.3),
+        "weibull": dict(init_shape=3.0, model_concentration=2.0),
     }[name]
     fam = make_family(name, **kw)
     logits = torch.randn(B, H, TQ, TK, dtype=D64)
-    q, p = fam.posterior(logits, log_prior), fam.prior(log_prior, logits)
+    q, p = fam.guide(logits, log_prior), fam.model(log_prior, logits)
     kl = fam.kl(q, p)
     assert kl.shape == (B, H, TQ) and bool((kl >= 0).all())
     x = q.rsample((20000,))
@@ -560,9 +560,9 @@ def test_analytic_kl_is_nonnegative_and_matches_monte_carlo(name, lp_name):
 
 def test_concrete_mc_kl_is_nonnegative_on_average():
     log_prior = LOG_PRIORS["masks"]
-    fam = ConcreteWeights(H, temperature=0.5, prior_temperature=1.0)
+    fam = ConcreteWeights(H, temperature=0.5, model_temperature=1.0)
     logits = torch.randn(B, H, TQ, TK, dtype=D64)
-    q, p = fam.posterior(logits, log_prior), fam.prior(log_prior, logits)
+    q, p = fam.guide(logits, log_prior), fam.model(log_prior, logits)
     x = q.rsample((4000,))
     diff = q.log_prob(x) - p.log_prob(x)
     est, se = mean_se(diff)
@@ -577,10 +577,10 @@ def test_concrete_mc_kl_is_nonnegative_on_average():
 @pytest.mark.parametrize(
     "name, kw",
     [
-        ("dirichlet", dict(init_concentration=1.0, prior_concentration=1.0)),
-        ("dirichlet", dict(init_concentration=2.5, prior_concentration=2.5)),
-        ("logistic_normal", dict(init_scale=1.0, prior_scale=1.0)),
-        ("logistic_normal", dict(init_scale=0.3, prior_scale=0.3)),
+        ("dirichlet", dict(init_concentration=1.0, model_concentration=1.0)),
+        ("dirichlet", dict(init_concentration=2.5, model_concentration=2.5)),
+        ("logistic_normal", dict(init_scale=1.0, model_scale=1.0)),
+        ("logistic_normal", dict(init_scale=0.3, model_scale=0.3)),
         ("concrete", dict(temperature=0.7)),
     ],
 )
@@ -588,34 +588,34 @@ def test_kl_is_zero_when_posterior_equals_prior(name, kw, lp_name):
     log_prior = LOG_PRIORS[lp_name]
     fam = make_family(name, **kw)
     logits = torch.zeros(B, H, TQ, TK, dtype=D64)  # no evidence: posterior = prior
-    q, p = fam.posterior(logits, log_prior), fam.prior(log_prior, logits)
+    q, p = fam.guide(logits, log_prior), fam.model(log_prior, logits)
     kl = fam.kl(q, p, num_samples=16)
     torch.testing.assert_close(kl, torch.zeros_like(kl), atol=1e-5, rtol=0)
 
 
 def test_input_dependent_logistic_normal_scale():
     dh = 6
-    fam = get_posterior("logistic_normal", H, head_dim=dh, input_dependent=True, init_scale=0.5)
+    fam = get_family("logistic_normal", H, head_dim=dh, input_dependent=True, init_scale=0.5)
     assert fam.scale_weight.shape == (H, dh)
     with torch.no_grad():
         fam.scale_weight.normal_()
         fam.scale_bias.normal_()
     logits = torch.randn(B, H, TQ, TK, dtype=D64)
     query = torch.randn(B, H, TQ, dh, dtype=D64)
-    q = fam.posterior(logits, LOG_PRIORS["masks"], query)
+    q = fam.guide(logits, LOG_PRIORS["masks"], query)
     u, c = fam.scale_weight.detach().to(D64), fam.scale_bias.detach().to(D64)
     ref = torch.empty(B, H, TQ, dtype=D64)
     for b, h, i in np.ndindex(B, H, TQ):
         ref[b, h, i] = math.log1p(math.exp(float(query[b, h, i] @ u[h] + c[h]))) + 1e-4
     torch.testing.assert_close(q.scale, ref.unsqueeze(-1).expand(B, H, TQ, TK))
     with pytest.raises(ValueError, match="query"):
-        fam.posterior(logits, None)
+        fam.guide(logits, None)
 
 
 def test_logistic_normal_init_scale_is_exact_over_a_wide_range():
     for s in (1e-6, 0.01, 1.0, 30.0, 1000.0):
         fam = LogisticNormalWeights(1, init_scale=s)
-        q = fam.posterior(torch.zeros(1, 1, 1, 3, dtype=D64))
+        q = fam.guide(torch.zeros(1, 1, 1, 3, dtype=D64))
         torch.testing.assert_close(q.scale, torch.full_like(q.scale, s), rtol=1e-5, atol=0)
 
 
@@ -682,19 +682,19 @@ def test_pyro_plate_broadcasts_masked_distribution():
     [
         (lambda: DirichletWeights(2, init_concentration=0.0), "init_concentration"),
         (lambda: DirichletWeights(2, init_concentration=-1.0), "init_concentration"),
-        (lambda: DirichletWeights(2, prior_concentration=math.inf), "prior_concentration"),
-        (lambda: LogisticNormalWeights(2, prior_scale=0.0), "prior_scale"),
+        (lambda: DirichletWeights(2, model_concentration=math.inf), "model_concentration"),
+        (lambda: LogisticNormalWeights(2, model_scale=0.0), "model_scale"),
         (lambda: LogisticNormalWeights(2, init_scale=-0.5), "init_scale"),
         (lambda: ConcreteWeights(2, temperature=-1.0), "temperature"),
-        (lambda: ConcreteWeights(2, prior_temperature=0.0), "prior_temperature"),
+        (lambda: ConcreteWeights(2, model_temperature=0.0), "model_temperature"),
         (lambda: WeibullWeights(2, init_shape=math.nan), "init_shape"),
-        (lambda: WeibullWeights(2, prior_concentration=0), "prior_concentration"),
+        (lambda: WeibullWeights(2, model_concentration=0), "model_concentration"),
         (lambda: DirichletWeights(0), "num_heads"),
         (lambda: WeibullWeights(num_heads=0), "num_heads"),
         (lambda: ConcreteWeights(num_heads=1.5), "num_heads"),
         (lambda: LogisticNormalWeights(2, input_dependent=True), "head_dim"),
-        (lambda: get_posterior("logistic_normal", 2, input_dependent=True), "head_dim"),
-        (lambda: get_posterior("dirichlet", 0), "num_heads"),
+        (lambda: get_family("logistic_normal", 2, input_dependent=True), "head_dim"),
+        (lambda: get_family("dirichlet", 0), "num_heads"),
     ],
 )
 def test_invalid_hyperparameters_raise_value_error(make, match):
@@ -704,7 +704,7 @@ def test_invalid_hyperparameters_raise_value_error(make, match):
 
 def test_get_posterior_unknown_name_lists_names():
     with pytest.raises(ValueError) as ei:
-        get_posterior("gaussian", 2)
+        get_family("gaussian", 2)
     msg = str(ei.value)
     assert "gaussian" in msg
     for n in NAMES:
@@ -714,7 +714,7 @@ def test_get_posterior_unknown_name_lists_names():
 def test_get_posterior_builds_each_family():
     classes = [DirichletWeights, LogisticNormalWeights, WeibullWeights, ConcreteWeights]
     for n, cls in zip(NAMES, classes, strict=True):
-        fam = get_posterior(n, 3)
+        fam = get_family(n, 3)
         assert type(fam) is cls and fam.num_heads == 3
 
 

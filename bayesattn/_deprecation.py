@@ -1,0 +1,84 @@
+"""Deprecated spellings kept for one release (see ``docs/glossary.md``).
+
+Every old name still works and emits a :class:`DeprecationWarning` that names the new spelling.
+One helper per kind of rename:
+
+* :func:`warn_renamed` — the warning itself (``kind`` is ``"class"``, ``"function"``,
+  ``"module"``, ``"keyword argument"``, ``"method"`` or ``"value"``);
+* :func:`renamed_kwargs` — a decorator accepting old keyword-argument names;
+* :func:`renamed_value` — maps an old string value of an option to its new one;
+* :func:`module_getattr` — a module ``__getattr__`` serving old attribute names.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+__all__ = ["warn_renamed", "renamed_kwargs", "renamed_value", "module_getattr"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: the release in which the deprecated spellings go away
+REMOVED_IN = "0.4"
+
+
+def warn_renamed(old: str, new: str, kind: str, stacklevel: int = 3) -> None:
+    """Emit the one ``DeprecationWarning`` of this library: ``old`` is now ``new``."""
+    warnings.warn(
+        f"{kind} {old!r} is deprecated and will be removed in bayesattn {REMOVED_IN}; "
+        f"use {new!r} instead (see docs/glossary.md)",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def renamed_kwargs(**renames: str) -> Callable[[F], F]:
+    """Decorator: ``@renamed_kwargs(old_name="new_name")`` accepts ``old_name=`` with a warning.
+
+    Passing both spellings is a ``TypeError``.
+    """
+
+    def deco(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            for old, new in renames.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(
+                            f"{fn.__qualname__}() got both {old!r} (deprecated) and {new!r}"
+                        )
+                    warn_renamed(f"{old}=", f"{new}=", "keyword argument")
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return deco
+
+
+def renamed_value(option: str, value: Any, renames: Mapping[str, str], stacklevel: int = 4) -> Any:
+    """``renames[value]`` with a warning when ``value`` is an old spelling, else ``value``."""
+    if isinstance(value, str) and value in renames:
+        warn_renamed(f"{option}={value!r}", f"{option}={renames[value]!r}", "value", stacklevel)
+        return renames[value]
+    return value
+
+
+def module_getattr(
+    module: str, renames: Mapping[str, tuple[str, str]], kind: str = "name"
+) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` serving ``old`` as ``renames[old] = (new_module, new)``."""
+
+    def __getattr__(name: str) -> Any:
+        if name in renames:
+            where, new = renames[name]
+            obj = getattr(importlib.import_module(where), new)
+            warn_renamed(f"{module}.{name}", f"{where}.{new}", kind)
+            return obj
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
