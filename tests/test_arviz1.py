@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from bayesattn import diagnostics as D
+from bayesattn.diagnostics import arviz_io
 from bayesattn.nn.blocks import AttentionConfig
 from bayesattn.nn.networks import TransformerClassifier
 
@@ -44,7 +45,7 @@ def test_arviz_generation_is_the_expected_one():
     if expect is None:
         pytest.skip("BAYESATTN_EXPECT_ARVIZ_MAJOR not set (make test sets it)")
     assert MAJOR == int(expect), f"arviz {az.__version__} installed, expected major {expect}"
-    assert D._arviz_is_v1() == (MAJOR >= 1)
+    assert arviz_io._arviz_is_v1() == (MAJOR >= 1)
 
 
 @pytest.fixture
@@ -121,9 +122,20 @@ def test_arviz1_ess_rhat_summary_on_attention_weights():
 
 
 @needs_arviz1
-def test_psis_does_not_use_arviz_0x_psislw():
-    """k̂ comes from our PSIS under arviz 1.x (``az.psislw`` is 0.x only)."""
-    assert not D._psislw_from_arviz_available()
+@pytest.mark.filterwarnings("ignore:Estimated shape parameter of Pareto:UserWarning")
+def test_our_psis_gives_arviz_stats_loo_pareto_k():
+    """One PSIS everywhere: our k̂ (Pyro's GPD fit) equals arviz-stats' LOO k̂ under arviz 1.x,
+    as it equals ``az.psislw`` under 0.x (tests/test_diagnostics.py)."""
+    import arviz_stats
+
+    rng = np.random.default_rng(0)
+    S, N = 400, 6
+    ll = rng.standard_t(3, size=(1, S, N)) * np.array([0.2, 0.5, 1.0, 2.0, 3.0, 4.0])
+    tree = az.from_dict({"posterior": {"mu": rng.normal(size=(1, S))}, "log_likelihood": {"obs": ll}})
+    ref = np.asarray(arviz_stats.loo(tree, pointwise=True).pareto_k).ravel()  # (N,)
+    ours = np.array([D.psis_smooth(-ll[0, :, i])[1] for i in range(N)])
+    np.testing.assert_allclose(ours, ref, rtol=1e-9)
+    assert ref.max() > 0.7  # the check covers heavy tails, not only the easy ones
 
 
 @needs_arviz1
