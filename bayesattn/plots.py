@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from bayesattn._validation import check_int
 from bayesattn.calibration import (
     Strategy,
     _check_ood,
@@ -196,8 +197,7 @@ def plot_uncertainty_histograms(
         scores_in ``(N_in,)``, scores_out ``(N_out,)``.
     """
     _check_ax(ax)
-    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
-        raise ValueError(f"bins must be an int >= 1, got {bins!r}")
+    check_int("bins", bins, 1)
     s_in, s_out = _check_ood(scores_in, scores_out)
     auroc = ood_auroc(s_in, s_out)
     lo = float(torch.minimum(s_in.min(), s_out.min()))
