@@ -1,5 +1,10 @@
 """Shared argument checks: each raises ``TypeError`` (wrong kind of value) or ``ValueError`` (right
-kind, bad value) naming the argument and what was expected. Also atomic file writes."""
+kind, bad value) naming the argument, what was expected and the value or shape seen. Also seeded
+random-number helpers and atomic file writes.
+
+Every module checks its generic arguments (ints, reals, seeds, fractions, tensors of a given rank,
+finite tensors) with these; only domain checks (shapes that must agree, ids inside a vocabulary)
+live next to their code, built on these primitives."""
 
 from __future__ import annotations
 
@@ -8,8 +13,9 @@ import math
 import numbers
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
@@ -17,12 +23,16 @@ from torch import Tensor
 __all__ = [
     "ArgumentTypeError",
     "check_int",
+    "check_seed",
     "check_real",
     "check_bool",
     "check_tensor",
     "check_float_tensor",
     "check_same_dtype",
     "check_no_nan",
+    "check_finite",
+    "seeded",
+    "torch_generator",
     "atomic_write_bytes",
     "atomic_write_text",
 ]
@@ -37,17 +47,54 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-def check_int(name: str, v: Any, minimum: int | None = None, maximum: int | None = None) -> int:
-    """``v`` as an ``int`` in ``[minimum, maximum]``; bools and floats (``2.0``) are refused."""
+@overload
+def check_int(
+    name: str,
+    v: Any,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    *,
+    allow_none: Literal[False] = False,
+) -> int: ...
+
+
+@overload
+def check_int(
+    name: str, v: Any, minimum: int | None = None, maximum: int | None = None, *, allow_none: bool
+) -> int | None: ...
+
+
+def check_int(
+    name: str,
+    v: Any,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    *,
+    allow_none: bool = False,
+) -> int | None:
+    """``v`` as an ``int`` in ``[minimum, maximum]`` (``None`` passes through with
+    ``allow_none``). Python, numpy and other ``numbers.Integral`` ints are accepted; bools and
+    floats (``2.0``) are refused with an :class:`ArgumentTypeError`, out-of-range values with a
+    ``ValueError``."""
+    if allow_none and v is None:
+        return None
+    or_none = " or None" if allow_none else ""
     if not _is_int(v):
-        raise ArgumentTypeError(f"{name} must be an int; got {v!r} ({type(v).__name__})")
+        raise ArgumentTypeError(f"{name} must be an int{or_none}; got {v!r} ({type(v).__name__})")
     v = int(v)
+    if minimum is not None and maximum is not None and not minimum <= v <= maximum:
+        raise ValueError(f"{name} must be an int in [{minimum}, {maximum}]{or_none}; got {v}")
     if minimum is not None and v < minimum:
         what = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
-        raise ValueError(f"{name} must be {what}; got {v}")
+        raise ValueError(f"{name} must be {what}{or_none}; got {v}")
     if maximum is not None and v > maximum:
-        raise ValueError(f"{name} must be an int <= {maximum}; got {v}")
+        raise ValueError(f"{name} must be an int <= {maximum}{or_none}; got {v}")
     return v
+
+
+def check_seed(v: Any, name: str = "seed") -> int:
+    """A random seed: a non-negative int (what ``numpy`` and ``torch.Generator`` both accept)."""
+    return check_int(name, v, 0)
 
 
 def check_real(
@@ -63,20 +110,33 @@ def check_real(
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise ArgumentTypeError(f"{name} must be a real number; got {v!r} ({type(v).__name__})")
     f = float(v)
-    bounds = []
-    ok = math.isfinite(f)
-    if gt is not None:
-        ok, _ = ok and f > gt, bounds.append(f"> {gt:g}")
-    if ge is not None:
-        ok, _ = ok and f >= ge, bounds.append(f">= {ge:g}")
-    if lt is not None:
-        ok, _ = ok and f < lt, bounds.append(f"< {lt:g}")
-    if le is not None:
-        ok, _ = ok and f <= le, bounds.append(f"<= {le:g}")
-    if not ok:
-        what = " and ".join(["finite", *bounds])
-        raise ValueError(f"{name} must be {what}; got {v!r}")
+    if not _within(f, gt, ge, lt, le):
+        raise ValueError(f"{name} must be {_describe_bounds(gt, ge, lt, le)}; got {v!r}")
     return f
+
+
+def _within(
+    f: float, gt: float | None, ge: float | None, lt: float | None, le: float | None
+) -> bool:
+    return (
+        math.isfinite(f)
+        and (gt is None or f > gt)
+        and (ge is None or f >= ge)
+        and (lt is None or f < lt)
+        and (le is None or f <= le)
+    )
+
+
+def _describe_bounds(gt: float | None, ge: float | None, lt: float | None, le: float | None) -> str:
+    """``"in [0, 1)"`` for one lower and one upper bound, else e.g. ``"finite and > 0"``."""
+    lows = [f"{br}{b:g}" for br, b in (("(", gt), ("[", ge)) if b is not None]
+    highs = [f"{b:g}{br}" for br, b in ((")", lt), ("]", le)) if b is not None]
+    if len(lows) == 1 and len(highs) == 1:
+        return f"in {lows[0]}, {highs[0]}"
+    bounds = [
+        f"{op} {b:g}" for op, b in ((">", gt), (">=", ge), ("<", lt), ("<=", le)) if b is not None
+    ]
+    return " and ".join(["finite", *bounds])
 
 
 def check_bool(name: str, v: Any) -> bool:
@@ -85,19 +145,33 @@ def check_bool(name: str, v: Any) -> bool:
     return v
 
 
-def check_tensor(name: str, x: Any) -> Tensor:
+def check_tensor(
+    name: str, x: Any, ndim: int | None = None, *, layout: str | None = None
+) -> Tensor:
+    """A ``torch.Tensor`` (with exactly ``ndim`` dims if given). ``layout`` (e.g. ``"(B, T, D)"``)
+    is shown in the messages."""
+    where = f" {layout}" if layout else ""
     if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor{where}; got {type(x).__name__}")
+    if ndim is not None and x.dim() != ndim:
+        what = f"shape {layout}" if layout else f"{ndim} dims"
+        raise ValueError(f"{name} must have {what}; got shape {tuple(x.shape)}")
     return x
 
 
-def check_float_tensor(name: str, x: Any, min_dim: int = 0) -> Tensor:
-    """A floating-point tensor with at least ``min_dim`` dims."""
-    check_tensor(name, x)
+def check_float_tensor(
+    name: str, x: Any, min_dim: int = 0, *, ndim: int | None = None, layout: str | None = None
+) -> Tensor:
+    """A floating-point tensor with at least ``min_dim`` dims (exactly ``ndim`` if given)."""
+    where = f" {layout}" if layout else ""
+    check_tensor(name, x, layout=layout)
     if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor; got dtype {x.dtype}")
+        raise TypeError(f"{name} must be a floating-point tensor{where}; got dtype {x.dtype}")
+    check_tensor(name, x, ndim, layout=layout)
     if x.dim() < min_dim:
-        raise ValueError(f"{name} must have at least {min_dim} dims; got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must have at least {min_dim} dims{where}; got shape {tuple(x.shape)}"
+        )
     return x
 
 
@@ -133,6 +207,41 @@ def check_no_nan(name: str, x: Tensor, allow_neg_inf: bool = True) -> None:
             + ("" if allow_neg_inf else f", {n_neg} -inf")
             + f" in a tensor of shape {tuple(x.shape)}"
         )
+
+
+def check_finite(name: str, x: Tensor) -> None:
+    """Raise ``ValueError`` naming ``name`` if ``x`` holds NaN or ±Inf.
+
+    One cheap pass: a sum is finite unless some element is NaN/±Inf (or the sum overflows, which
+    the exact count below then clears)."""
+    if not x.is_floating_point() or bool(torch.isfinite(x.sum())):
+        return
+    if not bool(torch.isfinite(x).all()):
+        n_nan = int(torch.isnan(x).sum())
+        n_inf = int(torch.isinf(x).sum())
+        raise ValueError(
+            f"{name} must be finite; got {n_nan} NaN and {n_inf} Inf values in a tensor of shape "
+            f"{tuple(x.shape)}"
+        )
+
+
+@contextlib.contextmanager
+def seeded(seed: int | None) -> Iterator[None]:
+    """Run a block under a fork of torch's global CPU RNG seeded with ``seed``: the same seed gives
+    the same draws, and the global RNG state is restored afterwards. ``None``: a no-op (the block
+    draws from, and advances, the global RNG)."""
+    if seed is None:
+        yield
+        return
+    check_int("seed", seed, allow_none=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        yield
+
+
+def torch_generator(seed: int) -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded with ``seed`` (draws that leave the global RNG alone)."""
+    return torch.Generator(device="cpu").manual_seed(seed)
 
 
 def _umask() -> int:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ._validation import check_int, check_real
 from .functional import entropy
 
 __all__ = [
@@ -136,14 +137,6 @@ def _check_probs_labels(probs: Any, labels: Any) -> tuple[Tensor, Tensor]:
     return p, y
 
 
-def _check_n_bins(n_bins: Any) -> int:
-    if isinstance(n_bins, bool) or not isinstance(n_bins, int):
-        raise TypeError(f"n_bins must be an int, got {type(n_bins).__name__}")
-    if n_bins < 1:
-        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
-    return n_bins
-
-
 def _check_strategy(strategy: Any) -> str:
     if strategy not in _STRATEGIES:
         raise ValueError(f"strategy must be one of {_STRATEGIES}, got {strategy!r}")
@@ -250,7 +243,7 @@ def reliability_curve(
         probs ``(N, C)``, labels ``(N,)`` → every field ``(n_bins,)``.
     """
     p, y = _check_probs_labels(probs, labels)
-    n_bins = _check_n_bins(n_bins)
+    n_bins = check_int("n_bins", n_bins, 1)
     strategy = _check_strategy(strategy)
     conf, pred = p.max(dim=1).values, p.argmax(dim=1)
     hit = (pred == y).to(_F64)
@@ -316,8 +309,7 @@ def negative_log_likelihood(probs: Tensor, labels: Tensor, eps: float = 1e-12) -
     Shape:
         probs ``(N, C)``, labels ``(N,)`` → float.
     """
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not (0.0 < eps < 1.0):
-        raise ValueError(f"eps must be a float in (0, 1), got {eps!r}")
+    check_real("eps", eps, gt=0.0, lt=1.0)
     p, y = _check_probs_labels(probs, labels)
     py = p.gather(1, y[:, None]).squeeze(1)
     return float(-torch.log(py.clamp_min(eps)).mean())
@@ -421,8 +413,7 @@ class TemperatureScaler(nn.Module):
         Shape:
             logits ``(N, C)``, labels ``(N,)``.
         """
-        if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-            raise ValueError(f"max_iter must be an int >= 1, got {max_iter!r}")
+        check_int("max_iter", max_iter, 1)
         z = _check_logits(logits)
         y = _check_labels(labels, z.shape[0], z.shape[1])
         log_t = self.log_temperature.detach().to(device="cpu", dtype=_F64).clone()
@@ -632,8 +623,7 @@ def pavpu_curve(
     """
     u, ok = _check_uncertainty_correct(uncertainty, correct)
     if thresholds is None:
-        if isinstance(n_thresholds, bool) or not isinstance(n_thresholds, int) or n_thresholds < 1:
-            raise ValueError(f"n_thresholds must be an int >= 1, got {n_thresholds!r}")
+        n_thresholds = check_int("n_thresholds", n_thresholds, 1)
         thr = torch.quantile(u, torch.linspace(0, 1, n_thresholds, dtype=_F64))
     else:
         t = _to_tensor(thresholds, "thresholds")

@@ -28,7 +28,14 @@ import torch
 from pyro.infer.util import is_validation_enabled
 from torch import Tensor
 
-from ._validation import check_float_tensor, check_int, check_no_nan, check_tensor
+from ._validation import (
+    check_finite,
+    check_float_tensor,
+    check_int,
+    check_no_nan,
+    check_real,
+    check_tensor,
+)
 
 __all__ = [
     "attention_logits",
@@ -44,22 +51,6 @@ __all__ = [
     "entropy",
     "uncertainty_decomposition",
 ]
-
-
-def check_finite(name: str, x: Tensor) -> None:
-    """Raise ``ValueError`` naming ``name`` if ``x`` holds NaN or ±Inf.
-
-    One cheap pass: a sum is finite unless some element is NaN/±Inf (or the sum overflows, which
-    the exact count below then clears)."""
-    if not x.is_floating_point() or bool(torch.isfinite(x.sum())):
-        return
-    if not bool(torch.isfinite(x).all()):
-        n_nan = int(torch.isnan(x).sum())
-        n_inf = int(torch.isinf(x).sum())
-        raise ValueError(
-            f"{name} must be finite; got {n_nan} NaN and {n_inf} Inf values in a tensor of shape "
-            f"{tuple(x.shape)}"
-        )
 
 
 def entropy(probs: Tensor, dim: int = -1) -> Tensor:
@@ -117,12 +108,8 @@ def attention_logits(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor
         )
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    elif (
-        isinstance(scale, bool)
-        or not isinstance(scale, (int, float))
-        or not (math.isfinite(scale) and scale > 0)
-    ):
-        raise ValueError(f"scale must be a positive finite number; got {scale!r}")
+    else:
+        check_real("scale", scale, gt=0.0)
     # scale the (smaller) queries rather than the (Tq, Tk) scores, as torch does
     return torch.matmul(q * scale, k.transpose(-2, -1))  # (..., Tq, Tk)
 
@@ -337,10 +324,7 @@ def attention(
         q ``(..., Tq, D)``, k ``(..., Tk, D)``, v ``(..., Tk, Dv)``, log_prior broadcastable to
         ``(..., Tq, Tk)`` → output ``(..., Tq, Dv)``, weights ``(..., Tq, Tk)``.
     """
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-        raise TypeError(f"dropout_p must be a float in [0, 1); got {dropout_p!r}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")
+    check_real("dropout_p", dropout_p, ge=0.0, lt=1.0)
     w = posterior_weights(attention_logits(q, k, scale), log_prior)  # (..., Tq, Tk)
     w_drop = torch.nn.functional.dropout(w, dropout_p, training) if dropout_p > 0 else w
     return attend(w_drop, v), w

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ._validation import check_float_tensor
 from .functional import entropy
 from .nn.attention import BayesianMultiheadAttention
 from .nn.modes import attention_mode
@@ -50,15 +51,8 @@ __all__ = [
 
 
 def _check_weights(weights: Any, name: str = "weights") -> Tensor:
-    if not isinstance(weights, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor; got {type(weights).__name__}")
-    if not weights.is_floating_point():
-        raise TypeError(f"{name} must be floating point; got dtype {weights.dtype}")
-    if weights.dim() < 2:
-        raise ValueError(
-            f"{name} must have at least 2 dims (..., Tq, Tk); got {tuple(weights.shape)}"
-        )
-    return weights
+    """Attention weights: a floating-point tensor ``(..., Tq, Tk)``."""
+    return check_float_tensor(name, weights, 2, layout="(..., Tq, Tk)")
 
 
 def attention_entropy(weights: Tensor) -> Tensor:

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._validation import check_int, check_real
 from .functional import mask_to_log_prior, posterior_weights
 
 __all__ = [
@@ -68,18 +69,10 @@ ChunkLogPrior = Callable[[int, int, Tensor], "Tensor | None"]
 _NEG_INF = float("-inf")
 
 
-def _check_pos_int(name: str, value, minimum: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
-    return value
-
-
 def _scale(scale: float | None, d: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(d)
-    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a positive finite number; got {scale!r}")
-    return float(scale)
+    return check_real("scale", scale, gt=0.0)
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor | None = None) -> None:
@@ -351,7 +344,7 @@ def local_support(
         ``(Tq, 2w+1)``.
     """
     _check_qkv(q, k)
-    window = _check_pos_int("window", window, 0)
+    window = check_int("window", window, 0)
     sc = _scale(scale, q.shape[-1])
     Tq, Tk = q.shape[-2], k.shape[-2]
     K = 2 * window + 1
@@ -400,7 +393,7 @@ def local_attention(
         q ``(…, Tq, D)``, k ``(…, Tk, D)``, v ``(…, Tk, Dv)`` → ``(…, Tq, Dv)``.
     """
     _check_qkv(q, k, v)
-    window = _check_pos_int("window", window, 0)
+    window = check_int("window", window, 0)
     sc = _scale(scale, q.shape[-1])
     Tq = q.shape[-2]
     kp, vp = _pad_keys(k, window, Tq), _pad_keys(v, window, Tq)
@@ -461,8 +454,8 @@ def topk_support(
         dropped_mass ``(…, Tq)``.
     """
     _check_qkv(q, k)
-    topk = _check_pos_int("topk", topk)
-    chunk_size = _check_pos_int("chunk_size", chunk_size)
+    topk = check_int("topk", topk, 1)
+    chunk_size = check_int("chunk_size", chunk_size, 1)
     sc = _scale(scale, q.shape[-1])
     Tq, Tk = q.shape[-2], k.shape[-2]
     kk = min(topk, Tk)

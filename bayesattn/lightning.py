@@ -69,6 +69,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         f'(pip install "bayesattn[lightning]"): {e}'
     ) from e
 
+from ._validation import check_bool, check_int
 from .inference import ScaleLatents, TrainConfig, _resolve_config, kl_beta, sync_param_store
 from .nn.modes import attention_mode
 from .nn.networks import BayesianNetwork, CausalLM, Seq2Seq, TransformerClassifier
@@ -174,14 +175,9 @@ class BayesianLightningModule(L.LightningModule):
             raise TypeError(
                 f"network must be a bayesattn BayesianNetwork; got {type(network).__name__}"
             )
-        if num_data is not None and (
-            isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1
-        ):
-            raise ValueError(f"num_data must be None or an int >= 1; got {num_data!r}")
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"num_samples must be an int >= 1; got {num_samples!r}")
-        if not isinstance(shared_noise, bool):
-            raise TypeError(f"shared_noise must be a bool; got {type(shared_noise).__name__}")
+        check_int("num_data", num_data, 1, allow_none=True)
+        check_int("num_samples", num_samples, 1)
+        check_bool("shared_noise", shared_noise)
         self.network = network
         self.config = _resolve_config(config, overrides)
         self.num_data = num_data

@@ -16,7 +16,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from bayesattn._validation import check_int
 from bayesattn.calibration import (
+    ReliabilityCurve,
     Strategy,
     _check_ood,
     _check_probs_labels,
@@ -105,6 +107,15 @@ def plot_reliability_diagram(
     ece = float((curve.count[filled] / curve.count.sum() * curve.gap[filled]).sum())
     conf = p.max(dim=1).values.numpy()
 
+    fig, ax, ax_hist = _reliability_axes(ax)
+    _draw_reliability_bars(ax, curve, strategy, ece, title)
+    _draw_confidence_histogram(ax_hist, conf, n_bins, strategy)
+    return _finish(fig, path)
+
+
+def _reliability_axes(ax: Axes | None) -> tuple[Figure, Axes, Axes]:
+    """The diagram's axes and the confidence-histogram axes below it (a new figure if ``ax`` is
+    None, else appended under ``ax`` in its figure)."""
     if ax is None:
         fig = _new_figure(figsize=(5.0, 6.0), layout="constrained")
         ax, ax_hist = fig.subplots(
@@ -115,7 +126,14 @@ def plot_reliability_diagram(
 
         fig = _root_figure(ax)
         ax_hist = make_axes_locatable(ax).append_axes("bottom", size="30%", pad=0.35, sharex=ax)
+    return fig, ax, ax_hist
 
+
+def _draw_reliability_bars(
+    ax: Axes, curve: ReliabilityCurve, strategy: Strategy, ece: float, title: str | None
+) -> None:
+    """Per-bin accuracy bars, the shaded gap to the mean confidence and the diagonal."""
+    filled = curve.count > 0
     mask = filled.numpy()
     lower, upper = curve.bin_lower.numpy()[mask], curve.bin_upper.numpy()[mask]
     acc, mean_conf = curve.accuracy.numpy()[mask], curve.confidence.numpy()[mask]
@@ -157,6 +175,9 @@ def plot_reliability_diagram(
     ax.legend(loc="upper left", title=f"ECE = {ece:.4f}", fontsize="small")
     ax.set_title(title if title is not None else f"Reliability diagram (ECE = {ece:.4f})")
 
+
+def _draw_confidence_histogram(ax_hist: Axes, conf: Any, n_bins: int, strategy: Strategy) -> None:
+    """Histogram of the confidences ``max_c p_c`` with their mean marked."""
     if strategy == "uniform":
         hist_bins = (torch.arange(n_bins + 1, dtype=torch.float64) / n_bins).numpy()
     else:
@@ -174,7 +195,6 @@ def plot_reliability_diagram(
     ax_hist.set_xlabel("confidence (max probability)")
     ax_hist.set_ylabel("count")
     ax_hist.legend(loc="upper left", fontsize="small")
-    return _finish(fig, path)
 
 
 def plot_uncertainty_histograms(
@@ -196,8 +216,7 @@ def plot_uncertainty_histograms(
         scores_in ``(N_in,)``, scores_out ``(N_out,)``.
     """
     _check_ax(ax)
-    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
-        raise ValueError(f"bins must be an int >= 1, got {bins!r}")
+    check_int("bins", bins, 1)
     s_in, s_out = _check_ood(scores_in, scores_out)
     auroc = ood_auroc(s_in, s_out)
     lo = float(torch.minimum(s_in.min(), s_out.min()))

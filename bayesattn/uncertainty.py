@@ -49,6 +49,7 @@ from pyro import poutine
 from torch import Tensor, nn
 
 from ._deprecation import renamed_kwargs, warn_renamed
+from ._validation import check_int, check_real
 from .functional import entropy, uncertainty_decomposition
 from .nn.attention import BayesianMultiheadAttention
 from .nn.modes import AttentionMode, attention_mode, check_mode
@@ -67,14 +68,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _check_prob(prob: Any) -> float:
-    if isinstance(prob, bool) or not isinstance(prob, (int, float)):
-        raise TypeError(f"prob must be a float in (0, 1); got {type(prob).__name__}")
-    if not 0.0 < float(prob) < 1.0:
-        raise ValueError(f"prob must be in (0, 1); got {prob!r}")
-    return float(prob)
 
 
 def _quantile0(x: Tensor, q: float) -> Tensor:
@@ -165,7 +158,7 @@ class AttentionSamples:
         Shape:
             ``(lo, hi)``, each ``(B, H, Tq, Tk)``.
         """
-        p = _check_prob(prob)
+        p = check_real("prob", prob, gt=0.0, lt=1.0)
         return _quantile0(self.samples, (1.0 - p) / 2), _quantile0(self.samples, (1.0 + p) / 2)
 
     def entropy_of_mean(self) -> Tensor:
@@ -195,10 +188,7 @@ class AttentionSamples:
         Shape:
             bool ``(B, H, Tq, Tk)``.
         """
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
-            raise TypeError(f"threshold must be a float in [0, 1]; got {type(threshold).__name__}")
-        if not 0.0 <= float(threshold) <= 1.0:
-            raise ValueError(f"threshold must be in [0, 1]; got {threshold!r}")
+        threshold = check_real("threshold", threshold, ge=0.0, le=1.0)
         lo, _ = self.interval(prob)
         return lo > float(threshold)
 
@@ -530,14 +520,6 @@ def _predictive_mask(net: BayesianNetwork, x: Tensor, y: Tensor | None) -> Tenso
     return mask
 
 
-def _check_int(name: str, v: Any, allow_none: bool = False) -> None:
-    if allow_none and v is None:
-        return
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        expected = "None or an int >= 1" if allow_none else "an int >= 1"
-        raise ValueError(f"{name} must be {expected}; got {v!r}")
-
-
 def _sample_predictive(
     network: Any,
     x: Tensor,
@@ -556,8 +538,8 @@ def _sample_predictive(
     (:meth:`~bayesattn.nn.networks.TransformerClassifier.first_stochastic_layer`).
     """
     net = _check_network(network)
-    _check_int("num_samples", num_samples)
-    _check_int("batch_size", batch_size, allow_none=True)
+    check_int("num_samples", num_samples, 1)
+    check_int("batch_size", batch_size, 1, allow_none=True)
     mode = check_mode(mode)
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor; got {type(x).__name__}")
@@ -682,8 +664,8 @@ def predict(
     """
     mode = check_mode(mode, stacklevel=4)
     if isinstance(network, nn.Module) and not isinstance(network, BayesianNetwork):
-        _check_int("num_samples", num_samples)
-        _check_int("batch_size", batch_size, allow_none=True)
+        check_int("num_samples", num_samples, 1)
+        check_int("batch_size", batch_size, 1, allow_none=True)
         if y is not None:
             raise ValueError("y is only used by Seq2Seq networks; got y for a foreign model")
         return _sample_foreign(

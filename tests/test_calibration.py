@@ -571,7 +571,7 @@ def test_predictive_entropy_errors():
 
 @pytest.mark.parametrize("fn", [expected_calibration_error, maximum_calibration_error])
 def test_bin_argument_errors(fn):
-    with pytest.raises(ValueError, match=r"n_bins must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"n_bins must be a positive int; got 0"):
         fn(GOOD_P, GOOD_Y, n_bins=0)
     with pytest.raises(TypeError, match="n_bins must be an int"):
         fn(GOOD_P, GOOD_Y, n_bins=2.5)
@@ -633,7 +633,7 @@ def test_pavpu_threshold_errors():
         pavpu_curve([0.1], [True], thresholds=[])
     with pytest.raises(ValueError, match="thresholds contains NaN"):
         pavpu_curve([0.1], [True], thresholds=[0.1, float("nan")])
-    with pytest.raises(ValueError, match="n_thresholds must be an int >= 1"):
+    with pytest.raises(ValueError, match="n_thresholds must be a positive int; got 0"):
         pavpu_curve([0.1], [True], n_thresholds=0)
 
 
@@ -646,7 +646,7 @@ def test_temperature_errors():
         fit_temperature(torch.zeros(2, 3), torch.tensor([0, 3]))
     with pytest.raises(ValueError, match="logits contains NaN or Inf"):
         fit_temperature(torch.tensor([[0.0, float("nan")]]), torch.tensor([0]))
-    with pytest.raises(ValueError, match="max_iter must be an int >= 1"):
+    with pytest.raises(ValueError, match="max_iter must be a positive int; got 0"):
         fit_temperature(torch.zeros(2, 3), torch.tensor([0, 1]), max_iter=0)
     with pytest.raises(ValueError, match="temperature must be a finite float > 0"):
         TemperatureScaler(temperature=0.0)

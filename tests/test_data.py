@@ -132,9 +132,9 @@ def test_digits_no_holdout() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "exc", "match"),
     [
-        ({"val_fraction": -0.1}, ValueError, r"val_fraction must be in \[0, 1\), got -0.1"),
-        ({"test_fraction": 1.0}, ValueError, r"test_fraction must be in \[0, 1\), got 1.0"),
-        ({"val_fraction": "a"}, TypeError, r"val_fraction must be a float, got 'a'"),
+        ({"val_fraction": -0.1}, ValueError, r"val_fraction must be in \[0, 1\); got -0.1"),
+        ({"test_fraction": 1.0}, ValueError, r"test_fraction must be in \[0, 1\); got 1.0"),
+        ({"val_fraction": "a"}, TypeError, r"val_fraction must be a real number; got 'a' \(str\)"),
         (
             {"val_fraction": 0.5, "test_fraction": 0.5},
             ValueError,
@@ -153,9 +153,9 @@ def test_digits_no_holdout() -> None:
             ValueError,
             r"leave at least 2 in-distribution classes",
         ),
-        ({"seed": -1}, ValueError, r"seed must be >= 0, got -1"),
-        ({"seed": 1.5}, TypeError, r"seed must be an int, got 1.5"),
-        ({"seed": True}, TypeError, r"seed must be an int, got True"),
+        ({"seed": -1}, ValueError, r"seed must be a non-negative int; got -1"),
+        ({"seed": 1.5}, TypeError, r"seed must be an int; got 1.5 \(float\)"),
+        ({"seed": True}, TypeError, r"seed must be an int; got True \(bool\)"),
     ],
 )
 def test_digits_bad_arguments(kwargs: dict, exc: type[Exception], match: str) -> None:
@@ -228,9 +228,9 @@ def test_corruption_suite_matches_corrupt_images(digits: D.DigitsData) -> None:
     ("args", "exc", "match"),
     [
         (("blur", 1), ValueError, r"kind must be one of .*got 'blur'"),
-        (("noise", 0), ValueError, r"severity must be an int in 1..5, got 0"),
-        (("noise", 6), ValueError, r"severity must be an int in 1..5, got 6"),
-        (("noise", 2.0), TypeError, r"severity must be an int in 1..5, got 2.0"),
+        (("noise", 0), ValueError, r"severity must be an int in \[1, 5\]; got 0"),
+        (("noise", 6), ValueError, r"severity must be an int in \[1, 5\]; got 6"),
+        (("noise", 2.0), TypeError, r"severity must be an int; got 2.0 \(float\)"),
     ],
 )
 def test_corrupt_images_bad_arguments(args: tuple, exc: type[Exception], match: str) -> None:
@@ -239,19 +239,19 @@ def test_corrupt_images_bad_arguments(args: tuple, exc: type[Exception], match: 
 
 
 def test_corrupt_images_bad_inputs() -> None:
-    with pytest.raises(TypeError, match=r"x must be a torch.Tensor, got ndarray"):
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor; got ndarray"):
         corrupt_images(np.zeros((2, 8, 8)), "noise", 1)
-    with pytest.raises(ValueError, match=r"x must have 3 dims, got shape \(8, 8\)"):
+    with pytest.raises(ValueError, match=r"x must have 3 dims; got shape \(8, 8\)"):
         corrupt_images(torch.rand(8, 8), "noise", 1)
-    with pytest.raises(TypeError, match=r"floating point tensor, got dtype torch.int64"):
+    with pytest.raises(TypeError, match=r"x must be a floating-point tensor; got dtype torch.int64"):
         corrupt_images(torch.zeros(2, 8, 8, dtype=torch.int64), "noise", 1)
-    with pytest.raises(ValueError, match=r"seed must be >= 0, got -3"):
+    with pytest.raises(ValueError, match=r"seed must be a non-negative int; got -3"):
         corrupt_images(torch.rand(2, 8, 8), "noise", 1, seed=-3)
     with pytest.raises(ValueError, match=r"kinds must be a non-empty sequence"):
         corruption_suite(torch.rand(2, 8, 8), kinds="noise")
     with pytest.raises(ValueError, match=r"severities must be a non-empty sequence of ints"):
         corruption_suite(torch.rand(2, 8, 8), severities=())
-    with pytest.raises(ValueError, match=r"severity must be an int in 1..5, got 9"):
+    with pytest.raises(ValueError, match=r"severity must be an int in \[1, 5\]; got 9"):
         corruption_suite(torch.rand(2, 8, 8), severities=(1, 9))
 
 
@@ -287,9 +287,9 @@ def test_patches_rectangular() -> None:
 def test_patches_errors() -> None:
     with pytest.raises(ValueError, match=r"\(H, W\) = \(8, 8\) is not divisible by patch_size=3"):
         images_to_patches(torch.rand(2, 8, 8), 3)
-    with pytest.raises(ValueError, match=r"patch_size must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"patch_size must be a positive int; got 0"):
         images_to_patches(torch.rand(2, 8, 8), 0)
-    with pytest.raises(ValueError, match=r"x must have 3 dims, got shape \(2, 1, 8, 8\)"):
+    with pytest.raises(ValueError, match=r"x must have 3 dims; got shape \(2, 1, 8, 8\)"):
         images_to_patches(torch.rand(2, 1, 8, 8), 2)
     with pytest.raises(ValueError, match=r"patch dimension must be a perfect square p \* p, got 3"):
         patches_to_images(torch.rand(2, 16, 3))
@@ -469,13 +469,13 @@ def test_sequence_task_errors() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "exc", "match"),
     [
-        ({"n": 0}, ValueError, r"n must be >= 1, got 0"),
-        ({"n": 2.5}, TypeError, r"n must be an int, got 2.5"),
-        ({"length": 0}, ValueError, r"length must be >= 1, got 0"),
-        ({"vocab_size": 0}, ValueError, r"vocab_size must be >= 1, got 0"),
+        ({"n": 0}, ValueError, r"n must be a positive int; got 0"),
+        ({"n": 2.5}, TypeError, r"n must be an int; got 2.5 \(float\)"),
+        ({"length": 0}, ValueError, r"length must be a positive int; got 0"),
+        ({"vocab_size": 0}, ValueError, r"vocab_size must be a positive int; got 0"),
         ({"min_length": 9}, ValueError, r"min_length must be <= length=8, got 9"),
-        ({"min_length": 0}, ValueError, r"min_length must be >= 1, got 0"),
-        ({"seed": "0"}, TypeError, r"seed must be an int, got '0'"),
+        ({"min_length": 0}, ValueError, r"min_length must be a positive int; got 0"),
+        ({"seed": "0"}, TypeError, r"seed must be an int; got '0' \(str\)"),
     ],
 )
 def test_algorithmic_bad_arguments(kwargs: dict, exc: type[Exception], match: str) -> None:
@@ -538,13 +538,13 @@ def test_ood_unseen_tokens() -> None:
             ("copy", 5, "unseen_tokens"),
             {"num_unseen_tokens": 0},
             ValueError,
-            r"num_unseen_tokens must be >= 1, got 0",
+            r"num_unseen_tokens must be a positive int; got 0",
         ),
         (
             ("copy", 5, "unseen_tokens"),
             {"unseen_fraction": 1.5},
             ValueError,
-            r"unseen_fraction must be in \[0, 1\], got 1.5",
+            r"unseen_fraction must be in \[0, 1\]; got 1.5",
         ),
     ],
 )
@@ -693,8 +693,8 @@ def test_translation_task_determinism_and_patterns() -> None:
             ValueError,
             r"n=2000 exceeds the 1170 distinct sentences",
         ),
-        ({"n": 0}, ValueError, r"n must be >= 1, got 0"),
-        ({"seed": -2}, ValueError, r"seed must be >= 0, got -2"),
+        ({"n": 0}, ValueError, r"n must be a positive int; got 0"),
+        ({"seed": -2}, ValueError, r"seed must be a non-negative int; got -2"),
     ],
 )
 def test_translation_task_bad_arguments(kwargs: dict, exc: type[Exception], match: str) -> None:
@@ -738,7 +738,7 @@ def test_train_val_test_split() -> None:
         ((None, (0.5, 0.5)), ValueError, r"fractions must be 3 numbers .*got \(0.5, 0.5\)"),
         ((None, (0.5, 0.4, 0.2)), ValueError, r"non-negative and sum to 1, got \(0.5, 0.4, 0.2\)"),
         ((None, (1.2, -0.1, -0.1)), ValueError, r"non-negative and sum to 1"),
-        ((None, (0.8, 0.1, 0.1), -1), ValueError, r"seed must be >= 0, got -1"),
+        ((None, (0.8, 0.1, 0.1), -1), ValueError, r"seed must be a non-negative int; got -1"),
     ],
 )
 def test_split_bad_arguments(args: tuple, exc: type[Exception], match: str) -> None:

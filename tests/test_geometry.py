@@ -209,7 +209,7 @@ def test_bad_inputs():
         attention_entropy([[0.5, 0.5]])
     with pytest.raises(ValueError, match=r"at least 2 dims \(\.\.\., Tq, Tk\)"):
         attention_entropy(torch.ones(3))
-    with pytest.raises(TypeError, match="floating point"):
+    with pytest.raises(TypeError, match="floating-point tensor"):
         mean_attention_distance(torch.ones(2, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="q_pos must have last dim 3"):
         mean_attention_distance(torch.ones(3, 4) / 4, q_pos=torch.arange(4))

@@ -118,7 +118,7 @@ def test_bad_inputs_raise(figures):
         plot_reliability_diagram(probs, labels, ax="not an axes")
     with pytest.raises(ValueError, match="scores_out is empty"):
         plot_uncertainty_histograms([0.1], [])
-    with pytest.raises(ValueError, match="bins must be an int >= 1"):
+    with pytest.raises(ValueError, match="bins must be a positive int; got 0"):
         plot_uncertainty_histograms([0.1], [0.2], bins=0)
     with pytest.raises(ValueError, match="correct must have the same shape"):
         plot_risk_coverage([0.1, 0.2], [1])

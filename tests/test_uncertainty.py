@@ -294,10 +294,10 @@ def test_predict_hides_sites_from_outer_handlers():
 @pytest.mark.parametrize(
     "kwargs, exc, match",
     [
-        (dict(num_samples=0), ValueError, "num_samples must be an int >= 1"),
+        (dict(num_samples=0), ValueError, "num_samples must be a positive int; got 0"),
         (dict(num_samples=True), ValueError, "num_samples"),
         (dict(num_samples=2.0), ValueError, "num_samples"),
-        (dict(batch_size=0), ValueError, "batch_size must be None or an int >= 1"),
+        (dict(batch_size=0), ValueError, "batch_size must be a positive int or None; got 0"),
         (dict(mode="map"), ValueError, "mode must be one of"),
     ],
 )

@@ -4,7 +4,6 @@ distribution-shift studies. Images are float32 ``(N, H, W)`` in ``[0, 1]``."""
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import _check_seed, _check_tensor, _torch_generator
+from .._validation import check_float_tensor, check_int, check_seed, torch_generator
 
 __all__ = ["CORRUPTION_KINDS", "corrupt_images", "corruption_suite"]
 
@@ -27,14 +26,6 @@ def _check_kind(kind: Any) -> str:
     if kind not in CORRUPTION_KINDS:
         raise ValueError(f"kind must be one of {CORRUPTION_KINDS}, got {kind!r}")
     return kind
-
-
-def _check_severity(severity: Any) -> int:
-    if isinstance(severity, bool) or not isinstance(severity, numbers.Integral):
-        raise TypeError(f"severity must be an int in 1..5, got {severity!r}")
-    if not 1 <= int(severity) <= 5:
-        raise ValueError(f"severity must be an int in 1..5, got {severity}")
-    return int(severity)
 
 
 def _occlusion_side(severity: int, height: int, width: int) -> int:
@@ -57,15 +48,13 @@ def corrupt_images(x: Tensor, kind: str, severity: int, seed: int = 0) -> Tensor
     Shape:
         x: ``(N, H, W)`` floating point. Returns ``(N, H, W)``, same dtype and device.
     """
-    x = _check_tensor("x", x, 3)
-    if not x.is_floating_point():
-        raise TypeError(f"x must be a floating point tensor, got dtype {x.dtype}")
+    x = check_float_tensor("x", x, ndim=3)
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"x must be finite; got NaN or Inf pixels in shape {tuple(x.shape)}")
     kind = _check_kind(kind)
-    severity = _check_severity(severity)
-    seed = _check_seed(seed)
-    g = _torch_generator(seed)
+    severity = check_int("severity", severity, 1, 5)
+    seed = check_seed(seed)
+    g = torch_generator(seed)
     n, h, w = x.shape
 
     if kind == "noise":
@@ -126,5 +115,5 @@ def corruption_suite(
     for k in kinds:
         _check_kind(k)
     for s in severities:
-        _check_severity(s)
+        check_int("severity", s, 1, 5)
     return {(k, int(s)): corrupt_images(x, k, s, seed=seed) for k in kinds for s in severities}

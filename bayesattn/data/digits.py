@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import _check_fraction, _check_seed
+from .._validation import check_real, check_seed
 
 __all__ = ["DigitsData", "load_digits_data"]
 
@@ -84,9 +84,9 @@ def load_digits_data(
     Shape:
         Returns a :class:`DigitsData` with images ``(N, 8, 8)`` and labels ``(N,)``.
     """
-    seed = _check_seed(seed)
-    val_fraction = _check_fraction("val_fraction", val_fraction)
-    test_fraction = _check_fraction("test_fraction", test_fraction)
+    seed = check_seed(seed)
+    val_fraction = check_real("val_fraction", val_fraction, ge=0.0, lt=1.0)
+    test_fraction = check_real("test_fraction", test_fraction, ge=0.0, lt=1.0)
     if val_fraction + test_fraction >= 1.0:
         raise ValueError(
             "val_fraction + test_fraction must be < 1, got "

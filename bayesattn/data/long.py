@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._validation import check_int, check_real, torch_generator
+
 __all__ = ["RetrievalTask", "make_retrieval_task"]
 
 
@@ -43,12 +45,6 @@ class RetrievalTask:
             self.x[index], self.y[index], self.pos[index], self.vocab_size, self.num_classes,
             dict(self.meta),
         )  # fmt: skip
-
-
-def _int(name: str, v: Any, lo: int) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise ValueError(f"{name} must be an int >= {lo}; got {v!r}")
-    return v
 
 
 def make_retrieval_task(
@@ -75,18 +71,16 @@ def make_retrieval_task(
         >>> t.x.shape, int((t.x[torch.arange(3), t.pos] == t.y + 1).sum())
         (torch.Size([3, 16]), 3)
     """
-    n = _int("n", n, 1)
-    length = _int("length", length, 2)
-    num_values = _int("num_values", num_values, 2)
-    num_noise = _int("num_noise", num_noise, 1)
-    near = _int("near", near, 1)
+    n = check_int("n", n, 1)
+    length = check_int("length", length, 2)
+    num_values = check_int("num_values", num_values, 2)
+    num_noise = check_int("num_noise", num_noise, 1)
+    near = check_int("near", near, 1)
     if near > length:
         raise ValueError(f"near must be <= length={length}; got {near}")
-    if not (isinstance(near_fraction, (int, float)) and 0.0 <= near_fraction <= 1.0):
-        raise ValueError(f"near_fraction must be in [0, 1]; got {near_fraction!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int; got {type(seed).__name__}")
-    g = torch.Generator().manual_seed(seed)
+    check_real("near_fraction", near_fraction, ge=0.0, le=1.0)
+    seed = check_int("seed", seed)
+    g = torch_generator(seed)
     first_noise = 1 + num_values
     x = torch.randint(first_noise, first_noise + num_noise, (n, length), generator=g)  # (N, T)
     y = torch.randint(0, num_values, (n,), generator=g)  # (N,)

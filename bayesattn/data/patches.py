@@ -10,7 +10,7 @@ import numbers
 from torch import Tensor
 
 from .._patches import patchify
-from ._checks import _check_int, _check_tensor
+from .._validation import check_int, check_tensor
 
 __all__ = ["images_to_patches", "patches_to_images"]
 
@@ -24,8 +24,8 @@ def images_to_patches(x: Tensor, patch_size: int = 2) -> Tensor:
     Shape:
         x: ``(N, H, W)``. Returns ``(N, (H // p) * (W // p), p * p)``.
     """
-    x = _check_tensor("x", x, 3)
-    p = _check_int("patch_size", patch_size, min_value=1)
+    x = check_tensor("x", x, 3)
+    p = check_int("patch_size", patch_size, 1)
     return patchify(x.unsqueeze(1), p)  # (N, 1, H, W) -> (N, gh * gw, p * p)
 
 
@@ -38,7 +38,7 @@ def patches_to_images(patches: Tensor, image_size: int | tuple[int, int] | None 
     Shape:
         patches: ``(N, num_patches, p * p)``. Returns ``(N, H, W)``.
     """
-    patches = _check_tensor("patches", patches, 3)
+    patches = check_tensor("patches", patches, 3)
     n, num_patches, dim = patches.shape
     p = math.isqrt(dim)
     if p * p != dim or dim == 0:

@@ -8,7 +8,6 @@ Alignments are ``(src_pos, tgt_pos)`` pairs where ``tgt_pos`` indexes the target
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._checks import _check_int, _check_seed, _check_tensor, _torch_generator
+from .._validation import check_int, check_real, check_seed, check_tensor, torch_generator
 
 __all__ = [
     "PAD_ID",
@@ -69,7 +68,7 @@ class SequenceTask:
 
     def __post_init__(self) -> None:
         for name in ("src", "tgt"):
-            t = _check_tensor(name, getattr(self, name), 2)
+            t = check_tensor(name, getattr(self, name), 2)
             if t.dtype != torch.int64:
                 raise TypeError(f"{name} must have dtype torch.int64, got {t.dtype}")
         if self.src.shape[0] != self.tgt.shape[0]:
@@ -236,17 +235,17 @@ def _algorithmic_task(
     unseen_fraction: float = 0.0,
     meta: dict[str, Any] | None = None,
 ) -> SequenceTask:
-    n = _check_int("n", n, min_value=1)
-    length = _check_int("length", length, min_value=1)
-    vocab_size = _check_int("vocab_size", vocab_size, min_value=1)
-    seed = _check_seed(seed)
+    n = check_int("n", n, 1)
+    length = check_int("length", length, 1)
+    vocab_size = check_int("vocab_size", vocab_size, 1)
+    seed = check_seed(seed)
     if min_length is None:
         min_length = length
-    min_length = _check_int("min_length", min_length, min_value=1)
+    min_length = check_int("min_length", min_length, 1)
     if min_length > length:
         raise ValueError(f"min_length must be <= length={length}, got {min_length}")
 
-    g = _torch_generator(seed)
+    g = torch_generator(seed)
     lengths = torch.randint(min_length, length + 1, (n,), generator=g)  # (N,)
     first = _NUM_SPECIAL
     tokens = torch.randint(first, first + vocab_size, (n, length), generator=g)  # (N, S)
@@ -393,11 +392,11 @@ def make_ood_sequences(
             "task_fn must be make_copy_task, make_reverse_task, make_sort_task or one of "
             f"{_ALGORITHMIC_TASKS}, got {task_fn!r}"
         )
-    length = _check_int("length", length, min_value=1)
+    length = check_int("length", length, 1)
     if kind == "longer":
         if ood_length is None:
             ood_length = 2 * length
-        ood_length = _check_int("ood_length", ood_length, min_value=1)
+        ood_length = check_int("ood_length", ood_length, 1)
         if ood_length <= length:
             raise ValueError(f"ood_length must be > length={length}, got {ood_length}")
         return _algorithmic_task(
@@ -410,12 +409,9 @@ def make_ood_sequences(
             meta={"ood": "longer", "train_length": length},
         )
     if kind == "unseen_tokens":
-        num_unseen = _check_int("num_unseen_tokens", num_unseen_tokens, min_value=1)
-        if isinstance(unseen_fraction, bool) or not isinstance(unseen_fraction, numbers.Real):
-            raise TypeError(f"unseen_fraction must be a float, got {unseen_fraction!r}")
-        if not 0.0 <= unseen_fraction <= 1.0:
-            raise ValueError(f"unseen_fraction must be in [0, 1], got {unseen_fraction}")
-        vocab_size = _check_int("vocab_size", vocab_size, min_value=1)
+        num_unseen = check_int("num_unseen_tokens", num_unseen_tokens, 1)
+        check_real("unseen_fraction", unseen_fraction, ge=0.0, le=1.0)
+        vocab_size = check_int("vocab_size", vocab_size, 1)
         return _algorithmic_task(
             name,
             n,

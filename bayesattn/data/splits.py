@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._checks import _check_seed, _torch_generator
+from .._validation import check_seed, torch_generator
 from .sequences import SequenceTask
 
 __all__ = ["train_val_test_split"]
@@ -33,14 +33,14 @@ def train_val_test_split(
     fr = [float(f) for f in fractions]
     if any(f < 0 for f in fr) or not math.isclose(sum(fr), 1.0, abs_tol=1e-6):
         raise ValueError(f"fractions must be non-negative and sum to 1, got {tuple(fractions)!r}")
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     n = len(task)
     n_val = int(round(fr[1] * n))
     n_test = int(round(fr[2] * n))
     n_train = n - n_val - n_test
     if n_train < 0:
         raise ValueError(f"fractions={tuple(fractions)!r} leave no training rows for N={n}")
-    perm = torch.randperm(n, generator=_torch_generator(seed))
+    perm = torch.randperm(n, generator=torch_generator(seed))
     return (
         task.subset(perm[:n_train]),
         task.subset(perm[n_train : n_train + n_val]),

@@ -10,7 +10,7 @@ from typing import cast
 import numpy as np
 import torch
 
-from ._checks import _check_int, _check_seed
+from .._validation import check_int, check_seed
 from .sequences import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, Alignment, SequenceTask
 
 __all__ = ["TRANSLATION_PATTERNS", "translate_sentence", "make_translation_task"]
@@ -342,8 +342,8 @@ def make_translation_task(
     Shape:
         src: ``(n, 6)`` or ``(n, 9)`` with "subordinate"; tgt: ``(n, 8)`` or ``(n, 12)``.
     """
-    n = _check_int("n", n, min_value=1)
-    seed = _check_seed(seed)
+    n = check_int("n", n, 1)
+    seed = check_seed(seed)
     if isinstance(patterns, str) or len(patterns) == 0:
         raise ValueError(
             f"patterns must be a non-empty sequence drawn from {TRANSLATION_PATTERNS}, "

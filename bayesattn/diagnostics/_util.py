@@ -1,5 +1,5 @@
-"""Small helpers shared by the diagnostics modules: seeded RNG forks, eval mode, plate nesting,
-per-draw reshapes and the positive-int check."""
+"""Small helpers shared by the diagnostics modules: eval mode, plate nesting and per-draw
+reshapes (argument checks and seeded RNG forks are in :mod:`bayesattn._validation`)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-
-
-@contextlib.contextmanager
-def _seeded(seed: int | None) -> Iterator[None]:
-    """Run under a forked torch RNG seeded with ``seed`` (global RNG untouched); no-op for None."""
-    if seed is None:
-        yield
-        return
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int or None; got {seed!r}")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
 
 
 @contextlib.contextmanager
@@ -37,12 +24,6 @@ def _eval_mode(module: Any) -> Iterator[None]:
     finally:
         for m, t in flags:
             m.training = t
-
-
-def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int; got {value!r}")
-    return value
 
 
 def _max_plate_nesting(*traces: Any) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from ._util import _check_positive_int
+from .._validation import check_int
 
 __all__ = ["arviz_major_version", "to_arviz_dict", "to_arviz"]
 
@@ -191,7 +191,7 @@ def _check_sample_layout(sample_dims: Sequence[str], num_chains: int) -> bool:
             f"flat dim such as ('sample',); got {sample_dims!r}"
         )
     flat = len(tuple(sample_dims)) == 1
-    _check_positive_int("num_chains", num_chains)
+    check_int("num_chains", num_chains, 1)
     if num_chains > 1 and not flat:
         raise ValueError("num_chains splits flat draws; the input already has (chain, draw) dims")
     return flat

@@ -18,7 +18,8 @@ import torch
 from pyro import poutine
 from torch import Tensor
 
-from ._util import _check_positive_int, _eval_mode, _max_plate_nesting, _per_draw, _seeded
+from .._validation import check_int, seeded
+from ._util import _eval_mode, _max_plate_nesting, _per_draw
 from .arviz_io import to_arviz
 
 __all__ = ["NetworkDraws", "network_draws", "prediction_to_arviz", "predictive_to_arviz"]
@@ -149,12 +150,12 @@ def network_draws(
     Shape:
         x ``(B, ...)``, y ``(B, ...)`` → see :class:`NetworkDraws`.
     """
-    _check_positive_int("num_samples", num_samples)
+    check_int("num_samples", num_samples, 1)
     for attr in ("model", "guide"):
         if not callable(getattr(network, attr, None)):
             raise TypeError(f"network must have a callable .{attr}; got {type(network).__name__}")
     S = num_samples
-    with torch.no_grad(), _eval_mode(network), _seeded(seed):
+    with torch.no_grad(), _eval_mode(network), seeded(seed):
         # one unvectorised pass: validates, initialises autoguides, finds the plate nesting
         gtr, mtr = _trace_pass(network, x, y, num_data)
         names = _select_sites(mtr, var_names, obs_name)

@@ -21,7 +21,8 @@ from pyro import poutine
 from pyro.ops.stats import fit_generalized_pareto
 from torch import Tensor
 
-from ._util import _check_positive_int, _max_plate_nesting, _per_draw, _seeded
+from .._validation import check_int, seeded
+from ._util import _max_plate_nesting, _per_draw
 
 __all__ = ["KHAT_INTERPRETATIONS", "interpret_khat", "psis_smooth", "PSISResult", "psis_diagnostic"]
 
@@ -192,11 +193,11 @@ def psis_diagnostic(
     Shape:
         ``log_weights`` ``(S,)``.
     """
-    _check_positive_int("num_samples", num_samples)
+    check_int("num_samples", num_samples, 1)
     if num_samples < 2:
         raise ValueError(f"num_samples must be >= 2; got {num_samples}")
     S = num_samples
-    with torch.no_grad(), _seeded(seed):
+    with torch.no_grad(), seeded(seed):
         gtr = poutine.trace(guide).get_trace(*args, **kwargs)
         mtr = poutine.trace(poutine.replay(model, trace=gtr)).get_trace(*args, **kwargs)
         if vectorize:

@@ -18,13 +18,13 @@ import torch
 from pyro import poutine
 from torch import Tensor
 
+from .._validation import check_int, seeded
 from ..models.regression import (
     AttentionRegressionData,
     _drop_plate_dim,
     attention_regression_model,
     simulate_attention_regression,
 )
-from ._util import _check_positive_int, _seeded
 from .arviz_io import _arviz_is_v1, to_arviz
 from .psis import PSISResult, psis_diagnostic
 
@@ -102,13 +102,12 @@ def nuts_attention_regression(
     from pyro.infer import MCMC, NUTS
 
     for name, v in (("num_samples", num_samples), ("num_chains", num_chains)):
-        _check_positive_int(name, v)
-    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be a non-negative int; got {warmup_steps!r}")
+        check_int(name, v, 1)
+    check_int("warmup_steps", warmup_steps, 0)
     chains: list[dict[str, Tensor]] = []
     divergences = 0
     for c in range(num_chains):
-        with _seeded(seed + c):
+        with seeded(seed + c):
             kernel = NUTS(
                 attention_regression_model, jit_compile=jit_compile, ignore_jit_warnings=True
             )
@@ -166,12 +165,12 @@ def fit_svi_attention_regression(
 
     if guide not in ("mvn", "normal"):
         raise ValueError(f"guide must be 'mvn' or 'normal'; got {guide!r}")
-    _check_positive_int("num_steps", num_steps)
-    _check_positive_int("num_particles", num_particles)
+    check_int("num_steps", num_steps, 1)
+    check_int("num_particles", num_particles, 1)
     cls = AutoMultivariateNormal if guide == "mvn" else AutoNormal
     # scoped store: nothing leaks into the global one; the trained values live in the guide
     # module itself (PyroModule parameters), so the guide works outside the scope
-    with _seeded(seed), pyro.get_param_store().scope():
+    with seeded(seed), pyro.get_param_store().scope():
         g = cls(attention_regression_model, init_scale=0.1)
         elbo = Trace_ELBO(
             num_particles=num_particles, vectorize_particles=True, max_plate_nesting=1
@@ -286,9 +285,9 @@ def compare_svi_nuts(
             seed=seed,
             jit_compile=jit_compile,
         )
-    _check_positive_int("num_svi_draws", num_svi_draws)
+    check_int("num_svi_draws", num_svi_draws, 1)
     g = fit_svi_attention_regression(data, guide=guide, num_steps=svi_steps, seed=seed)
-    with _seeded(seed + 1000):
+    with seeded(seed + 1000):
         draws = _guide_draws(g, data, num_svi_draws)
     order = list(nuts.samples)
     nuts_flat = torch.cat(

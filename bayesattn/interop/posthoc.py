@@ -30,7 +30,6 @@ for transformers ``lambda m, x: m(**x).logits``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import calibration as C
+from .._validation import check_int, check_real, torch_generator
 from ..nn.attention import BayesianMultiheadAttention
 from ..nn.modes import collect_kl
 from ..uncertainty import Inputs, _batch_size, _default_forward, _take, predict
@@ -131,17 +131,15 @@ def fit_posthoc(
     if not isinstance(y, Tensor) or y.dim() != 1 or y.shape[0] != n:
         raise ValueError(f"y must be a 1-D label tensor of length {n}; got {getattr(y, 'shape', y)}")
     for name, v in (("steps", steps), ("batch_size", batch_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int; got {v!r}")
-    if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
-        raise ValueError(f"lr must be a positive finite float; got {lr!r}")
+        check_int(name, v, 1)
+    check_real("lr", lr, gt=0.0)
     flags = [(p, p.requires_grad) for p in model.parameters()]
     params = freeze_for_posthoc(model)
     trainable = {id(p) for p in params}
     ref = params[0]
     log_t = torch.zeros((), device=ref.device, dtype=ref.dtype, requires_grad=fit_temperature)
     opt = torch.optim.Adam(params + ([log_t] if fit_temperature else []), lr=lr)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch_generator(seed)
     was_training = model.training
     model.eval()
     history: list[float] = []

@@ -57,7 +57,8 @@ from pyro.infer import SVI, TraceEnum_ELBO, config_enumerate
 from pyro.ops.indexing import Vindex
 from torch import Tensor
 
-from ..functional import attention_logits, check_finite
+from .._validation import check_finite, check_float_tensor, check_int, check_real, seeded
+from ..functional import attention_logits
 from ..priors import KeyRelevancePrior
 
 __all__ = [
@@ -79,17 +80,6 @@ _MAX_PLATE_NESTING = 3
 # ------------------------------------------------------------------------------------------------
 
 
-def _check_tensor(name: str, x: object, ndim: int, layout: str) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor {layout}; got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor {layout}; got dtype {x.dtype}")
-    if x.dim() != ndim:
-        raise ValueError(f"{name} must have shape {layout}; got {tuple(x.shape)}")
-    check_finite(name, x)
-    return x
-
-
 def _prepare(
     q: Tensor,
     k: Tensor,
@@ -98,8 +88,8 @@ def _prepare(
 ) -> tuple[Tensor, Tensor]:
     """Validate inputs; return ``(scores, log_pi)``, both ``(B, H, Tq, Tk)``, ``log_pi`` normalised
     per row (``-inf`` kept where the prior has zero mass)."""
-    _check_tensor("q", q, 4, "(B, H, Tq, D)")
-    _check_tensor("k", k, 4, "(B, H, Tk, D)")
+    check_finite("q", check_float_tensor("q", q, ndim=4, layout="(B, H, Tq, D)"))
+    check_finite("k", check_float_tensor("k", k, ndim=4, layout="(B, H, Tk, D)"))
     if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"q (B, H, Tq, D) and k (B, H, Tk, D) must share B, H and D; got q {tuple(q.shape)}, "
@@ -304,8 +294,8 @@ def exact_evidence(
         → scalar ``()``.
     """
     if isinstance(log_prior, KeyRelevancePrior):
-        _check_tensor("q", q, 4, "(B, H, Tq, D)")
-        _check_tensor("k", k, 4, "(B, H, Tk, D)")
+        check_finite("q", check_float_tensor("q", q, ndim=4, layout="(B, H, Tq, D)"))
+        check_finite("k", check_float_tensor("k", k, ndim=4, layout="(B, H, Tk, D)"))
         log_prior = log_prior(q, k)  # broadcastable to (B, H, Tq, Tk)
     model = config_enumerate(attention_model, default="parallel")
     elbo = TraceEnum_ELBO(max_plate_nesting=_MAX_PLATE_NESTING)
@@ -348,10 +338,8 @@ def fit_categorical_guide(
         q ``(B, H, Tq, D)``, k ``(B, H, Tk, D)``, log_prior broadcastable to ``(B, H, Tq, Tk)``
         → ``(B, H, Tq, Tk)`` (detached).
     """
-    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
-        raise ValueError(f"num_steps must be a positive int; got {num_steps!r}")
-    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be a positive finite number; got {lr!r}")
+    check_int("num_steps", num_steps, 1)
+    check_real("lr", lr, gt=0.0)
     scores, log_pi = _prepare(q, k, log_prior, scale)  # validates; (B, H, Tq, Tk)
     b, h, tq, _ = scores.shape
     support_mask = torch.where(log_pi > float("-inf"), 0.0, float("-inf")).to(scores.dtype)
@@ -373,8 +361,7 @@ def fit_categorical_guide(
     # the data do not need gradients: fit only the guide. The normalised log-prior stands in for
     # log_prior (same model), so a KeyRelevancePrior is evaluated once, not at every step.
     qd, kd, lp = q.detach(), k.detach(), log_pi.detach()
-    with torch.random.fork_rng(devices=[]), pyro.get_param_store().scope():
-        torch.manual_seed(seed)
+    with seeded(check_int("seed", seed)), pyro.get_param_store().scope():
         svi = SVI(
             attention_model,
             guide,
@@ -421,8 +408,8 @@ def _as_alpha(
 def _check_online_qk(q: Tensor, k: Tensor, num_keys: int | None) -> tuple[Tensor, Tensor]:
     if isinstance(q, Tensor) and q.dim() == 1:
         q = q.unsqueeze(0)  # (1, D): a single query
-    _check_tensor("q", q, 2, "(N, D)")
-    _check_tensor("k", k, 2, "(Tk, D)")
+    check_finite("q", check_float_tensor("q", q, ndim=2, layout="(N, D)"))
+    check_finite("k", check_float_tensor("k", k, ndim=2, layout="(Tk, D)"))
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"q (N, D) and k (Tk, D) must share D; got q {tuple(q.shape)}, k {tuple(k.shape)}"
@@ -485,12 +472,8 @@ class OnlineKeyRelevance:
         max_iters: int = 500,
         tol: float | None = None,
     ) -> None:
-        if num_keys is not None and (
-            not isinstance(num_keys, int) or isinstance(num_keys, bool) or num_keys < 1
-        ):
-            raise ValueError(f"num_keys must be a positive int; got {num_keys!r}")
-        if not isinstance(max_iters, int) or max_iters < 1:
-            raise ValueError(f"max_iters must be a positive int; got {max_iters!r}")
+        check_int("num_keys", num_keys, 1, allow_none=True)
+        check_int("max_iters", max_iters, 1)
         if dtype is not None and not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating-point dtype; got {dtype}")
         self._prior = _as_alpha(num_keys, alpha0, dtype=dtype)  # (Tk,)
@@ -636,14 +619,10 @@ def fit_relevance_guide(
     Shape:
         q ``(N, D)``, k ``(Tk, D)``, alpha0 a number or ``(Tk,)`` → ``(Tk,)`` (detached).
     """
-    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
-        raise ValueError(f"num_steps must be a positive int; got {num_steps!r}")
-    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be a positive finite number; got {lr!r}")
-    if not isinstance(num_particles, int) or num_particles < 1:
-        raise ValueError(f"num_particles must be a positive int; got {num_particles!r}")
-    if not 0.0 < average_last <= 1.0:
-        raise ValueError(f"average_last must be in (0, 1]; got {average_last!r}")
+    check_int("num_steps", num_steps, 1)
+    check_real("lr", lr, gt=0.0)
+    check_int("num_particles", num_particles, 1)
+    check_real("average_last", average_last, gt=0.0, le=1.0)
     q, k = _check_online_qk(q, k, None)
     alpha = _as_alpha(k.shape[0], alpha0).to(dtype=q.dtype, device=q.device)  # (Tk,)
     qd, kd = q.detach(), k.detach()
@@ -655,8 +634,7 @@ def fit_relevance_guide(
     start_avg = num_steps - max(1, int(round(average_last * num_steps)))
     total = torch.zeros_like(alpha)
     count = 0
-    with torch.random.fork_rng(devices=[]), pyro.get_param_store().scope():
-        torch.manual_seed(seed)
+    with seeded(check_int("seed", seed)), pyro.get_param_store().scope():
         elbo = TraceEnum_ELBO(
             max_plate_nesting=1, num_particles=num_particles, vectorize_particles=True
         )

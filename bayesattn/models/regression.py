@@ -14,7 +14,7 @@ import pyro.distributions as dist
 import torch
 from torch import Tensor
 
-from .._validation import check_int
+from .._validation import check_int, torch_generator
 
 __all__ = ["AttentionRegressionData", "simulate_attention_regression", "attention_regression_model"]
 
@@ -125,7 +125,7 @@ def simulate_attention_regression(
         check_int(name, v, minimum=1)
     if num_keys < 2:
         raise ValueError(f"num_keys must be >= 2; got {num_keys}")
-    g = torch.Generator().manual_seed(seed)
+    g = torch_generator(seed)
     q = torch.randn(num_data, dim, generator=g, dtype=dtype)
     keys = torch.randn(num_data, num_keys, dim, generator=g, dtype=dtype)
     values = torch.randn(num_data, num_keys, generator=g, dtype=dtype)

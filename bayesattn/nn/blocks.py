@@ -353,8 +353,7 @@ class EncoderLayer(_FeedForward):
                 "forward_rows needs a batch_first=True layer (src (*S, B, T, E)); this layer "
                 f"has batch_first=False, got src of shape {tuple(src.shape)}"
             )
-        if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= src.shape[-2]:
-            raise ValueError(f"rows must be an int in [1, {src.shape[-2]}]; got {rows!r}")
+        check_int("rows", rows, 1, src.shape[-2])
 
         def attend(q: Tensor, kv: Tensor) -> Tensor:
             y = self.self_attn(

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import kernels as K
+from .._validation import check_int
 from ..priors import UniformPrior
 
 __all__ = [
@@ -43,12 +44,6 @@ __all__ = [
     "get_kernel",
     "kernel_attention",
 ]
-
-
-def _pos_int(name: str, v, minimum: int = 1) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {v!r}")
-    return v
 
 
 class AttentionKernel(nn.Module):
@@ -82,8 +77,8 @@ class LocalKernel(AttentionKernel):
 
     def __init__(self, window: int = 64, chunk_size: int | None = None) -> None:
         super().__init__()
-        self.window = _pos_int("window", window, 0)
-        self.chunk_size = None if chunk_size is None else _pos_int("chunk_size", chunk_size)
+        self.window = check_int("window", window, 0)
+        self.chunk_size = check_int("chunk_size", chunk_size, 1, allow_none=True)
 
     def support(self, q, k, v, log_prior, key_padding_mask):
         s = K.local_support(q, k, self.window, log_prior, chunk_size=self.chunk_size)
@@ -114,8 +109,8 @@ class TopKKernel(AttentionKernel):
 
     def __init__(self, k: int = 64, chunk_size: int = 256) -> None:
         super().__init__()
-        self.k = _pos_int("k", k)
-        self.chunk_size = _pos_int("chunk_size", chunk_size)
+        self.k = check_int("k", k, 1)
+        self.chunk_size = check_int("chunk_size", chunk_size, 1)
         self.last_dropped_mass: Tensor | None = None
 
     def support(self, q, k, v, log_prior, key_padding_mask):
@@ -139,8 +134,8 @@ class LowRankKernel(AttentionKernel):
 
     def __init__(self, rank: int = 64, max_len: int = 4096) -> None:
         super().__init__()
-        self.rank = _pos_int("rank", rank)
-        self.max_len = _pos_int("max_len", max_len)
+        self.rank = check_int("rank", rank, 1)
+        self.max_len = check_int("max_len", max_len, 1)
         bound = 1.0 / math.sqrt(max_len)  # nn.Linear(max_len, rank)'s default bound
         self.proj_k = nn.Parameter(torch.empty(rank, max_len).uniform_(-bound, bound))
         self.proj_v = nn.Parameter(torch.empty(rank, max_len).uniform_(-bound, bound))

@@ -14,6 +14,8 @@ import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
 
+from .._validation import check_int
+
 __all__ = ["num_samples", "current_num_samples"]
 
 _NUM_SAMPLES: ContextVar[int | None] = ContextVar("bayesattn_num_samples", default=None)
@@ -27,8 +29,7 @@ def current_num_samples() -> int | None:
 @contextlib.contextmanager
 def num_samples(n: int | None) -> Iterator[None]:
     """Context manager: Bayesian attention layers inside draw ``n`` samples per pass."""
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise ValueError(f"num_samples must be a positive int or None; got {n!r}")
+    check_int("num_samples", n, 1, allow_none=True)
     token = _NUM_SAMPLES.set(n)
     try:
         yield

@@ -4,13 +4,12 @@ overrides are merged into it."""
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .._validation import check_int, check_real
 from .schedules import LR_DECAYS
 
 __all__ = ["TrainConfig", "MODES", "ELBOS", "VAL_LOSSES"]
@@ -18,14 +17,6 @@ __all__ = ["TrainConfig", "MODES", "ELBOS", "VAL_LOSSES"]
 MODES = ("svi", "hybrid")
 ELBOS = ("trace", "meanfield")
 VAL_LOSSES = ("nll", "elbo")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _is_real(v: Any) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
 @dataclass
@@ -114,28 +105,24 @@ class TrainConfig:
         choice("lr_decay", LR_DECAYS)
         choice("elbo", ELBOS)
         choice("val_loss", VAL_LOSSES)
+
+        def arg(name: str) -> tuple[str, Any]:  # (name in messages, value)
+            return f"TrainConfig.{name}", getattr(self, name)
+
         for name in ("epochs", "batch_size", "num_particles", "eval_every", "lr_step_size"):
-            v = getattr(self, name)
-            need(_is_int(v) and v >= 1, name, "an int >= 1")
+            check_int(*arg(name), 1)
         for name in ("warmup_steps", "kl_anneal_steps", "seed"):
-            v = getattr(self, name)
-            need(_is_int(v) and v >= 0, name, "an int >= 0")
-        for name in ("max_steps", "decay_steps", "eval_batch_size"):
-            v = getattr(self, name)
-            need(v is None or (_is_int(v) and v >= 1), name, "None or an int >= 1")
-        v = self.early_stopping_patience
-        need(v is None or (_is_int(v) and v >= 1), "early_stopping_patience", "None or an int >= 1")
-        need(_is_real(self.lr) and self.lr > 0, "lr", "a finite float > 0")
-        need(_is_real(self.weight_decay) and self.weight_decay >= 0, "weight_decay", "a float >= 0")
-        need(
-            _is_real(self.min_lr_ratio) and 0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "in [0, 1]"
-        )
-        need(_is_real(self.lr_gamma) and 0 < self.lr_gamma <= 1, "lr_gamma", "in (0, 1]")
-        need(_is_real(self.kl_start) and 0 < self.kl_start <= 1, "kl_start", "in (0, 1]")
-        need(_is_real(self.kl_weight) and 0 < self.kl_weight <= 1, "kl_weight", "in (0, 1]")
-        need(_is_real(self.min_delta) and self.min_delta >= 0, "min_delta", "a float >= 0")
-        v = self.clip_norm
-        need(v is None or (_is_real(v) and v > 0), "clip_norm", "None or a float > 0")
+            check_int(*arg(name), 0)
+        for name in ("max_steps", "decay_steps", "eval_batch_size", "early_stopping_patience"):
+            check_int(*arg(name), 1, allow_none=True)
+        check_real(*arg("lr"), gt=0.0)
+        check_real(*arg("weight_decay"), ge=0.0)
+        check_real(*arg("min_lr_ratio"), ge=0.0, le=1.0)
+        for name in ("lr_gamma", "kl_start", "kl_weight"):
+            check_real(*arg(name), gt=0.0, le=1.0)
+        check_real(*arg("min_delta"), ge=0.0)
+        if self.clip_norm is not None:
+            check_real(*arg("clip_norm"), gt=0.0)
         for name in ("vectorize_particles", "progress", "restore_best", "drop_last"):
             need(isinstance(getattr(self, name), bool), name, "a bool")
         need(isinstance(self.device, (str, torch.device)), "device", "a str or torch.device")

@@ -42,6 +42,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
+from .._validation import check_int, torch_generator
+
 __all__ = [
     "DataSource",
     "TensorSource",
@@ -281,7 +283,7 @@ class DatasetSource(DataSource):
         return n // bs if self.drop_last else math.ceil(n / bs)
 
     def _load(self, batches: list[Tensor], seed: int) -> Iterator[Batch]:
-        gen = torch.Generator().manual_seed(seed)  # worker seeds; never the global RNG
+        gen = torch_generator(seed)  # worker seeds; never the global RNG
         loader = DataLoader(
             self.dataset,
             batch_sampler=_FixedBatches(batches),
@@ -449,10 +451,7 @@ def as_train_data(
         num_data: the number of training examples (overrides ``len``; needed for an unsized
             stream).
     """
-    if num_data is not None and (
-        isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1
-    ):
-        raise ValueError(f"num_data must be None or an int >= 1; got {num_data!r}")
+    check_int("num_data", num_data, 1, allow_none=True)
     if isinstance(data, DataLoader):
         if isinstance(data.dataset, IterableDataset):
             return StreamSource(data, batch_size, drop_last, name, num_data)

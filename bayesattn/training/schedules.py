@@ -45,6 +45,8 @@ from torch.optim.lr_scheduler import (
     StepLR,
 )
 
+from .._validation import check_int
+
 __all__ = ["LR_DECAYS", "lr_factor", "lr_scheduler"]
 
 LR_DECAYS = ("cosine", "linear", "step", "none")
@@ -131,10 +133,8 @@ def lr_scheduler(
     if decay not in LR_DECAYS:
         raise ValueError(f"decay must be one of {LR_DECAYS}; got {decay!r}")
     for name, v in (("warmup_steps", warmup_steps), ("decay_steps", decay_steps)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"{name} must be an int >= 0; got {v!r}")
-    if isinstance(step_size, bool) or not isinstance(step_size, int) or step_size < 1:
-        raise ValueError(f"step_size must be an int >= 1; got {step_size!r}")
+        check_int(name, v, 0)
+    check_int("step_size", step_size, 1)
     if not 0.0 <= float(min_lr_ratio) <= 1.0:
         raise ValueError(f"min_lr_ratio must be in [0, 1]; got {min_lr_ratio!r}")
     if not 0.0 < float(gamma) <= 1.0:

@@ -18,6 +18,7 @@ from pyro import poutine
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch import Tensor
 
+from .._validation import torch_generator
 from ..nn.networks import BayesianNetwork
 from .checkpoint import (
     _FORMAT,
@@ -140,7 +141,7 @@ class Trainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.pyro_optim: pyro.optim.PyroLRScheduler | None = None
-        self._generator = torch.Generator().manual_seed(self.config.seed)
+        self._generator = torch_generator(self.config.seed)
         self._num_data: int | None = None
         self._decay_steps: int | None = None
         self._perm: Tensor | None = None  # (N,) data order of the current epoch
