@@ -84,7 +84,7 @@ def main() -> None:
         num_layers=2,
         dim_feedforward=128,
         max_len=T,
-        attention=AttentionConfig(posterior="dirichlet"),
+        attention=AttentionConfig(family="dirichlet"),
     )
     times: dict[str, list[float]] = {k: [] for k in sources}
     for r in range(args.rounds + 1):  # round 0 warms up

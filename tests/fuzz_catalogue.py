@@ -507,7 +507,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
     add("TrainConfig/lr -1", lambda: I.TrainConfig(lr=-1.0))
     add("TrainConfig/epochs 0", lambda: I.TrainConfig(epochs=0))
     add("TrainConfig/batch float", lambda: I.TrainConfig(batch_size=2.5))
-    add("TrainConfig/mode", lambda: I.TrainConfig(mode="adam"))
+    add("TrainConfig/method", lambda: I.TrainConfig(method="adam"))
     add("TrainConfig/device", lambda: I.TrainConfig(device="gpu9"))
     add("fit/unknown option", lambda: I.fit(btc, (xt, yt), epochs=1, lrr=1.0))
     add("fit/data list", lambda: I.fit(btc, [xt], epochs=1, progress=False))
@@ -571,7 +571,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
         net = TC(2, vocab_size=6, attention=AC("dirichlet"), **small)
         h = net.head.weight.register_hook(lambda g: torch.full_like(g, nan))
         try:
-            I.fit(net, (xt, yt), epochs=1, batch_size=3, progress=False, mode="svi")
+            I.fit(net, (xt, yt), epochs=1, batch_size=3, progress=False, method="svi")
         except FloatingPointError as e:
             finite = all(bool(torch.isfinite(p).all()) for p in net.parameters())
             if "diverged at step 0" not in str(e) or not finite:
