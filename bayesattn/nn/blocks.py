@@ -133,6 +133,7 @@ class AttentionConfig:
             )
 
     @classmethod
+    @renamed_kwargs(posterior="family", posterior_kwargs="family_kwargs")
     def recommended(cls, **overrides) -> AttentionConfig:
         r"""The library's recommended Bayesian attention (the study's ``recommended`` method).
 
