@@ -6,7 +6,7 @@ One process, candidates timed alternately (median ms), ratios against torch (low
   path in eval under ``no_grad``; with gradients both run the ordinary path;
 * ``convert(family="dirichlet")`` in ``"mean"`` mode: torch's fast path is off (our ``forward``
   must run), so the price of being Bayesian-capable at inference;
-* the same in ``"posterior"`` mode, and the posterior predictive of ``S`` samples by batched
+* the same in ``"guide"`` mode, and the posterior predictive of ``S`` samples by batched
   repetition vs vectorised (``bayesattn.num_samples``), each against ``S`` torch passes.
 
 Usage: python benchmarks/interop_speed.py [--quick] [--threads N]
