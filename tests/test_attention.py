@@ -259,10 +259,10 @@ def test_elbo_mode_collects_kl(family):
     kl = col.total()  # (B,) or (S, B)
     if family == "dirichlet":
         kappa = fam.log_concentration.exp().view(1, H, 1, 1)
-        expect = _dirichlet_kl(kappa * n * pbar, fam.prior_concentration * n * pi)
+        expect = _dirichlet_kl(kappa * n * pbar, fam.model_concentration * n * pi)
     elif family == "logistic_normal":
         sq = torch.nn.functional.softplus(fam.scale_bias).view(1, H, 1, 1).expand_as(pbar)
-        expect = _normal_kl(pbar.log(), sq, pi.log(), torch.full_like(pi, fam.prior_scale))
+        expect = _normal_kl(pbar.log(), sq, pi.log(), torch.full_like(pi, fam.model_scale))
     elif family == "weibull":
         k = fam.shape_k.view(1, H, 1, 1).expand_as(pbar)
         lam = pbar / torch.exp(torch.lgamma(1 + 1 / k))  # E[g] = p̄

@@ -271,8 +271,9 @@ def test_block_posterior_keywords_are_family():
 
 def test_attention_config_posterior_fields_are_family():
     new = AttentionConfig(family="logistic_normal", family_kwargs={"input_dependent": True})
-    with pytest.warns(DeprecationWarning, match="'posterior_kwargs='"):
+    with pytest.warns(DeprecationWarning) as rec:
         old = AttentionConfig(posterior="logistic_normal", posterior_kwargs={"input_dependent": True})
+    assert sorted(str(w.message).split("'")[3] for w in rec) == ["family=", "family_kwargs="]
     assert old == new
     with pytest.warns(DeprecationWarning, match="'AttentionConfig.posterior'"):
         assert old.posterior == "logistic_normal"

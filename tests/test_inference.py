@@ -566,7 +566,7 @@ def test_checkpoint_with_other_architecture_names_the_keys(tmp_path):
             resume=True,
             progress=False,
         )
-    with pytest.raises(CheckpointError, match="mode 'hybrid'"):
+    with pytest.raises(CheckpointError, match="method 'hybrid'"):
         fit(
             classifier(),
             contains3(32, 0),
