@@ -266,14 +266,14 @@ def test_elbo_mode_collects_kl(family):
     elif family == "weibull":
         k = fam.shape_k.view(1, H, 1, 1).expand_as(pbar)
         lam = pbar / torch.exp(torch.lgamma(1 + 1 / k))  # E[g] = p̄
-        c = fam.prior_concentration * n
+        c = fam.model_concentration * n
         expect = _weibull_gamma_kl(k, lam, c * pi, torch.full_like(pi, c))
     else:  # E_q[log q - log p], independent draws and densities
         q = ExpRelaxedCategorical(
             torch.tensor(fam.temperature), probs=pbar
         )
         p = ExpRelaxedCategorical(
-            torch.tensor(fam.prior_temperature), probs=pi
+            torch.tensor(fam.model_temperature), probs=pi
         )
         z = q.sample((num,))
         mc = (q.log_prob(z) - p.log_prob(z)).sum((-2, -1))  # (S, B)

@@ -160,8 +160,8 @@ def test_causal_lm_trains_from_tensor_dataset_without_labels(capsys):
     x[:, 0] = 1
     x[:5, 6:] = 0  # some padding: ignored by the token accuracy and the likelihood
     ds = torch.utils.data.TensorDataset(x)
-    for mode in ("svi", "hybrid"):
-        h = fit(net, ds, ds, mode=mode, epochs=2, batch_size=16, progress=False)
+    for method in ("svi", "hybrid"):
+        h = fit(net, ds, ds, method=method, epochs=2, batch_size=16, progress=False)
         assert len(h) == 2 and all(math.isfinite(v) for v in h.train_loss + h.val_loss)
         assert all(0.0 <= a <= 1.0 for a in h.train_acc + h.val_acc)
     h = fit(net, ds, ds, epochs=1, batch_size=16, val_loss="elbo", progress=True)

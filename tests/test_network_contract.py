@@ -71,10 +71,10 @@ class LogReg(BayesianNetwork):
 class TinyAttention(BayesianNetwork):
     """Tokens ``(B, T)`` → embedding → one Bayesian attention layer → mean pool → logits."""
 
-    def __init__(self, vocab: int, num_classes: int, d: int = 8, posterior: str = "dirichlet"):
+    def __init__(self, vocab: int, num_classes: int, d: int = 8, family: str = "dirichlet"):
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
-        self.attn = BayesianMultiheadAttention(d, 2, batch_first=True, posterior=posterior)
+        self.attn = BayesianMultiheadAttention(d, 2, batch_first=True, family=family)
         self.head = nn.Linear(d, num_classes)
 
     def forward_logits(self, x, y=None, num_particles=1):
