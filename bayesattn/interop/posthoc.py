@@ -128,7 +128,7 @@ def fit_posthoc(
     progress: bool = False,
 ) -> PosthocCalibration:
     """Fit the attention posteriors (and ``log T``) of a converted, trained ``model`` by SVI on
-    the calibration split ``(x, y)``; all other weights are frozen (only the posteriors' parameters
+    the calibration split ``(x, y)``; all other weights are frozen (only the families' parameters
     and ``log T`` are given to the optimiser; ``requires_grad`` flags are restored afterwards) and
     dropout is off.
 
