@@ -7,18 +7,31 @@ One helper per kind of rename:
   ``"module"``, ``"keyword argument"``, ``"method"`` or ``"value"``);
 * :func:`renamed_kwargs` — a decorator accepting old keyword-argument names;
 * :func:`renamed_value` — maps an old string value of an option to its new one;
-* :func:`module_getattr` — a module ``__getattr__`` serving old attribute names.
+* :func:`module_getattr` — a module ``__getattr__`` serving old attribute names;
+* :func:`renamed_attribute` — a property serving an old attribute name;
+* :func:`renamed_state_keys` / :func:`renamed_submodule_hook` — ``state_dict`` keys saved under an
+  old submodule name read as the new one (old checkpoints keep loading, silently: the file, not
+  the caller, holds the old name).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["warn_renamed", "renamed_kwargs", "renamed_value", "module_getattr"]
+__all__ = [
+    "warn_renamed",
+    "renamed_kwargs",
+    "renamed_value",
+    "module_getattr",
+    "renamed_attribute",
+    "renamed_state_keys",
+    "renamed_submodule_hook",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -82,3 +95,47 @@ def module_getattr(
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
     return __getattr__
+
+
+def renamed_attribute(old: str, new: str, owner: str) -> property:
+    """A property ``old`` that reads and writes attribute ``new`` with a warning."""
+
+    def fget(self: Any) -> Any:
+        warn_renamed(f"{owner}.{old}", new, "attribute")
+        return getattr(self, new)
+
+    def fset(self: Any, value: Any) -> None:
+        warn_renamed(f"{owner}.{old}", new, "attribute")
+        setattr(self, new, value)
+
+    return property(fget, fset, doc=f"Deprecated spelling of ``{new}``.")
+
+
+def renamed_state_keys(
+    keys: Any, old: str, new: str, known: Any = None
+) -> dict[str, str]:
+    """``{old_key: new_key}`` for the keys with a path component ``old`` (``a.old.b`` →
+    ``a.new.b``, and Pyro's parameter names ``a.old$$$b``); with ``known`` (the new keys that
+    exist), only those that land in it."""
+    pat = re.compile(rf"(^|\.){re.escape(old)}(?=\.|\$\$\$)")
+    out = {}
+    for k in keys:
+        if isinstance(k, str) and pat.search(k):
+            nk = pat.sub(lambda m: f"{m.group(1)}{new}", k)
+            if known is None or (nk in known and k not in known):
+                out[k] = nk
+    return out
+
+
+def renamed_submodule_hook(old: str, new: str) -> Callable[..., None]:
+    """A ``register_load_state_dict_pre_hook`` hook: keys ``<prefix><old>.*`` of the
+    ``state_dict`` being loaded are read as ``<prefix><new>.*`` (a submodule renamed)."""
+
+    def hook(module: Any, state_dict: Any, prefix: str, *args: Any) -> None:
+        head, to = f"{prefix}{old}.", f"{prefix}{new}."
+        for k in [k for k in state_dict if isinstance(k, str) and k.startswith(head)]:
+            nk = to + k[len(head) :]
+            if nk not in state_dict:
+                state_dict[nk] = state_dict.pop(k)
+
+    return hook

@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
         "study",
         help="train and compare uncertainty methods on the embedded digits data",
         description="Train a deterministic ViT, MC dropout, a deep ensemble, the recommended "
-        "Bayesian attention and other posterior families on digits over several seeds; report "
+        "Bayesian attention and other attention families on digits over several seeds; report "
         "accuracy, NLL, ECE, Brier, OOD AUROC and timings (mean ± sd, paired differences), with "
         "figures and ArviZ files.",
     )

@@ -905,7 +905,7 @@ def get_family(
     ``kwargs`` go to the family's constructor; ``head_dim`` is used by
     ``logistic_normal`` with ``input_dependent=True``."""
     if name not in _FAMILIES:
-        raise ValueError(f"posterior must be one of {sorted(_FAMILIES)}; got {name!r}")
+        raise ValueError(f"family must be one of {sorted(_FAMILIES)}; got {name!r}")
     if name == "logistic_normal" and kwargs.get("input_dependent"):
         kwargs.setdefault("head_dim", head_dim)
     return _FAMILIES[name](num_heads=num_heads, **kwargs)

@@ -1,18 +1,19 @@
 r"""Training Bayesian-attention networks: SVI and one-pass ("hybrid") ELBO training loops,
 KL annealing, learning-rate schedules, early stopping and exact-resume checkpoints.
 
-Two objectives, one loop (:class:`Trainer`, or the function :func:`fit`):
+Two objectives (training methods, ``TrainConfig.method``), one loop (:class:`Trainer`, or the
+function :func:`fit`):
 
-``mode="svi"``
+``method="svi"``
     ``pyro.infer`` ELBO (``Trace_ELBO`` or ``TraceMeanField_ELBO``) of ``network.model`` against
     ``network.guide``: the guide runs the network once with attention drawn from the amortised
     posteriors, the model runs it again, replayed, scoring those draws under the priors. Steps are
     taken by a :class:`pyro.optim.PyroLRScheduler` (our :func:`lr_scheduler` over
     ``torch.optim.AdamW``) on the
     parameters captured from the trace, exactly like :meth:`pyro.infer.SVI.step`, with one addition:
-    the gradients are clipped to a *global* norm (over all parameters together, as in hybrid mode)
+    the gradients are clipped to a *global* norm (over all parameters together, as in the hybrid method)
     before the per-parameter optimisers step.
-``mode="hybrid"``
+``method="hybrid"``
     ``network.elbo_loss``: the same negative ELBO in **one** network pass with analytic
     :math:`\mathrm{KL}(q\|p)` per attention layer, optimised by ``torch.optim.AdamW`` on
     ``network.parameters()`` with :func:`lr_scheduler` and ``clip_grad_norm_``.
@@ -22,7 +23,7 @@ The learning-rate schedule (warm-up, then cosine, linear or step decay) is built
 :func:`lr_factor` is its closed form. Training data may be tensors, map-style or iterable
 (streaming) datasets, or ``DataLoader`` objects (:mod:`bayesattn.training.data`).
 
-In both modes the optimised objective is the minibatch estimate of the dataset's negative ELBO
+In both methods the optimised objective is the minibatch estimate of the dataset's negative ELBO
 divided by ``num_data`` (the negative ELBO *per training example*):
 
 .. math::
@@ -32,8 +33,8 @@ divided by ``num_data`` (the negative ELBO *per training example*):
 
 (the network scales the minibatch by :math:`N/B`; the trainer divides by :math:`N`). The optimum is
 unchanged; ``clip_norm`` and the reported ``train_loss`` are in per-example units that do not grow
-with the dataset. :math:`\beta` rises linearly from ``kl_start`` to 1 over ``kl_anneal_steps``; in
-SVI mode it is applied by :class:`ScaleLatents`, a messenger that multiplies the scale of every
+with the dataset. :math:`\beta` rises linearly from ``kl_start`` to 1 over ``kl_anneal_steps``;
+with the SVI method it is applied by :class:`ScaleLatents`, a messenger that multiplies the scale of every
 latent (unobserved) sample site by :math:`\beta` in model *and* guide, leaving ``"obs"`` at 1.
 
 Checkpoints (:func:`save_checkpoint`, :func:`load_checkpoint`) are written atomically, load with
@@ -57,7 +58,7 @@ Example:
     >>> from bayesattn.nn.blocks import AttentionConfig
     >>> from bayesattn.nn.networks import TransformerClassifier
     >>> net = TransformerClassifier(2, vocab_size=8, d_model=16, nhead=2, num_layers=1,
-    ...                             attention=AttentionConfig(posterior="dirichlet"))
+    ...                             attention=AttentionConfig(family="dirichlet"))
     >>> x = torch.randint(1, 8, (64, 6)); y = (x == 3).any(1).long()
     >>> history = fit(net, (x, y), epochs=2, batch_size=16, progress=False)
     >>> len(history.train_loss)
@@ -66,15 +67,16 @@ Example:
 
 from __future__ import annotations
 
+from ._deprecation import module_getattr
 from .training.checkpoint import (
     CheckpointError,
     load_checkpoint,
     prepare_checkpoint_path,
     save_checkpoint,
 )
-from .training.config import (  # noqa: F401  (MODES, ELBOS, VAL_LOSSES, _resolve_config: as before)
+from .training.config import (  # noqa: F401  (METHODS, ELBOS, VAL_LOSSES, _resolve_config: as before)
     ELBOS,
-    MODES,
+    METHODS,
     VAL_LOSSES,
     TrainConfig,
     _resolve_config,
@@ -98,3 +100,7 @@ __all__ = [
     "prepare_checkpoint_path",
     "CheckpointError",
 ]
+
+__getattr__ = module_getattr(
+    "bayesattn.inference", {"MODES": ("bayesattn.training.config", "METHODS")}, "constant"
+)

@@ -20,7 +20,7 @@ returns the scores on that support only, as a :class:`ReducedSupport`:
   mixed keys; :math:`O(T\cdot r)`.
 
 A :class:`ReducedSupport` carries the likelihood scores ``logits`` and the log-prior
-``log_prior`` (``-inf`` on empty or masked slots) separately, so every posterior family of
+``log_prior`` (``-inf`` on empty or masked slots) separately, so every family of
 :mod:`bayesattn.families` runs on it unchanged: the support *is* the key axis. Sampling a
 family on the support equals sampling the dense family whose prior is restricted (``-inf``) to the
 same keys. :func:`support_attend` reads the values for weights on the support (with any leading

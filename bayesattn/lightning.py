@@ -7,7 +7,7 @@ module imports them at import time; ``import bayesattn`` does not import this mo
 (classifier, ViT, ``Seq2Seq`` or ``CausalLM``) with the objective of
 :mod:`bayesattn.inference`:
 
-* ``mode="hybrid"``: ``network.elbo_loss`` (one pass, analytic KLs); ``mode="svi"``: Pyro's
+* ``method="hybrid"``: ``network.elbo_loss`` (one pass, analytic KLs); ``method="svi"``: Pyro's
   ``Trace_ELBO``/``TraceMeanField_ELBO`` ``differentiable_loss`` of ``network.model`` against
   ``network.guide``, with :class:`~bayesattn.inference.ScaleLatents` for the KL weight. Either way
   the loss is the negative ELBO per training example, KL-annealed by
@@ -69,10 +69,12 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         f'(pip install "bayesattn[lightning]"): {e}'
     ) from e
 
+from ._deprecation import renamed_kwargs
 from ._validation import check_bool, check_int
 from .inference import ScaleLatents, TrainConfig, _resolve_config, kl_beta, sync_param_store
 from .nn.modes import attention_mode
 from .nn.networks import BayesianNetwork, CausalLM, Seq2Seq, TransformerClassifier
+from .training.config import _upgrade_config_dict
 from .training.data import as_batch, fork_rng
 from .training.schedules import lr_scheduler
 from .uncertainty import _draw_weights, predict
@@ -143,7 +145,7 @@ class BayesianLightningModule(L.LightningModule):
     Args:
         network: any :class:`~bayesattn.nn.networks.BayesianNetwork`.
         config: a :class:`~bayesattn.inference.TrainConfig` (or dict); ``overrides`` replace
-            fields. Used here: ``mode``, ``lr``, ``weight_decay``, the schedule fields
+            fields. Used here: ``method``, ``lr``, ``weight_decay``, the schedule fields
             (``warmup_steps``, ``lr_decay``, ``decay_steps``, ``min_lr_ratio``, ``lr_step_size``,
             ``lr_gamma``), ``clip_norm``, the KL fields (``kl_anneal_steps``, ``kl_start``,
             ``kl_weight``), ``num_particles``, ``vectorize_particles``, ``elbo`` and ``seed``.
@@ -159,6 +161,7 @@ class BayesianLightningModule(L.LightningModule):
     ``train/lr``; ``val/acc``, ``val/nll``, ``val/ece`` (posterior predictive, per epoch).
     """
 
+    @renamed_kwargs(mode="method")
     def __init__(
         self,
         network: BayesianNetwork,
@@ -189,7 +192,7 @@ class BayesianLightningModule(L.LightningModule):
             with fork_rng(), torch.no_grad(), network.pyro_context:
                 network.weight_guide()
         c = self.config
-        if c.mode == "svi":
+        if c.method == "svi":
             elbo_cls = Trace_ELBO if c.elbo == "trace" else TraceMeanField_ELBO
             self._elbo = elbo_cls(
                 num_particles=c.num_particles,
@@ -284,7 +287,7 @@ class BayesianLightningModule(L.LightningModule):
         the sampled pass ``(*P, B, ...)``; β at the current ``global_step``."""
         c, net = self.config, self.network
         self._beta = kl_beta(self.global_step, c.kl_anneal_steps, c.kl_start, c.kl_weight)
-        if c.mode == "hybrid":
+        if c.method == "hybrid":
             if c.num_particles == 1 or c.vectorize_particles:
                 loss, logits = net.elbo_loss(
                     xb, yb, num_data=n, beta=self._beta, num_particles=c.num_particles
@@ -364,10 +367,11 @@ class BayesianLightningModule(L.LightningModule):
                 f"checkpoint holds a {meta['network_class']}; this module wraps a "
                 f"{type(self.network).__name__}"
             )
-        if meta["config"].get("mode") != self.config.mode:
+        saved = _upgrade_config_dict(meta["config"])  # "mode" before 0.3
+        if saved.get("method") != self.config.method:
             raise ValueError(
-                f"checkpoint was trained in mode {meta['config'].get('mode')!r}; this module is "
-                f"in mode {self.config.mode!r}"
+                f"checkpoint was trained with method {saved.get('method')!r}; this module "
+                f"uses method {self.config.method!r}"
             )
         if self.num_data is None:
             self.num_data = meta["num_data"]

@@ -69,11 +69,11 @@ DEFAULT_METHODS = METHODS[:-1]
 _TEMPERED = ("dirichlet", "logistic_normal", "weibull")
 _ATTENTION = {
     "recommended": AttentionConfig.recommended(),
-    "dirichlet": AttentionConfig(posterior="dirichlet"),
+    "dirichlet": AttentionConfig(family="dirichlet"),
     "logistic_normal": AttentionConfig(
-        posterior="logistic_normal", posterior_kwargs={"input_dependent": True}
+        family="logistic_normal", family_kwargs={"input_dependent": True}
     ),
-    "weibull": AttentionConfig(posterior="weibull", prior="contextual"),
+    "weibull": AttentionConfig(family="weibull", prior="contextual"),
 }
 
 
@@ -177,7 +177,7 @@ def _train(
         net,
         (data.x_train, data.y_train),
         val_data=(data.x_val, data.y_val),
-        mode="hybrid",
+        method="hybrid",
         epochs=cfg.epochs,
         batch_size=cfg.batch_size,
         lr=cfg.lr,

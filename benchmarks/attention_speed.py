@@ -108,7 +108,7 @@ def main() -> None:
         f"{'family':>16} {'T':>6} {'S':>3} {'separate ms':>12} {'vectorised ms':>14} {'speed-up':>9}"
     )
     for fam, T, S in itertools.product(args.families, args.stoch_lengths, (1, 8)):
-        stoch = BayesianMultiheadAttention(E, H, batch_first=True, posterior=fam).eval()
+        stoch = BayesianMultiheadAttention(E, H, batch_first=True, family=fam).eval()
         stoch.load_state_dict(ref.state_dict())
         x = torch.randn(B, T, E)
         with torch.no_grad():

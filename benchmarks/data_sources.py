@@ -1,7 +1,7 @@
 """Cost of ``fit``'s data sources against in-memory tensors, in one run.
 
 The same classifier (2 layers, d_model=64, 4 heads, T=32, Dirichlet attention) trains one epoch
-(``--n`` examples, batch 64, hybrid mode) from each source:
+(``--n`` examples, batch 64, hybrid method) from each source:
 
 * ``tensors``: ``fit(net, (x, y))``, slices of a permutation — the baseline of every ratio;
 * ``Dataset``: a map-style dataset, items collated by a ``DataLoader`` over the saved permutation;
@@ -84,7 +84,7 @@ def main() -> None:
         num_layers=2,
         dim_feedforward=128,
         max_len=T,
-        attention=AttentionConfig(posterior="dirichlet"),
+        attention=AttentionConfig(family="dirichlet"),
     )
     times: dict[str, list[float]] = {k: [] for k in sources}
     for r in range(args.rounds + 1):  # round 0 warms up

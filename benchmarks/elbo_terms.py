@@ -29,8 +29,8 @@ from bayesattn.study import StudyConfig, _train, _vit
 from bayesattn.uncertainty import predict
 
 CONFIGS = {
-    "every row, π-centred, KL weight 1": (AttentionConfig(posterior="dirichlet"), 1.0),
-    "every row, π-centred, KL weight 1e-3": (AttentionConfig(posterior="dirichlet"), 1e-3),
+    "every row, π-centred, KL weight 1": (AttentionConfig(family="dirichlet"), 1.0),
+    "every row, π-centred, KL weight 1e-3": (AttentionConfig(family="dirichlet"), 1e-3),
     "recommended, KL weight 1": (AttentionConfig.recommended(), 1.0),
 }
 

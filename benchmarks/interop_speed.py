@@ -4,9 +4,9 @@ One process, candidates timed alternately (median ms), ratios against torch (low
 
 * ``convert`` (deterministic drop-in, uniform prior): torch's encoder layers keep their fused fast
   path in eval under ``no_grad``; with gradients both run the ordinary path;
-* ``convert(posterior="dirichlet")`` in ``"mean"`` mode: torch's fast path is off (our ``forward``
+* ``convert(family="dirichlet")`` in ``"mean"`` mode: torch's fast path is off (our ``forward``
   must run), so the price of being Bayesian-capable at inference;
-* the same in ``"posterior"`` mode, and the posterior predictive of ``S`` samples by batched
+* the same in ``"guide"`` mode, and the posterior predictive of ``S`` samples by batched
   repetition vs vectorised (``bayesattn.num_samples``), each against ``S`` torch passes.
 
 Usage: python benchmarks/interop_speed.py [--quick] [--threads N]
@@ -61,7 +61,7 @@ def main() -> None:
     reps = 5 if args.quick else 30
     ref = Classifier(D, H, L).eval()
     det = bayesattn.convert(copy.deepcopy(ref))
-    bay = bayesattn.convert(copy.deepcopy(ref), posterior="dirichlet")
+    bay = bayesattn.convert(copy.deepcopy(ref), family="dirichlet")
     x = torch.randn(B, T, D)
     print(f"B={B} T={T} d={D} heads={H} layers={L} S={S} threads={args.threads}")
 

@@ -57,7 +57,7 @@ def run_case(method: str, path: str, T: int, E: int, H: int, repeats: int) -> di
         opts["max_len"] = T
     kernel = get_kernel(method, **opts) if method != "dense" else None
     fam = "dirichlet" if path == "S=8" else None
-    m = BayesianMultiheadAttention(E, H, batch_first=True, posterior=fam, kernel=kernel).eval()
+    m = BayesianMultiheadAttention(E, H, batch_first=True, family=fam, kernel=kernel).eval()
     x = torch.randn(1, T, E)
 
     def call():

@@ -52,7 +52,7 @@ def build(kind: str, task, family: str | None, seed: int):
     if kind == "lowrank":
         kw["max_len"] = task.x.shape[1] + 1  # + the CLS token
     cfg = AttentionConfig(
-        posterior=family, kernel=None if kind == "dense" else kind, kernel_kwargs=kw
+        family=family, kernel=None if kind == "dense" else kind, kernel_kwargs=kw
     )
     torch.manual_seed(seed)
     return TransformerClassifier(

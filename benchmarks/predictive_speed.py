@@ -48,7 +48,7 @@ def configs(d_model: int, ensemble: int) -> dict:
     pyro.clear_param_store()
     det = vit(None, d_model)
     rec = vit(AttentionConfig.recommended(), d_model)
-    old = vit(AttentionConfig(posterior="dirichlet"), d_model)
+    old = vit(AttentionConfig(family="dirichlet"), d_model)
     members = [vit(None, d_model) for _ in range(ensemble)]
 
     def forward(x):

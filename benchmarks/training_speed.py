@@ -1,15 +1,15 @@
 """Training-step cost of Bayesian attention against plain PyTorch, in one run.
 
 A 2-layer classifier (d_model=64, 4 heads, dim_feedforward=128, T=32, B=64, Dirichlet attention
-posterior in every layer; ``--posteriors`` picks the families) takes one optimiser step per call in each configuration:
+in every layer; ``--families`` picks the families) takes one optimiser step per call in each configuration:
 
 * ``plain``: the same ``TransformerClassifier`` with deterministic attention (``attention=None``,
   fused SDPA), cross-entropy, ``AdamW``, ``clip_grad_norm_`` — the baseline of every ratio;
 * ``torch.nn``: ``torch.nn.TransformerEncoder`` of the same sizes (embedding, mean pooling, head);
 * ``hybrid/svi, attention=None``: the trainer on the deterministic network (no latent sites):
   the trainer's and Pyro's own overhead, without any attention sampling;
-* ``hybrid``: :class:`bayesattn.inference.Trainer` ``mode="hybrid"`` (one pass, analytic KL);
-* ``svi``: ``mode="svi"`` (``Trace_ELBO``: guide pass + replayed model pass);
+* ``hybrid``: :class:`bayesattn.inference.Trainer` ``method="hybrid"`` (one pass, analytic KL);
+* ``svi``: ``method="svi"`` (``Trace_ELBO``: guide pass + replayed model pass);
 * 8 particles: svi vectorised / sequential, hybrid vectorised / sequential.
 
 Steps are interleaved round-robin (one step of each configuration per round) after a warm-up, and
@@ -40,12 +40,12 @@ B, T, D, H, FF, LAYERS, VOCAB, CLASSES = 64, 32, 64, 4, 128, 2, 100, 2
 NUM_DATA = 100 * B
 
 
-def bayes_net(posterior: str | None = "dirichlet", pooling: str = "mean") -> TransformerClassifier:
-    """``posterior="recommended"``: :meth:`AttentionConfig.recommended` (use with CLS pooling)."""
+def bayes_net(family: str | None = "dirichlet", pooling: str = "mean") -> TransformerClassifier:
+    """``family="recommended"``: :meth:`AttentionConfig.recommended` (use with CLS pooling)."""
     att = (
         AttentionConfig.recommended()
-        if posterior == "recommended"
-        else AttentionConfig(posterior=posterior)
+        if family == "recommended"
+        else AttentionConfig(family=family)
     )
     return TransformerClassifier(
         CLASSES,
@@ -97,14 +97,14 @@ def plain_stepper(model: nn.Module):
 
 
 def trainer_stepper(
-    mode: str,
+    method: str,
     particles: int = 1,
     vectorize: bool = True,
-    posterior: str | None = "dirichlet",
+    family: str | None = "dirichlet",
     pooling: str = "mean",
 ):
     cfg = TrainConfig(
-        mode=mode,
+        method=method,
         epochs=1000,
         max_steps=1,
         batch_size=B,
@@ -114,7 +114,7 @@ def trainer_stepper(
         clip_norm=1.0,
         progress=False,
     )
-    trainer = Trainer(bayes_net(posterior, pooling), cfg)
+    trainer = Trainer(bayes_net(family, pooling), cfg)
     x = torch.randint(1, VOCAB, (NUM_DATA, T))
     y = torch.randint(0, CLASSES, (NUM_DATA,))
     trainer.fit((x, y))  # sets up optimiser, param store, schedules; one step
@@ -132,17 +132,17 @@ def make_steppers(families: list[str], particles: bool) -> dict:
     steppers = {
         "plain (attention=None)": plain_stepper(bayes_net(None)),
         "torch.nn.TransformerEncoder": plain_stepper(TorchEncoderClassifier()),
-        "hybrid, attention=None": trainer_stepper("hybrid", posterior=None),
-        "svi, attention=None": trainer_stepper("svi", posterior=None),
+        "hybrid, attention=None": trainer_stepper("hybrid", family=None),
+        "svi, attention=None": trainer_stepper("svi", family=None),
     }
     # the recommended recipe (AttentionConfig.recommended) against the same CLS-pooled network
     steppers["plain (attention=None), cls pooling"] = plain_stepper(bayes_net(None, "cls"))
     steppers["hybrid P=1 recommended, cls pooling"] = trainer_stepper(
-        "hybrid", posterior="recommended", pooling="cls"
+        "hybrid", family="recommended", pooling="cls"
     )
     for fam in families:
-        steppers[f"hybrid P=1 {fam}"] = trainer_stepper("hybrid", posterior=fam)
-        steppers[f"svi P=1 {fam}"] = trainer_stepper("svi", posterior=fam)
+        steppers[f"hybrid P=1 {fam}"] = trainer_stepper("hybrid", family=fam)
+        steppers[f"svi P=1 {fam}"] = trainer_stepper("svi", family=fam)
     if particles:
         fam = families[0]
         steppers[f"hybrid P=8 vectorised {fam}"] = trainer_stepper("hybrid", 8, True, fam)
@@ -171,15 +171,15 @@ def benchmark(rounds: int, warmup: int, families: list[str], particles: bool) ->
 def profile(top: int) -> None:
     x = torch.randint(1, VOCAB, (B, T))
     y = torch.randint(0, CLASSES, (B,))
-    for mode in ("svi", "hybrid"):
+    for method in ("svi", "hybrid"):
         torch.manual_seed(0)
         pyro.clear_param_store()
-        step = trainer_stepper(mode)
+        step = trainer_stepper(method)
         for _ in range(3):
             step(x, y)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             step(x, y)
-        print(f"\n=== torch.profiler: one {mode} step (top {top} by self CPU time) ===")
+        print(f"\n=== torch.profiler: one {method} step (top {top} by self CPU time) ===")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
         pr = cProfile.Profile()
         pr.enable()
@@ -188,7 +188,7 @@ def profile(top: int) -> None:
         pr.disable()
         s = io.StringIO()
         pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
-        print(f"=== cProfile: 5 {mode} steps (top {top} by own time) ===")
+        print(f"=== cProfile: 5 {method} steps (top {top} by own time) ===")
         print("\n".join(s.getvalue().splitlines()[: top + 12]))
 
 
@@ -200,11 +200,11 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="profile one svi and one hybrid step")
     ap.add_argument("--top", type=int, default=15, help="rows shown per profile")
     ap.add_argument(
-        "--posteriors",
+        "--families",
         nargs="+",
         default=["dirichlet", "logistic_normal", "weibull", "concrete"],
         choices=["dirichlet", "logistic_normal", "weibull", "concrete"],
-        help="attention posterior families to time (particle runs use the first)",
+        help="attention families to time (particle runs use the first)",
     )
     ap.add_argument("--no-particles", action="store_true", help="skip the 8-particle runs")
     args = ap.parse_args()
@@ -212,9 +212,9 @@ def main() -> None:
     print(
         f"torch {torch.__version__}, pyro {pyro.__version__}, threads={torch.get_num_threads()}; "
         f"{LAYERS} layers, d_model={D}, heads={H}, dim_ff={FF}, T={T}, B={B}, "
-        f"posteriors={args.posteriors}, dropout=0.1, AdamW + clip_grad_norm"
+        f"families={args.families}, dropout=0.1, AdamW + clip_grad_norm"
     )
-    res = benchmark(args.rounds, args.warmup, args.posteriors, not args.no_particles)
+    res = benchmark(args.rounds, args.warmup, args.families, not args.no_particles)
     base = res["plain (attention=None)"]
     base_cls = res["plain (attention=None), cls pooling"]
     print(f"\nmedian of {args.rounds} interleaved steps after {args.warmup} warm-up rounds")

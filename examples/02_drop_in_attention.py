@@ -82,7 +82,7 @@ def main() -> None:
         E,
         H,
         batch_first=True,
-        posterior="dirichlet",
+        family="dirichlet",
         prior=CausalPrior() + DistanceDecayPrior(num_heads=H),
     ).eval()
     bayes.load_state_dict(old.state_dict())  # the family's and prior's parameters keep their init

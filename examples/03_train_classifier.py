@@ -3,7 +3,7 @@
 The task is synthetic: sequences of 8 tokens drawn from ids 1..12, label 1 if token 3 occurs, with
 10 % of the labels flipped (so a calibrated model is at most 90 % sure). A
 ``bayesattn.TransformerClassifier`` whose attention weights have a Dirichlet posterior
-(``AttentionConfig(posterior="dirichlet")``) is trained with ``bayesattn.inference.fit`` (the
+(``AttentionConfig(family="dirichlet")``) is trained with ``bayesattn.inference.fit`` (the
 one-pass "hybrid" ELBO, with KL annealing), then
 
 * ``bayesattn.uncertainty.predict`` draws posterior-predictive samples in one vectorised pass and
@@ -17,7 +17,7 @@ one-pass "hybrid" ELBO, with KL annealing), then
 
 Writes ``training_history.png``, ``reliability_diagram.png`` and ``ood_entropy.png``.
 
-Run: ``python examples/03_train_classifier.py [--quick] [--out DIR] [--posterior NAME]``
+Run: ``python examples/03_train_classifier.py [--quick] [--out DIR] [--family NAME]``
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="folder for PNGs (default: a temp dir)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--posterior",
+        "--family",
         default="dirichlet",
         choices=["dirichlet", "logistic_normal", "weibull", "concrete"],
         help="variational family over the attention weights",
@@ -86,7 +86,7 @@ def main() -> None:
         nhead=4,
         num_layers=2,
         dim_feedforward=2 * d_model,
-        attention=AttentionConfig(posterior=args.posterior),
+        attention=AttentionConfig(family=args.family),
     )
     print(f"Bayesian attention layers: {net.bayesian_layers}")
     steps_per_epoch = -(-n_train // 64)
@@ -94,7 +94,7 @@ def main() -> None:
         net,
         (x_train, y_train),
         val_data=(x_val, y_val),
-        mode="hybrid",
+        method="hybrid",
         epochs=epochs,
         batch_size=64,
         lr=3e-3,

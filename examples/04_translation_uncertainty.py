@@ -3,7 +3,7 @@
 ``bayesattn.data.make_translation_task`` is a tiny English→German grammar that forces reordering
 ("i can see the house tomorrow" → "ich kann morgen das haus sehen") and comes with gold word
 alignments. A ``bayesattn.Seq2Seq`` whose decoder cross-attention has a posterior over its weights
-(``AttentionConfig(posterior=..., which=("cross",))``) is trained with ``bayesattn.inference.fit``.
+(``AttentionConfig(family=..., which=("cross",))``) is trained with ``bayesattn.inference.fit``.
 
 Decoding is sequential posterior sampling: ``Seq2Seq.generate`` draws the attention weights afresh
 at every step (``num_samples`` draws in one pass), emits the argmax of the posterior-averaged
@@ -42,7 +42,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quick", "--smoke", action="store_true", help="tiny sizes, a few seconds")
     p.add_argument("--out", type=Path, default=None, help="folder for PNGs (default: a temp dir)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--posterior", default="dirichlet", choices=["dirichlet", "logistic_normal"])
+    p.add_argument("--family", default="dirichlet", choices=["dirichlet", "logistic_normal"])
     p.add_argument("--kl-weight", type=float, default=0.01, help="final KL weight (1 = the ELBO)")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--samples", type=int, default=None, help="posterior samples per decoding step")
@@ -88,7 +88,7 @@ def main() -> None:
         dim_feedforward=2 * d_model,
         dropout=0.0,
         max_len=task.tgt.shape[1],
-        attention=AttentionConfig(posterior=args.posterior, which=("cross",)),
+        attention=AttentionConfig(family=args.family, which=("cross",)),
     )
     print(f"Bayesian attention layers: {net.bayesian_layers}")
     steps_per_epoch = -(-len(train) // 32)

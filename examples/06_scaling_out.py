@@ -72,7 +72,7 @@ def main() -> None:
         num_layers=layers,
         dim_feedforward=2 * d_model,
         dropout=0.1,
-        attention=AttentionConfig(posterior="dirichlet"),
+        attention=AttentionConfig(family="dirichlet"),
     )
     module = BayesianLightningModule(
         net,

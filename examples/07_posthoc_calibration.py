@@ -131,11 +131,11 @@ def run(name: str, quick: bool, seed: int, out: Path) -> dict[str, dict[str, flo
     ts_ood = posthoc.mean_probs(model, x_ood, forward=fwd, temperature=t_only)
     # after: Bayesian attention posteriors + temperature, fitted by SVI with frozen weights
     if name == "torch":
-        bayesattn.convert(model, posterior="dirichlet")
+        bayesattn.convert(model, family="dirichlet")
     else:
         from bayesattn.interop.hf import convert_hf
 
-        convert_hf(model, posterior="dirichlet")
+        convert_hf(model, family="dirichlet")
     with torch.no_grad():  # mean mode is still the trained model
         assert torch.allclose(posthoc.mean_probs(model, x_test, forward=fwd), before, atol=1e-5)
     cal = posthoc.fit_posthoc(

@@ -2,7 +2,7 @@
 
 Run as a script (Lightning's ``strategy="ddp"`` re-launches this file for every further rank)::
 
-    python tests/ddp_run.py --devices 2 --out OUT [--epochs 2] [--resume CKPT] [--mode hybrid]
+    python tests/ddp_run.py --devices 2 --out OUT [--epochs 2] [--resume CKPT] [--method hybrid]
 
 The network has Bayesian projection weights (global latents, whose KL the data plate's scale
 weighs against the likelihood) and deterministic attention without dropout, so that every draw is
@@ -27,11 +27,11 @@ N = 32
 
 
 def run(
-    devices: int, out: Path, epochs: int = 2, resume: Path | None = None, mode: str = "hybrid"
+    devices: int, out: Path, epochs: int = 2, resume: Path | None = None, method: str = "hybrid"
 ) -> dict[str, Tensor]:
     """Train; returns the final network state (every rank)."""
     args = argparse.Namespace(
-        devices=devices, out=Path(out), epochs=epochs, resume=resume, mode=mode
+        devices=devices, out=Path(out), epochs=epochs, resume=resume, method=method
     )
 
     import lightning as L
@@ -54,14 +54,14 @@ def run(
         dim_feedforward=16,
         dropout=0.0,
         max_len=8,
-        attention=AttentionConfig(posterior=None),
+        attention=AttentionConfig(family=None),
     )
     # float64 throughout (built in float64, so a checkpoint also loads into float64 weights):
     # Adam would amplify float32 summation-order noise between 1 and 2 processes
     net = net.double()
     bayesian_projections(net, targets=("*self_attn.in_proj_weight", "*linear1.weight"))
     module = BayesianLightningModule(
-        net, mode=args.mode, lr=0.02, warmup_steps=2, kl_anneal_steps=3, clip_norm=0.5, seed=1
+        net, method=args.method, lr=0.02, warmup_steps=2, kl_anneal_steps=3, clip_norm=0.5, seed=1
     )
     data = TensorDataset(x, y)
     if args.devices == 1:
@@ -114,10 +114,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--resume", type=Path, default=None)
-    ap.add_argument("--mode", default="hybrid")
+    ap.add_argument("--method", default="hybrid")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    run(a.devices, a.out, a.epochs, a.resume, a.mode)
+    run(a.devices, a.out, a.epochs, a.resume, a.method)
 
 
 if __name__ == "__main__":

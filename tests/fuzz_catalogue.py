@@ -288,12 +288,12 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
     add("MHA/kdim 0", lambda: MHA(8, 2, kdim=0))
     add("MHA/kdim float", lambda: MHA(8, 2, kdim=2.5))
     add("MHA/prior str", lambda: MHA(8, 2, prior="causal"), "either")
-    add("MHA/posterior typo", lambda: MHA(8, 2, posterior="dirichlett"))
-    add("MHA/posterior int", lambda: MHA(8, 2, posterior=3))
-    add("MHA/posterior heads", lambda: MHA(8, 2, posterior=PO.DirichletWeights(3)))
+    add("MHA/family typo", lambda: MHA(8, 2, family="dirichlett"))
+    add("MHA/family int", lambda: MHA(8, 2, family=3))
+    add("MHA/family heads", lambda: MHA(8, 2, family=PO.DirichletWeights(3)))
     add("MHA/batch_first str", lambda: MHA(8, 2, batch_first="yes"), "either")
     mha = MHA(8, 2, batch_first=True)
-    bmha = MHA(8, 2, batch_first=True, posterior="dirichlet")
+    bmha = MHA(8, 2, batch_first=True, family="dirichlet")
     for dt in (torch.float16, torch.bfloat16, torch.float64):
         add(f"MHA/query {dt}", lambda dt=dt: mha(x.to(dt), x.to(dt), x.to(dt)), "either")
         add(f"MHA/bayes query {dt}", lambda dt=dt: bmha(x.to(dt), x.to(dt), x.to(dt)), "either")
@@ -356,18 +356,18 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
                                                            prior_kwargs={"window": 2}))
     add("AttentionConfig/prior_kwargs bad value", lambda: AC(prior="local",
                                                              prior_kwargs={"window": -2}))
-    add("AttentionConfig/posterior_kwargs typo",
-        lambda: AC("dirichlet", posterior_kwargs={"init_conc": 2.0}))
-    add("AttentionConfig/posterior_kwargs bad value",
-        lambda: AC("dirichlet", posterior_kwargs={"init_concentration": -2.0}))
-    add("AttentionConfig/posterior unknown", lambda: AC("gauss"))
-    add("AttentionConfig/posterior int", lambda: AC(3))
+    add("AttentionConfig/family_kwargs typo",
+        lambda: AC("dirichlet", family_kwargs={"init_conc": 2.0}))
+    add("AttentionConfig/family_kwargs bad value",
+        lambda: AC("dirichlet", family_kwargs={"init_concentration": -2.0}))
+    add("AttentionConfig/family unknown", lambda: AC("gauss"))
+    add("AttentionConfig/family int", lambda: AC(3))
     add("AttentionConfig/prior unknown", lambda: AC(prior="alibi2"))
     add("AttentionConfig/prior int", lambda: AC(prior=3))
     add("AttentionConfig/which str", lambda: AC("dirichlet", which="self"), "either",
         lambda c: tuple(c.which) == ("self",))
     add("AttentionConfig/which bad", lambda: AC("dirichlet", which=("selff",)))
-    add("AttentionConfig/posterior_kwargs list", lambda: AC("dirichlet", posterior_kwargs=[1]))
+    add("AttentionConfig/family_kwargs list", lambda: AC("dirichlet", family_kwargs=[1]))
     for nm, val in bad_ints.items():
         add(f"EncoderLayer/d_model {nm}", lambda val=val: ba.EncoderLayer(val, 2))
         add(f"EncoderLayer/nhead {nm}", lambda val=val: ba.EncoderLayer(8, val))
@@ -414,7 +414,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
     add("TC/neither input", lambda: TC(2, **small))
     add("TC/attention str", lambda: TC(2, vocab_size=5, attention="dirichlet", **small), "either",
         lambda net: len(net.bayesian_layers) == 1)
-    add("TC/attention dict", lambda: TC(2, vocab_size=5, attention={"posterior": "x"}, **small))
+    add("TC/attention dict", lambda: TC(2, vocab_size=5, attention={"family": "x"}, **small))
     add("TC/pad_id out of vocab", lambda: TC(2, vocab_size=5, pad_id=7, **small), "either")
     add("CausalLM/bos out of vocab", lambda: ba.CausalLM(3, bos_id=5, **small))
     add("Seq2Seq/eos out of vocab", lambda: ba.Seq2Seq(6, 6, d_model=8, nhead=2, eos_id=9))
@@ -507,7 +507,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
     add("TrainConfig/lr -1", lambda: I.TrainConfig(lr=-1.0))
     add("TrainConfig/epochs 0", lambda: I.TrainConfig(epochs=0))
     add("TrainConfig/batch float", lambda: I.TrainConfig(batch_size=2.5))
-    add("TrainConfig/mode", lambda: I.TrainConfig(mode="adam"))
+    add("TrainConfig/method", lambda: I.TrainConfig(method="adam"))
     add("TrainConfig/device", lambda: I.TrainConfig(device="gpu9"))
     add("fit/unknown option", lambda: I.fit(btc, (xt, yt), epochs=1, lrr=1.0))
     add("fit/data list", lambda: I.fit(btc, [xt], epochs=1, progress=False))
@@ -571,7 +571,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
         net = TC(2, vocab_size=6, attention=AC("dirichlet"), **small)
         h = net.head.weight.register_hook(lambda g: torch.full_like(g, nan))
         try:
-            I.fit(net, (xt, yt), epochs=1, batch_size=3, progress=False, mode="svi")
+            I.fit(net, (xt, yt), epochs=1, batch_size=3, progress=False, method="svi")
         except FloatingPointError as e:
             finite = all(bool(torch.isfinite(p).all()) for p in net.parameters())
             if "diverged at step 0" not in str(e) or not finite:

@@ -15,9 +15,9 @@ E, H = 16, 4
 FAMILIES = ["dirichlet", "logistic_normal", "weibull", "concrete"]
 
 
-def _pair(batch_first, posterior=None, **kw):
+def _pair(batch_first, family=None, **kw):
     ref = torch.nn.MultiheadAttention(E, H, batch_first=batch_first, **kw).eval()
-    ours = BMHA(E, H, batch_first=batch_first, posterior=posterior, **kw).eval()
+    ours = BMHA(E, H, batch_first=batch_first, family=family, **kw).eval()
     ours.load_state_dict(ref.state_dict())
     return ref, ours
 
@@ -98,7 +98,7 @@ def test_causal_self_attention_and_unbatched():
 
 
 def test_mean_mode_of_stochastic_layer_is_torch():
-    ref, ours = _pair(True, posterior="dirichlet")
+    ref, ours = _pair(True, family="dirichlet")
     q, k, v = _inputs(True)
     with torch.no_grad(), attention_mode("mean"):
         torch.testing.assert_close(ours(q, k, v)[0], ref(q, k, v)[0], atol=1e-5, rtol=0)
@@ -144,7 +144,7 @@ def test_all_masked_rows_are_zero_not_nan(need_weights):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_stochastic_layer_samples_and_vectorises(family):
-    m = BMHA(E, H, batch_first=True, posterior=family, prior=CausalPrior())
+    m = BMHA(E, H, batch_first=True, family=family, prior=CausalPrior())
     x = torch.randn(2, 5, E)
     y, w = m(x, x, x, num_samples=6, average_attn_weights=False)
     assert y.shape == (6, 2, 5, E) and w.shape == (6, 2, H, 5, 5)
@@ -159,7 +159,7 @@ def test_stochastic_layer_samples_and_vectorises(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_vectorised_samples_match_separate_calls_in_distribution(family):
     """S draws in one pass have the same distribution as S separate calls (same seed stream)."""
-    m = BMHA(E, H, batch_first=True, posterior=family)
+    m = BMHA(E, H, batch_first=True, family=family)
     x = torch.randn(1, 4, E)
     with torch.no_grad():
         one = m(x, x, x, num_samples=4000)[1]
@@ -168,7 +168,7 @@ def test_vectorised_samples_match_separate_calls_in_distribution(family):
 
 
 def test_sites_model_guide_and_predictive():
-    m = BMHA(E, H, batch_first=True, posterior="dirichlet")
+    m = BMHA(E, H, batch_first=True, family="dirichlet")
     x = torch.randn(3, 5, E)
 
     def model():
@@ -199,7 +199,7 @@ def test_site_names_follow_module_path_and_are_distinct():
         def __init__(self):
             super().__init__()
             self.layers = PyroModule[torch.nn.ModuleList](
-                [BMHA(E, H, batch_first=True, posterior="dirichlet") for _ in range(3)]
+                [BMHA(E, H, batch_first=True, family="dirichlet") for _ in range(3)]
             )
 
         def forward(self, x):
@@ -243,7 +243,7 @@ def test_elbo_mode_collects_kl(family):
     (Concrete has none: a large independent Monte-Carlo estimate with torch's
     ExpRelaxedCategorical)."""
     B, T = 2, 5
-    m = BMHA(E, H, batch_first=True, posterior=family, prior=DistanceDecayPrior(H))
+    m = BMHA(E, H, batch_first=True, family=family, prior=DistanceDecayPrior(H))
     ref = torch.nn.MultiheadAttention(E, H, batch_first=True)
     ref.load_state_dict(m.state_dict(), strict=False)
     x = torch.randn(B, T, E)
@@ -252,28 +252,28 @@ def test_elbo_mode_collects_kl(family):
     with torch.no_grad():
         pbar = ref(x, x, x, attn_mask=log_pi.repeat(B, 1, 1), average_attn_weights=False)[1]
     pi = torch.softmax(log_pi, -1).expand(B, H, T, T)  # (B, H, Tq, Tk)
-    fam, n = m.posterior, T
+    fam, n = m.family, T
     num = 4000 if family == "concrete" else None
     with torch.no_grad(), collect_kl() as col:
         m(x, x, x, num_samples=num)
     kl = col.total()  # (B,) or (S, B)
     if family == "dirichlet":
         kappa = fam.log_concentration.exp().view(1, H, 1, 1)
-        expect = _dirichlet_kl(kappa * n * pbar, fam.prior_concentration * n * pi)
+        expect = _dirichlet_kl(kappa * n * pbar, fam.model_concentration * n * pi)
     elif family == "logistic_normal":
         sq = torch.nn.functional.softplus(fam.scale_bias).view(1, H, 1, 1).expand_as(pbar)
-        expect = _normal_kl(pbar.log(), sq, pi.log(), torch.full_like(pi, fam.prior_scale))
+        expect = _normal_kl(pbar.log(), sq, pi.log(), torch.full_like(pi, fam.model_scale))
     elif family == "weibull":
         k = fam.shape_k.view(1, H, 1, 1).expand_as(pbar)
         lam = pbar / torch.exp(torch.lgamma(1 + 1 / k))  # E[g] = p̄
-        c = fam.prior_concentration * n
+        c = fam.model_concentration * n
         expect = _weibull_gamma_kl(k, lam, c * pi, torch.full_like(pi, c))
     else:  # E_q[log q - log p], independent draws and densities
         q = ExpRelaxedCategorical(
             torch.tensor(fam.temperature), probs=pbar
         )
         p = ExpRelaxedCategorical(
-            torch.tensor(fam.prior_temperature), probs=pi
+            torch.tensor(fam.model_temperature), probs=pi
         )
         z = q.sample((num,))
         mc = (q.log_prob(z) - p.log_prob(z)).sum((-2, -1))  # (S, B)
@@ -289,7 +289,7 @@ def test_elbo_mode_collects_kl(family):
 def test_priors_with_sample_dims_contextual():
     """A leading sample dim: each slice is the layer applied to that slice (mean mode), and the
     stochastic output is out_proj(w @ V) of the per-head weights it returns."""
-    m = BMHA(E, H, batch_first=True, posterior="weibull", prior=ContextualPrior(E // H))
+    m = BMHA(E, H, batch_first=True, family="weibull", prior=ContextualPrior(E // H))
     x = torch.randn(7, 2, 5, E)  # extra leading sample dim
     y, w = m(x, x, x)
     assert y.shape == (7, 2, 5, E) and w.shape == (7, 2, 5, 5)
@@ -316,8 +316,8 @@ def test_priors_with_sample_dims_contextual():
         (lambda: BMHA(0, 1), "embed_dim must be a positive int"),
         (lambda: BMHA(8, 2, dropout=1.5), "dropout"),
         (lambda: BMHA(8, 2, kdim=-1), "kdim"),
-        (lambda: BMHA(8, 2, posterior="gaussian"), "posterior must be one of"),
-        (lambda: BMHA(8, 2, posterior=3), "posterior must be None"),
+        (lambda: BMHA(8, 2, family="gaussian"), "family must be one of"),
+        (lambda: BMHA(8, 2, family=3), "family must be None"),
         (lambda: BMHA(8, 2, prior="causal"), "prior must be a KeyRelevancePrior"),
     ],
 )
@@ -353,7 +353,7 @@ def test_forward_errors_name_argument_and_shapes():
     finally:
         pyro.enable_validation(True)
     with pytest.raises(ValueError, match="num_samples"):
-        BMHA(E, H, batch_first=True, posterior="dirichlet")(x, x, x, num_samples=0)
+        BMHA(E, H, batch_first=True, family="dirichlet")(x, x, x, num_samples=0)
     with pytest.raises(ValueError, match="mode must be one of"):
         with attention_mode("sample"):
             pass

@@ -53,11 +53,11 @@ def test_stacks_reproduce_torch_stacks():
 
 
 def test_attention_config_selects_layers_and_priors():
-    cfg = AttentionConfig(posterior="dirichlet", prior="alibi", layers="last")
+    cfg = AttentionConfig(family="dirichlet", prior="alibi", layers="last")
     enc = Encoder(16, 4, 3, cfg, dim_feedforward=8)
     assert [layer.self_attn.is_bayesian for layer in enc.layers] == [False, False, True]
     assert all(isinstance(layer.self_attn.prior, DistanceDecayPrior) for layer in enc.layers)
-    cfg = AttentionConfig(posterior="weibull", layers=[0], which=("cross",))
+    cfg = AttentionConfig(family="weibull", layers=[0], which=("cross",))
     dec = Decoder(16, 4, 2, cfg, dim_feedforward=8)
     flags = [(lay.self_attn.is_bayesian, lay.multihead_attn.is_bayesian) for lay in dec.layers]
     assert flags == [(False, True), (False, False)]
@@ -68,7 +68,7 @@ def test_attention_config_selects_layers_and_priors():
 
 
 def test_every_bayesian_site_is_distinct_and_named_by_path():
-    cfg = AttentionConfig(posterior="dirichlet")
+    cfg = AttentionConfig(family="dirichlet")
     dec = Decoder(16, 4, 2, cfg, dim_feedforward=8)
     tr = poutine.trace(dec).get_trace(torch.randn(2, 3, 16), torch.randn(2, 4, 16))
     names = [n for n, s in tr.nodes.items() if s["type"] == "sample"]
@@ -79,7 +79,7 @@ def test_every_bayesian_site_is_distinct_and_named_by_path():
         "layers.1.multihead_attn.latent",
     ]
     # separate posterior parameters per layer
-    ps = [lay.self_attn.posterior.log_concentration for lay in dec.layers]
+    ps = [lay.self_attn.family.log_concentration for lay in dec.layers]
     assert ps[0] is not ps[1]
 
 
@@ -90,7 +90,7 @@ def test_decoder_is_causal_and_sample_dims_flow():
     x2 = x.clone()
     x2[:, 3:] = torch.randn(2, 2, 16)  # changing the future leaves the past unchanged
     torch.testing.assert_close(dec(x2)[:, :3], y[:, :3])
-    bdec = Decoder(16, 4, 1, AttentionConfig(posterior="dirichlet"), dim_feedforward=8)
+    bdec = Decoder(16, 4, 1, AttentionConfig(family="dirichlet"), dim_feedforward=8)
     with attention_mode("guide"):
         out = bdec(torch.randn(7, 2, 3, 16), torch.randn(7, 2, 4, 16))
     assert out.shape == (7, 2, 3, 16)
@@ -102,7 +102,7 @@ def test_decoder_is_causal_and_sample_dims_flow():
         (lambda: AttentionConfig(prior="gaussian"), "prior must be one of"),
         (lambda: AttentionConfig(layers="first"), "layers must be"),
         (lambda: AttentionConfig(which=("self", "other")), "which must contain"),
-        (lambda: AttentionConfig(posterior="beta"), "posterior must be one of"),
+        (lambda: AttentionConfig(family="beta"), "family must be one of"),
         (lambda: EncoderLayer(16, 3), "divisible by nhead"),
         (lambda: EncoderLayer(16, 4, dropout=2.0), "dropout"),
         (lambda: EncoderLayer(16, 4, activation="tanh"), "activation"),

@@ -198,8 +198,8 @@ def test_checkpoint_of_a_network_built_from_an_old_config_loads_into_the_new_spe
     trainer = Trainer(net, TrainConfig(epochs=1, batch_size=4, progress=False))
     trainer.fit((x, y), checkpoint_path=tmp_path / "ckpt.pt")
     new_cfg = AttentionConfig(
-        posterior="logistic_normal",
-        posterior_kwargs={"model_scale": 0.8, "model_location": "attention"},
+        family="logistic_normal",
+        family_kwargs={"model_scale": 0.8, "model_location": "attention"},
     )
     net2 = _clf(new_cfg)
     state = load_checkpoint(tmp_path / "ckpt.pt")  # torch.load(weights_only=True)
@@ -207,7 +207,7 @@ def test_checkpoint_of_a_network_built_from_an_old_config_loads_into_the_new_spe
     assert state["config"] == TrainConfig(**state["config"]).to_dict()
     with torch.no_grad():
         torch.testing.assert_close(net2.eval()(x), net.eval()(x))
-    fam = net2.encoder.layers[0].self_attn.posterior
+    fam = net2.encoder.layers[0].self_attn.family
     assert (fam.model_scale, fam.model_location) == (0.8, "attention")
 
 
@@ -238,3 +238,245 @@ def test_star_import_and_all_use_no_deprecated_name():
     assert "AttentionPosterior" not in bayesattn.__all__ and "posteriors" not in bayesattn.__all__
     with pytest.warns(DeprecationWarning, match="bayesattn.families"):
         assert bayesattn.posteriors.DirichletWeights is F.DirichletWeights
+
+
+# ---- posterior= (a variational family) → family= ---------------------------------------------
+
+
+def test_attention_posterior_keyword_and_attribute_are_family():
+    with pytest.warns(DeprecationWarning, match="'posterior=' .* use 'family='"):
+        m = BayesianMultiheadAttention(8, 2, batch_first=True, posterior="dirichlet")
+    assert isinstance(m.family, F.DirichletWeights) and m.is_bayesian
+    with pytest.warns(DeprecationWarning, match="'BayesianMultiheadAttention.posterior'"):
+        assert m.posterior is m.family
+    with pytest.warns(DeprecationWarning, match="'family'"):
+        m.posterior = None  # assigning the old attribute sets the family (no stray submodule)
+    assert m.family is None and "posterior" not in m._modules and not m.is_bayesian
+    with pytest.raises(TypeError, match="both"):
+        BayesianMultiheadAttention(8, 2, posterior="dirichlet", family="dirichlet")
+
+
+def test_block_posterior_keywords_are_family():
+    from bayesattn.nn.blocks import DecoderLayer, EncoderLayer
+
+    with pytest.warns(DeprecationWarning, match="'family='"):
+        enc = EncoderLayer(8, 2, 16, posterior="weibull")
+    assert isinstance(enc.self_attn.family, F.WeibullWeights)
+    with pytest.warns(DeprecationWarning) as rec:
+        dec = DecoderLayer(8, 2, 16, self_posterior="dirichlet", cross_posterior="concrete")
+    assert {str(w.message).split("'")[3] for w in rec} == {"self_family=", "cross_family="}
+    assert isinstance(dec.self_attn.family, F.DirichletWeights)
+    assert isinstance(dec.multihead_attn.family, F.ConcreteWeights)
+
+
+def test_attention_config_posterior_fields_are_family():
+    new = AttentionConfig(family="logistic_normal", family_kwargs={"input_dependent": True})
+    with pytest.warns(DeprecationWarning) as rec:
+        old = AttentionConfig(posterior="logistic_normal", posterior_kwargs={"input_dependent": True})
+    assert sorted(str(w.message).split("'")[3] for w in rec) == ["family=", "family_kwargs="]
+    assert old == new
+    with pytest.warns(DeprecationWarning, match="'AttentionConfig.posterior'"):
+        assert old.posterior == "logistic_normal"
+    with pytest.warns(DeprecationWarning, match="'AttentionConfig.posterior_kwargs'"):
+        assert old.posterior_kwargs == {"input_dependent": True}
+    with pytest.warns(DeprecationWarning):
+        assert AttentionConfig.recommended(posterior="dirichlet", posterior_kwargs={}).family == (
+            "dirichlet"
+        )
+
+
+def test_saved_attention_config_with_posterior_fields_loads():
+    """A config saved as a dict of fields (hparams, JSON) before the rename builds the same net."""
+    saved = {"posterior": "dirichlet", "prior": "alibi", "layers": [0], "which": ["self"],
+             "posterior_kwargs": {"init_concentration": 2.0}, "prior_kwargs": {}}  # fmt: skip
+    with pytest.warns(DeprecationWarning):
+        old = AttentionConfig(**saved)
+    new = AttentionConfig(**{("family" if k == "posterior" else "family_kwargs"
+                              if k == "posterior_kwargs" else k): v for k, v in saved.items()})  # fmt: skip
+    assert old == new
+    torch.manual_seed(0)
+    a = _clf(old)
+    torch.manual_seed(0)
+    b = _clf(new)
+    x = _tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(a.eval()(x), b.eval()(x))
+
+
+def test_convert_posterior_keyword_is_family():
+    model = torch.nn.TransformerEncoder(
+        torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 1, enable_nested_tensor=False
+    )
+    with pytest.warns(DeprecationWarning, match="'family='"):
+        bayesattn.convert(model, posterior="dirichlet")
+    layers = bayesattn.interop.bayesian_attention_modules(model)
+    assert list(layers) == ["layers.0.self_attn"]
+    assert isinstance(layers["layers.0.self_attn"].family, F.DirichletWeights)
+
+
+def test_posthoc_posterior_parameters_is_family_parameters():
+    from bayesattn.interop import posthoc
+
+    model = bayesattn.convert(torch.nn.MultiheadAttention(8, 2), family="dirichlet")
+    holder = torch.nn.Sequential(model)
+    with pytest.warns(DeprecationWarning, match="family_parameters"):
+        old = posthoc.posterior_parameters
+    assert old is posthoc.family_parameters
+    assert old(holder) == list(model.family.parameters()) != []
+
+
+def _old_keys(sd):
+    """A state_dict as saved before 0.3: the attention families under ``posterior.*``."""
+    return {k.replace(".family.", ".posterior."): v for k, v in sd.items()}
+
+
+def test_state_dict_with_old_family_keys_loads():
+    torch.manual_seed(0)
+    a = _s2s("dirichlet")
+    with torch.no_grad():
+        for p in a.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    old = _old_keys(a.state_dict())
+    assert any(".posterior.log_concentration" in k for k in old)
+    assert not any(".family." in k for k in old)
+    b = _s2s("dirichlet")
+    b.load_state_dict(old, strict=True)  # no missing or unexpected keys
+    for k, v in a.state_dict().items():
+        torch.testing.assert_close(b.state_dict()[k], v)
+    layer = BayesianMultiheadAttention(8, 2, family="dirichlet")  # a root layer: bare keys
+    sd = {("posterior." + k[len("family."):] if k.startswith("family.") else k): v
+          for k, v in layer.state_dict().items()}  # fmt: skip
+    assert "posterior.log_concentration" in sd
+    BayesianMultiheadAttention(8, 2, family="dirichlet").load_state_dict(sd, strict=True)
+
+
+@pytest.mark.parametrize("method", ["svi", "hybrid"])
+def test_checkpoint_with_old_names_resumes(method, tmp_path):
+    """A checkpoint written by save_checkpoint with the pre-0.3 names ("mode" entry and config
+    field, ``posterior.*`` network/optimiser keys) resumes exactly like the new one."""
+    from bayesattn.inference import save_checkpoint
+
+    x, y = _tokens(8), torch.randint(0, 3, (8,))
+    kw = dict(method=method, epochs=2, batch_size=4, progress=False, seed=3)
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    ref = Trainer(_clf(), **kw)
+    ref.fit((x, y))  # 2 epochs straight through
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    first = Trainer(_clf(), **kw, max_steps=2)  # interrupted after the first epoch
+    first.fit((x, y))
+    state = first.state_dict()
+    state["mode"] = state.pop("method")
+    state["config"] = {("mode" if k == "method" else k): v for k, v in state["config"].items()}
+    state["network"] = _old_keys(state["network"])
+    if method == "svi":
+        state["optimizer"] = {k.replace(".family$$$", ".posterior$$$"): v
+                              for k, v in state["optimizer"].items()}  # fmt: skip
+        assert any(".posterior$$$" in k for k in state["optimizer"])
+    save_checkpoint(tmp_path / "old.pt", state)
+    loaded = load_checkpoint(tmp_path / "old.pt")  # weights_only=True
+    assert loaded["method"] == method and loaded["config"]["method"] == method
+    assert "mode" not in loaded and "mode" not in loaded["config"]
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    net = _clf()
+    h = bayesattn.inference.fit(
+        net, (x, y), checkpoint_path=tmp_path / "old.pt", resume=True, max_steps=None
+    )
+    assert h.step == ref.history.step
+    for k, v in ref.network.state_dict().items():
+        torch.testing.assert_close(net.state_dict()[k], v)
+
+
+# ---- TrainConfig.mode (a training method) → method -------------------------------------------
+
+
+def test_train_config_mode_is_method():
+    with pytest.warns(DeprecationWarning, match="'mode=' .* use 'method='"):
+        c = TrainConfig(mode="svi")
+    assert c == TrainConfig(method="svi")
+    with pytest.warns(DeprecationWarning, match="'TrainConfig.mode'"):
+        assert c.mode == "svi"
+    with pytest.warns(DeprecationWarning, match="'TrainConfig.mode'"):
+        c.mode = "hybrid"
+    assert c.method == "hybrid"
+    with pytest.raises(ValueError, match="TrainConfig.method"):
+        TrainConfig(method="mcmc")
+    saved = {**TrainConfig(method="svi").to_dict()}
+    saved["mode"] = saved.pop("method")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # a saved config loads silently
+        assert TrainConfig.from_dict(saved) == TrainConfig(method="svi")
+
+
+def test_fit_and_trainer_mode_keyword_is_method():
+    x, y = _tokens(8), torch.randint(0, 3, (8,))
+    with pytest.warns(DeprecationWarning, match="'method='"):
+        t = Trainer(_clf(None), mode="svi", progress=False)
+    assert t.config.method == "svi"
+    with pytest.warns(DeprecationWarning, match="'method='"):
+        h = bayesattn.inference.fit(_clf(None), (x, y), mode="svi", epochs=1, batch_size=4,
+                                    progress=False)  # fmt: skip
+    assert len(h) == 1
+    with pytest.raises(TypeError, match="both"):
+        Trainer(_clf(None), mode="svi", method="svi")
+
+
+@pytest.mark.parametrize("module", ["bayesattn.inference", "bayesattn.training.config"])
+def test_train_modes_constant_is_methods(module):
+    m = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match="METHODS"):
+        assert m.MODES == ("svi", "hybrid") == m.METHODS
+
+
+def test_lightning_mode_keyword_and_old_checkpoint_metadata():
+    pytest.importorskip("lightning")
+    from bayesattn.lightning import BayesianLightningModule
+
+    with pytest.warns(DeprecationWarning, match="'method='"):
+        module = BayesianLightningModule(_clf(), mode="svi")
+    assert module.config.method == "svi"
+    fresh = BayesianLightningModule(_clf(), method="svi")
+    ckpt = {"state_dict": module.state_dict()}
+    module.on_save_checkpoint(ckpt)
+    cfg = ckpt["bayesattn"]["config"]
+    cfg["mode"] = cfg.pop("method")  # a Lightning checkpoint written before 0.3
+    ckpt["state_dict"] = _old_keys(ckpt["state_dict"])
+    assert any(".posterior." in k for k in ckpt["state_dict"])
+    fresh.on_load_checkpoint(ckpt)
+    fresh.load_state_dict(ckpt["state_dict"], strict=True)
+    for k, v in module.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[k], v)
+    cfg["mode"] = "hybrid"
+    with pytest.raises(ValueError, match="method 'hybrid'"):
+        fresh.on_load_checkpoint(ckpt)
+
+
+def test_convert_hf_posterior_keyword_and_old_state_dict_keys():
+    transformers = pytest.importorskip("transformers")
+    from bayesattn.interop.hf import convert_hf, hf_attention_modules, unconvert_hf
+
+    def bert():
+        torch.manual_seed(0)
+        cfg = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=16, vocab_size=20,
+                                      attn_implementation="eager")  # fmt: skip
+        return transformers.BertModel(cfg).eval()
+
+    with pytest.warns(DeprecationWarning, match="'family='"):
+        a = convert_hf(bert(), posterior="dirichlet")
+    (mod,) = hf_attention_modules(a).values()
+    assert isinstance(mod.bayesattn_family, F.DirichletWeights)
+    with torch.no_grad():
+        mod.bayesattn_family.log_concentration.add_(0.5)
+    old = {k.replace("bayesattn_family.", "bayesattn_posterior."): v
+           for k, v in a.state_dict().items()}  # fmt: skip
+    assert any("bayesattn_posterior." in k for k in old)
+    b = convert_hf(bert(), family="dirichlet")
+    b.load_state_dict(old, strict=True)
+    (mb,) = hf_attention_modules(b).values()
+    torch.testing.assert_close(mb.bayesattn_family.log_concentration,
+                               mod.bayesattn_family.log_concentration)  # fmt: skip
+    unconvert_hf(b)
+    assert not hasattr(mb, "_bayesattn_old_keys_hook")

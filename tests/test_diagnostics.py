@@ -23,8 +23,8 @@ from bayesattn.nn.networks import TransformerClassifier
 from bayesattn.nn.weights import bayesian_projections
 
 
-def _clf(posterior="dirichlet", num_layers=1, num_classes=2):
-    cfg = AttentionConfig(posterior=posterior)
+def _clf(family="dirichlet", num_layers=1, num_classes=2):
+    cfg = AttentionConfig(family=family)
     return TransformerClassifier(
         num_classes,
         vocab_size=10,
@@ -265,7 +265,7 @@ def test_predictive_to_arviz_groups_and_unscaled_log_likelihood():
 
 
 def test_log_likelihood_of_deterministic_network_is_log_softmax_and_parallel_equals_loop():
-    net = _clf(posterior=None).eval()
+    net = _clf(family=None).eval()
     x, y = torch.randint(1, 10, (5, 3)), torch.tensor([0, 1, 1, 0, 1])
     expect = torch.log_softmax(net(x), -1)[torch.arange(5), y]
     for parallel in (True, False):

@@ -101,7 +101,7 @@ def test_attention_layer_fuzz(
 ):
     torch.manual_seed(0)
     E = 4 * H
-    mha = ba.BayesianMultiheadAttention(E, H, batch_first=batch_first, posterior=family)
+    mha = ba.BayesianMultiheadAttention(E, H, batch_first=batch_first, family=family)
     q, k, v = torch.randn(B, Tq, E), torch.randn(B, Tk, E), torch.randn(B, Tk, E)
     if bad is not None:
         t = {"query": q, "key": k, "value": v}[where]
@@ -295,10 +295,10 @@ def test_attention_config_fuzz(num_layers, layers, prior, prior_kwargs):
     lr=st.sampled_from([1e-3, 10.0, 1e6, -1.0, float("nan")]),
     clip=st.sampled_from([None, 1.0]),
     family=st.sampled_from(["dirichlet", "weibull"]),
-    mode=st.sampled_from(["hybrid", "svi"]),
+    method=st.sampled_from(["hybrid", "svi"]),
     blowup=st.booleans(),
 )
-def test_fit_fuzz(lr, clip, family, mode, blowup):
+def test_fit_fuzz(lr, clip, family, method, blowup):
     pyro.clear_param_store()
     torch.manual_seed(0)
     net = ba.TransformerClassifier(2, vocab_size=6, d_model=8, nhead=2, num_layers=1,
@@ -309,7 +309,7 @@ def test_fit_fuzz(lr, clip, family, mode, blowup):
     x = torch.randint(1, 6, (12, 4))
     y = (x == 3).any(1).long()
     kind, res = _run(lambda: I.fit(net, (x, y), epochs=2, batch_size=4, lr=lr, clip_norm=clip,
-                                   mode=mode, progress=False))
+                                   method=method, progress=False))
     if not (math.isfinite(lr) and lr > 0):
         assert kind == "error" and isinstance(res, ValueError)
         return
@@ -337,13 +337,13 @@ def _data():
     return x, (x == 3).any(1).long()
 
 
-@pytest.mark.parametrize("mode", ["hybrid", "svi"])
-def test_fit_nan_gradient_stops_with_the_last_good_parameters(mode):
+@pytest.mark.parametrize("method", ["hybrid", "svi"])
+def test_fit_nan_gradient_stops_with_the_last_good_parameters(method):
     """A NaN gradient at step 2 is not applied: the parameters are bit-identical to those of the
     same run stopped after step 1, and the error says where training diverged."""
     x, y = _data()
     ref = _tiny_net()
-    I.fit(ref, (x, y), epochs=1, batch_size=4, max_steps=2, mode=mode, progress=False)
+    I.fit(ref, (x, y), epochs=1, batch_size=4, max_steps=2, method=method, progress=False)
     pyro.clear_param_store()
     net = _tiny_net()
     calls = []
@@ -354,7 +354,7 @@ def test_fit_nan_gradient_stops_with_the_last_good_parameters(mode):
 
     net.head.weight.register_hook(poison)
     with pytest.raises(FloatingPointError, match=r"training diverged at step 2 .*lower lr"):
-        I.fit(net, (x, y), epochs=1, batch_size=4, mode=mode, progress=False)
+        I.fit(net, (x, y), epochs=1, batch_size=4, method=method, progress=False)
     for (n, a), b in zip(ref.named_parameters(), net.parameters(), strict=True):
         assert torch.equal(a, b), n
 

@@ -35,7 +35,7 @@ def contains3(n: int, seed: int, T: int = 8, vocab: int = 10):
     return x, (x == 3).any(1).long()
 
 
-def classifier(posterior="dirichlet", seed=0, num_layers=1, dropout=0.0, **kw):
+def classifier(family="dirichlet", seed=0, num_layers=1, dropout=0.0, **kw):
     torch.manual_seed(seed)
     kw.setdefault("d_model", 32)
     return TransformerClassifier(
@@ -46,7 +46,7 @@ def classifier(posterior="dirichlet", seed=0, num_layers=1, dropout=0.0, **kw):
         dim_feedforward=64,
         dropout=dropout,
         max_len=16,
-        attention=AttentionConfig(posterior=posterior),
+        attention=AttentionConfig(family=family),
         **kw,
     )
 
@@ -67,12 +67,12 @@ def assert_same_state(a, b, atol=1e-6):
 
 
 @pytest.mark.parametrize(
-    "mode, posterior", [("hybrid", "dirichlet"), ("svi", "logistic_normal"), ("svi", "dirichlet")]
+    "method, family", [("hybrid", "dirichlet"), ("svi", "logistic_normal"), ("svi", "dirichlet")]
 )
-def test_classifier_learns_in_both_modes(mode, posterior):
+def test_classifier_learns_in_both_methods(method, family):
     train, val = contains3(384, seed=0), contains3(256, seed=1)
-    net = classifier(posterior)
-    cfg = TrainConfig(mode=mode, epochs=6, batch_size=32, lr=3e-3, warmup_steps=10, progress=False)
+    net = classifier(family)
+    cfg = TrainConfig(method=method, epochs=6, batch_size=32, lr=3e-3, warmup_steps=10, progress=False)
     h = fit(net, train, val, config=cfg)
     assert len(h) == 6 and h.step[-1] == 6 * 12
     assert h.train_loss[-1] < h.train_loss[0]  # the (negative) ELBO per example decreases
@@ -104,7 +104,7 @@ def test_seq2seq_learns_reverse_and_is_uncertain_out_of_distribution():
     torch.manual_seed(0)
     # a wider logistic-normal prior (σ0 = 3): under the default σ0 = 1 the KL price of sharp
     # cross-attention outweighs the likelihood of a 5-token sequence and reverse is not learned
-    att = AttentionConfig(posterior="logistic_normal", posterior_kwargs={"model_scale": 3.0})
+    att = AttentionConfig(family="logistic_normal", family_kwargs={"model_scale": 3.0})
     net = Seq2Seq(
         V,
         V,
@@ -154,14 +154,14 @@ def test_causal_lm_trains_from_tensor_dataset_without_labels(capsys):
         num_layers=1,
         dim_feedforward=32,
         max_len=16,
-        attention=AttentionConfig(posterior="dirichlet", prior="causal"),
+        attention=AttentionConfig(family="dirichlet", prior="causal"),
     )
     x = torch.randint(3, 12, (40, 9))
     x[:, 0] = 1
     x[:5, 6:] = 0  # some padding: ignored by the token accuracy and the likelihood
     ds = torch.utils.data.TensorDataset(x)
-    for mode in ("svi", "hybrid"):
-        h = fit(net, ds, ds, mode=mode, epochs=2, batch_size=16, progress=False)
+    for method in ("svi", "hybrid"):
+        h = fit(net, ds, ds, method=method, epochs=2, batch_size=16, progress=False)
         assert len(h) == 2 and all(math.isfinite(v) for v in h.train_loss + h.val_loss)
         assert all(0.0 <= a <= 1.0 for a in h.train_acc + h.val_acc)
     h = fit(net, ds, ds, epochs=1, batch_size=16, val_loss="elbo", progress=True)
@@ -178,8 +178,8 @@ class _LazyParamClassifier(TransformerClassifier):
         return super()._forward_logits(x, y, num_particles) + self.late_bias
 
 
-@pytest.mark.parametrize("mode", ["svi", "hybrid"])
-def test_lazily_created_parameters_are_trained(mode):
+@pytest.mark.parametrize("method", ["svi", "hybrid"])
+def test_lazily_created_parameters_are_trained(method):
     torch.manual_seed(0)
     net = _LazyParamClassifier(
         2,
@@ -188,12 +188,12 @@ def test_lazily_created_parameters_are_trained(mode):
         nhead=2,
         num_layers=1,
         max_len=16,
-        attention=AttentionConfig(posterior="dirichlet"),
+        attention=AttentionConfig(family="dirichlet"),
     )
-    trainer = Trainer(net, mode=mode, epochs=1, batch_size=16, progress=False)
+    trainer = Trainer(net, method=method, epochs=1, batch_size=16, progress=False)
     trainer.fit(contains3(32, 0))
     assert float(net.late_bias.detach().abs().sum()) > 0
-    if mode == "hybrid":
+    if method == "hybrid":
         assert any(p is net.late_bias for p in trainer.optimizer.param_groups[0]["params"])
 
 
@@ -205,10 +205,10 @@ def test_vision_transformer_trains_on_float_images():
         nhead=2,
         num_layers=1,
         dim_feedforward=32,
-        attention=AttentionConfig(posterior="logistic_normal"),
+        attention=AttentionConfig(family="logistic_normal"),
     )
     x, y = torch.randn(24, 8, 8), torch.randint(0, 3, (24,))
-    h = fit(net, (x, y), (x, y), mode="svi", epochs=1, batch_size=8, progress=False)
+    h = fit(net, (x, y), (x, y), method="svi", epochs=1, batch_size=8, progress=False)
     assert math.isfinite(h.train_loss[0]) and h.val_acc[0] is not None
 
 
@@ -252,14 +252,14 @@ def test_vectorised_and_sequential_particles_estimate_the_same_elbo():
     assert abs(hyb - float(seq.mean())) < 5 * math.sqrt(2) * se
 
 
-@pytest.mark.parametrize("mode", ["svi", "hybrid"])
+@pytest.mark.parametrize("method", ["svi", "hybrid"])
 @pytest.mark.parametrize("vectorize", [True, False])
-def test_particles_train(mode, vectorize):
+def test_particles_train(method, vectorize):
     net = classifier()
     h = fit(
         net,
         contains3(48, 0),
-        mode=mode,
+        method=method,
         epochs=1,
         batch_size=16,
         num_particles=3,
@@ -272,7 +272,7 @@ def test_particles_train(mode, vectorize):
 def test_meanfield_elbo_option():
     net = classifier()
     h = fit(
-        net, contains3(32, 0), mode="svi", elbo="meanfield", epochs=1, batch_size=16, progress=False
+        net, contains3(32, 0), method="svi", elbo="meanfield", epochs=1, batch_size=16, progress=False
     )
     assert math.isfinite(h.train_loss[0])
 
@@ -320,10 +320,10 @@ def test_scale_latents_touches_only_latent_sites():
         poutine.trace(net.guide).get_trace(x, y, N)
 
 
-@pytest.mark.parametrize("mode", ["svi", "hybrid"])
-def test_kl_annealing_in_training(mode):
+@pytest.mark.parametrize("method", ["svi", "hybrid"])
+def test_kl_annealing_in_training(method):
     net = classifier()
-    trainer = Trainer(net, mode=mode, epochs=3, batch_size=16, kl_anneal_steps=4, progress=False)
+    trainer = Trainer(net, method=method, epochs=3, batch_size=16, kl_anneal_steps=4, progress=False)
     h = trainer.fit(contains3(32, 0))  # 2 steps per epoch
     assert [trainer.beta(s) for s in range(5)] == pytest.approx(
         [1e-3 + 0.999 * s / 4 for s in range(5)]
@@ -342,17 +342,17 @@ def test_lr_factor_values():
     assert lr_factor(1000, decay="none") == 1.0
 
 
-@pytest.mark.parametrize("mode", ["svi", "hybrid"])
-def test_optimiser_follows_the_warmup_schedule(mode):
+@pytest.mark.parametrize("method", ["svi", "hybrid"])
+def test_optimiser_follows_the_warmup_schedule(method):
     net = classifier()
     cfg = TrainConfig(
-        mode=mode, lr=0.01, warmup_steps=4, lr_decay="none", epochs=5, batch_size=16, progress=False
+        method=method, lr=0.01, warmup_steps=4, lr_decay="none", epochs=5, batch_size=16, progress=False
     )
     trainer = Trainer(net, cfg)
     for k in (1, 2, 3, 6):
         trainer.config = dataclasses.replace(cfg, max_steps=k)
         trainer.fit(contains3(32, 0))
-        if mode == "hybrid":
+        if method == "hybrid":
             lrs = [g["lr"] for g in trainer.optimizer.param_groups]
         else:
             lrs = [
@@ -363,7 +363,7 @@ def test_optimiser_follows_the_warmup_schedule(mode):
 
 def test_gradient_clipping_bounds_the_norm_hybrid(monkeypatch):
     net = classifier()
-    trainer = Trainer(net, mode="hybrid", epochs=1, batch_size=16, clip_norm=0.05, progress=False)
+    trainer = Trainer(net, method="hybrid", epochs=1, batch_size=16, clip_norm=0.05, progress=False)
     seen = []
     orig = torch.optim.AdamW.step
 
@@ -381,7 +381,7 @@ def test_gradient_clipping_bounds_the_norm_hybrid(monkeypatch):
 
 def test_gradient_clipping_is_global_in_svi(monkeypatch):
     net = classifier()
-    trainer = Trainer(net, mode="svi", max_steps=1, batch_size=16, clip_norm=0.05, progress=False)
+    trainer = Trainer(net, method="svi", max_steps=1, batch_size=16, clip_norm=0.05, progress=False)
     sq = []
     orig = torch.optim.AdamW.step
 
@@ -433,13 +433,13 @@ def test_eval_every():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["svi", "hybrid"])
-def test_resume_reproduces_the_uninterrupted_run(mode, tmp_path):
+@pytest.mark.parametrize("method", ["svi", "hybrid"])
+def test_resume_reproduces_the_uninterrupted_run(method, tmp_path):
     """N steps in one go == N/2 steps + checkpoint + fresh network/trainer + resume (stopped
     mid-epoch; dropout on, so the RNG state must be restored too)."""
     train, val = contains3(96, 0), contains3(32, 1)
     cfg = TrainConfig(
-        mode=mode,
+        method=method,
         epochs=3,
         batch_size=32,
         lr=3e-3,
@@ -459,7 +459,7 @@ def test_resume_reproduces_the_uninterrupted_run(mode, tmp_path):
     h1 = fit(first, train, val, config=dataclasses.replace(cfg, max_steps=4), checkpoint_path=path)
     assert h1.step[-1] == 4 and len(h1) == 2  # one epoch + a partial record
     resumed = classifier(seed=123, num_layers=2, dropout=0.1)  # other init: all from the file
-    if mode == "svi":
+    if method == "svi":
         h2 = fit(resumed, train, val, config=cfg, checkpoint_path=path, resume=True)
     else:  # config=None: the checkpoint's own configuration, with an override
         h2 = fit(resumed, train, val, checkpoint_path=path, resume=True, max_steps=None)
@@ -470,11 +470,11 @@ def test_resume_reproduces_the_uninterrupted_run(mode, tmp_path):
 
 def test_checkpoint_loads_weights_only_and_is_atomic(tmp_path, monkeypatch):
     path = tmp_path / "run" / "ckpt.pt"
-    trainer = Trainer(classifier(), mode="svi", epochs=2, batch_size=16, progress=False)
+    trainer = Trainer(classifier(), method="svi", epochs=2, batch_size=16, progress=False)
     trainer.fit(contains3(32, 0), contains3(16, 1), checkpoint_path=path)
     raw = torch.load(path, weights_only=True)
     assert raw["format"] == "bayesattn.checkpoint" and raw["step"] == 4 and raw["epoch"] == 2
-    assert raw["config"]["mode"] == "svi" and isinstance(raw["config"], dict)
+    assert raw["config"]["method"] == "svi" and raw["method"] == "svi" and isinstance(raw["config"], dict)
     assert isinstance(raw["history"], dict) and len(raw["history"]["train_loss"]) == 2
     assert set(raw["rng"]) >= {"torch", "python", "numpy", "data"}
     assert raw["optimizer"] and all("$$$" in k or "." in k for k in raw["optimizer"])
@@ -566,11 +566,11 @@ def test_checkpoint_with_other_architecture_names_the_keys(tmp_path):
             resume=True,
             progress=False,
         )
-    with pytest.raises(CheckpointError, match="mode 'hybrid'"):
+    with pytest.raises(CheckpointError, match="method 'hybrid'"):
         fit(
             classifier(),
             contains3(32, 0),
-            mode="svi",
+            method="svi",
             epochs=2,
             batch_size=16,
             checkpoint_path=path,
@@ -585,10 +585,10 @@ def test_stale_param_store_does_not_hijack_svi_training():
     """Two networks with the same Pyro names in one process: SVI must optimise the one being
     trained (the global param store holds the first one's tensors under those names)."""
     a = classifier(seed=0)
-    fit(a, contains3(32, 0), mode="svi", epochs=1, batch_size=16, progress=False)
+    fit(a, contains3(32, 0), method="svi", epochs=1, batch_size=16, progress=False)
     a_after, b = state(a), classifier(seed=1)
     b_before = state(b)
-    fit(b, contains3(32, 0), mode="svi", epochs=1, batch_size=16, progress=False)
+    fit(b, contains3(32, 0), method="svi", epochs=1, batch_size=16, progress=False)
     assert_same_state(a_after, state(a), atol=0)
     assert not torch.equal(b_before["head.weight"], state(b)["head.weight"])
 
@@ -622,7 +622,7 @@ def test_history_plot_and_dict(tmp_path):
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("mode", "mcmc"),
+        ("method", "mcmc"),
         ("epochs", 0),
         ("max_steps", 0),
         ("batch_size", 0),

@@ -59,7 +59,7 @@ def test_convert_keeps_weights_and_mean_outputs_and_names_sites_by_path():
     with torch.no_grad():
         want_fast = model(x)  # torch's fast path
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    convert(model, posterior="dirichlet")
+    convert(model, family="dirichlet")
     assert all(
         isinstance(m, BayesianMultiheadAttention)
         for n, m in model.named_modules()
@@ -74,13 +74,13 @@ def test_convert_keeps_weights_and_mean_outputs_and_names_sites_by_path():
             torch.testing.assert_close(model(x), want_fast, atol=1e-5, rtol=0)
     names = _sites(model, x)
     assert names == [f"blocks.{i}.self_attn.latent" for i in range(3)] + ["pool.latent"]
-    fams = [m.posterior for m in bayesian_attention_modules(model).values()]
+    fams = [m.family for m in bayesian_attention_modules(model).values()]
     assert len({id(f) for f in fams}) == 4  # one posterior per layer, never shared
 
 
 def test_converted_foreign_model_trains_with_pyro_svi():
     model = TinyViT(depth=2).eval()
-    convert(model, posterior="dirichlet", layers=[0, 1])  # the two encoder layers only
+    convert(model, family="dirichlet", layers=[0, 1])  # the two encoder layers only
     assert isinstance(model.pool, BayesianMultiheadAttention) is False
     x, y = torch.randn(8, 5, E), torch.randint(0, 3, (8,))
 
@@ -96,25 +96,25 @@ def test_converted_foreign_model_trains_with_pyro_svi():
     # Pyro registers every PyroModule parameter (requires_grad switched back on): the optimiser
     # must leave the network's weights alone by name
     def lr(name, param):
-        return {"lr": 0.05 if "posterior" in name else 0.0}
+        return {"lr": 0.05 if ".family" in name else 0.0}
 
     svi = SVI(pmodel, guide, pyro.optim.Adam(lr), Trace_ELBO())
     losses = [svi.step(x, y) for _ in range(3)]
     assert all(torch.isfinite(torch.tensor(losses)))
     store = set(pyro.get_param_store().keys())  # registered by module path, no clashes
-    assert {f"blocks.{i}.self_attn.posterior$$$log_concentration" for i in range(2)} <= store
+    assert {f"blocks.{i}.self_attn.family$$$log_concentration" for i in range(2)} <= store
     after = model.state_dict()
     for k, v in before.items():
         moved = not torch.equal(after[k], v)
-        assert moved == k.endswith("posterior.log_concentration"), k
+        assert moved == k.endswith("family.log_concentration"), k
 
 
 def test_layer_selection_prior_and_errors():
     model = TinyViT()
-    convert(model, posterior="dirichlet", layers="last")
+    convert(model, family="dirichlet", layers="last")
     assert list(bayesian_attention_modules(model)) == ["pool"]
     model = TinyViT()
-    convert(model, posterior=DirichletWeights(num_heads=H), layers=["blocks.1.self_attn"])
+    convert(model, family=DirichletWeights(num_heads=H), layers=["blocks.1.self_attn"])
     assert list(bayesian_attention_modules(model)) == ["blocks.1.self_attn"]
     assert type(model.blocks[0].self_attn) is nn.MultiheadAttention
     model = TinyViT()
@@ -129,7 +129,7 @@ def test_layer_selection_prior_and_errors():
         convert(TinyViT(), layers=["head"])
     with pytest.raises(TypeError, match="nn.Module"):
         convert("model")
-    single = convert(nn.MultiheadAttention(E, H), posterior="dirichlet")
+    single = convert(nn.MultiheadAttention(E, H), family="dirichlet")
     assert isinstance(single, BayesianMultiheadAttention) and single.is_bayesian
 
 
@@ -137,7 +137,7 @@ def test_unconvert_round_trip_is_plain_torch():
     model = TinyViT().eval()
     x = torch.randn(2, 5, E)
     want = model(x)
-    unconvert(convert(model, posterior="weibull"))
+    unconvert(convert(model, family="weibull"))
     assert not any(isinstance(m, BayesianMultiheadAttention) for m in model.modules())
     assert sum(type(m) is nn.MultiheadAttention for m in model.modules()) == 4
     torch.testing.assert_close(model(x), want, atol=1e-6, rtol=0)
@@ -146,7 +146,7 @@ def test_unconvert_round_trip_is_plain_torch():
 
 
 def test_num_samples_reaches_layers_of_a_foreign_model():
-    model = convert(TinyViT().eval(), posterior="dirichlet")
+    model = convert(TinyViT().eval(), family="dirichlet")
     x = torch.randn(3, 5, E)
     with torch.no_grad():
         with bayesattn.num_samples(7):
@@ -160,7 +160,7 @@ def test_num_samples_reaches_layers_of_a_foreign_model():
         with bayesattn.num_samples(0):
             pass
     # batch_first=False layers carry the sample dim too: (S, T, B, E)
-    mha = convert(nn.MultiheadAttention(E, H), posterior="dirichlet")
+    mha = convert(nn.MultiheadAttention(E, H), family="dirichlet")
     q = torch.randn(5, 2, E)
     with bayesattn.num_samples(4):
         y, w = mha(q, q, q)

@@ -89,16 +89,16 @@ def test_mean_mode_is_the_models_own_output_and_sites_are_per_layer(name, build)
     with torch.no_grad():
         want = model(**inputs)[0]
     n_params = sum(p.numel() for p in model.parameters())
-    convert_hf(model, posterior="dirichlet")
+    convert_hf(model, family="dirichlet")
     assert model.config._attn_implementation == ATTN_NAME
     mods = hf_attention_modules(model)
     assert len(mods) == 2
-    fams = [m.bayesattn_posterior for m in mods.values()]
+    fams = [m.bayesattn_family for m in mods.values()]
     assert fams[0] is not fams[1]  # each attention module owns its posterior
     assert sum(p.numel() for p in model.parameters()) == n_params + sum(
         p.numel() for f in fams for p in f.parameters()
     )
-    assert any("bayesattn_posterior" in k for k in model.state_dict())
+    assert any("bayesattn_family" in k for k in model.state_dict())
     with torch.no_grad():
         with attention_mode("mean"):
             torch.testing.assert_close(model(**inputs)[0], want, rtol=0, atol=0)
@@ -118,7 +118,7 @@ def test_mean_mode_is_the_models_own_output_and_sites_are_per_layer(name, build)
 
 def test_sampled_weights_respect_padding_and_causality():
     model, inputs = _gpt2()
-    convert_hf(model.eval(), posterior="dirichlet")
+    convert_hf(model.eval(), family="dirichlet")
     out = model(**inputs, output_attentions=True)
     w = out.attentions[0]  # (B, H, T, T) sampled weights
     torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-5, rtol=0)
@@ -128,14 +128,14 @@ def test_sampled_weights_respect_padding_and_causality():
 
 def test_elbo_mode_collects_one_kl_per_layer_and_grads_reach_posteriors():
     model, inputs = _bert()
-    convert_hf(model.eval(), posterior="logistic_normal", layers="last")
+    convert_hf(model.eval(), family="logistic_normal", layers="last")
     mods = hf_attention_modules(model)
-    assert [hasattr(m, "bayesattn_posterior") for m in mods.values()] == [False, True]
+    assert [hasattr(m, "bayesattn_family") for m in mods.values()] == [False, True]
     with collect_kl() as col:
         out = model(**inputs)[0]
     assert list(col.terms) == ["encoder.layer.1.attention.self.latent"]
     (out.sum() + col.total().sum()).backward()
-    fam = mods["encoder.layer.1.attention.self"].bayesattn_posterior
+    fam = mods["encoder.layer.1.attention.self"].bayesattn_family
     assert all(p.grad is not None for p in fam.parameters())
     with pytest.raises(ValueError, match="AttentionInterface"):
         convert_hf(torch.nn.Linear(2, 2))

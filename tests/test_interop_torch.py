@@ -83,24 +83,24 @@ def test_bayesian_layer_keeps_torch_layer_off_its_fast_path():
     x = torch.randn(2, 5, E)
     with torch.no_grad():
         det = layer(x)
-        attn.posterior = "dirichlet" and __import__("bayesattn").DirichletWeights(num_heads=H)
+        attn.family = "dirichlet" and __import__("bayesattn").DirichletWeights(num_heads=H)
         assert _own_forward_guard in attn._forward_pre_hooks.values()
         with attention_mode("mean"):
             torch.testing.assert_close(layer(x), det, atol=1e-5, rtol=0)
         assert (layer(x) - det).abs().max() > 1e-3  # sampled: our forward ran
-        attn.posterior = None
+        attn.family = None
         assert _own_forward_guard not in attn._forward_pre_hooks.values()
         attn.prior = DistanceDecayPrior(H)  # a prior torch's kernel cannot compute
         assert (layer(x) - det).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("posterior", [None, "dirichlet"])
+@pytest.mark.parametrize("family", [None, "dirichlet"])
 @pytest.mark.parametrize("batch_first", [True, False])
-def test_nn_transformer_eval_no_grad(batch_first, posterior):
+def test_nn_transformer_eval_no_grad(batch_first, family):
     ref = nn.Transformer(E, H, 2, 2, 32, 0.0, batch_first=batch_first).eval()
     ours = nn.Transformer(E, H, 2, 2, 32, 0.0, batch_first=batch_first)
     ours.load_state_dict(ref.state_dict())
-    _swap_attention(ours, posterior=posterior).eval()
+    _swap_attention(ours, family=family).eval()
     B, S, T = 3, 7, 5
     src = torch.randn(B, S, E) if batch_first else torch.randn(S, B, E)
     tgt = torch.randn(B, T, E) if batch_first else torch.randn(T, B, E)
@@ -115,7 +115,7 @@ def test_nn_transformer_eval_no_grad(batch_first, posterior):
 
 
 def test_nested_tensor_inputs_match_torch_fast_path():
-    ref, ours = _twin(posterior="dirichlet")
+    ref, ours = _twin(family="dirichlet")
     nt = torch.nested.nested_tensor([torch.randn(3, E), torch.randn(5, E)])
     with torch.no_grad():
         want = ref(nt, nt, nt, need_weights=False)[0]
@@ -174,13 +174,13 @@ def test_dtype_rules_follow_torch():
 
 
 def test_torchscript_scripts_the_mean_layer():
-    ref, ours = _twin(posterior="dirichlet")
+    ref, ours = _twin(family="dirichlet")
     x = torch.randn(2, 5, E)
     scripted = torch.jit.script(ours)
     torch.testing.assert_close(scripted(x, x, x)[0], ref(x, x, x)[0], atol=1e-6, rtol=0)
     layer = nn.TransformerEncoderLayer(E, H, 32, 0.0, batch_first=True).eval()
     want = layer(x)
-    _swap_attention(layer, posterior="dirichlet")
+    _swap_attention(layer, family="dirichlet")
     torch.testing.assert_close(torch.jit.script(layer)(x), want, atol=1e-5, rtol=0)
     with pytest.raises(TypeError, match="UniformPrior"):
         torch.jit.script(BMHA(E, H, prior=DistanceDecayPrior(H)))
@@ -196,7 +196,7 @@ class _Wrap(nn.Module):
 
 
 def test_compile_fullgraph_and_export_in_mean_mode_with_validation_on():
-    ref, ours = _twin(posterior="dirichlet")
+    ref, ours = _twin(family="dirichlet")
     x = torch.randn(2, 5, E)
     want = ref(x, x, x)[0]
     with pyro.validation_enabled(True), attention_mode("mean"):
@@ -211,7 +211,7 @@ def test_compile_fullgraph_and_export_in_mean_mode_with_validation_on():
             ep.module()(bad)
         layer = nn.TransformerEncoderLayer(E, H, 32, 0.0, batch_first=True).eval()
         want = layer(x)
-        _swap_attention(layer, posterior="dirichlet")  # inside torch's own layer
+        _swap_attention(layer, family="dirichlet")  # inside torch's own layer
         compiled = torch.compile(layer, fullgraph=True, backend="eager")
         torch.testing.assert_close(compiled(x), want, atol=1e-5, rtol=0)
 

@@ -283,7 +283,7 @@ def test_dirichlet_mean_on_support_is_the_exact_restricted_posterior():
 def test_layer_samples_on_support_in_every_mode(family, kernel):
     torch.manual_seed(0)
     kern = get_kernel(kernel, **({"max_len": 32} if kernel == "lowrank" else {}))
-    m = BayesianMultiheadAttention(16, 4, batch_first=True, posterior=family, kernel=kern)
+    m = BayesianMultiheadAttention(16, 4, batch_first=True, family=family, kernel=kern)
     x = torch.randn(2, 20, 16)
     for mode in ("guide", "model"):
         with attention_mode(mode):
@@ -296,7 +296,7 @@ def test_layer_samples_on_support_in_every_mode(family, kernel):
     with collect_kl() as col:
         y, _ = m(x, x, x, num_samples=2)
     (y.sum() + col.total().sum()).backward()
-    assert all(p.grad is not None for p in m.posterior.parameters())
+    assert all(p.grad is not None for p in m.family.parameters())
 
 
 def test_network_trains_with_kernel_config():
@@ -307,7 +307,7 @@ def test_network_trains_with_kernel_config():
         ("topk", {"k": 4}),
         ("lowrank", {"rank": 4, "max_len": 13}),
     ):
-        cfg = AttentionConfig(posterior="dirichlet", kernel=kernel, kernel_kwargs=kw)
+        cfg = AttentionConfig(family="dirichlet", kernel=kernel, kernel_kwargs=kw)
         net = TransformerClassifier(
             3, vocab_size=10, d_model=16, nhead=2, max_len=12, attention=cfg
         )

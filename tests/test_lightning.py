@@ -68,7 +68,7 @@ def weight_net(seed=0):
         dim_feedforward=16,
         dropout=0.0,
         max_len=8,
-        attention=AttentionConfig(posterior=None),
+        attention=AttentionConfig(family=None),
     )
     bayesian_projections(net, targets=("*self_attn.in_proj_weight", "*linear1.weight"))
     return net
@@ -91,12 +91,12 @@ def _max_diff(a: dict, b: dict) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["hybrid", "svi"])
-def test_rank_losses_average_to_the_global_batch_loss(mode):
+@pytest.mark.parametrize("method", ["hybrid", "svi"])
+def test_rank_losses_average_to_the_global_batch_loss(method):
     """R ranks with batches of b, each scaling its plate to the full N, average (as DDP does) to
     the gradient of one process on the global batch; scaling to the rank's shard N/R does not."""
     x, y = contains3(32, 0)
-    module = BayesianLightningModule(weight_net(), mode=mode).double()
+    module = BayesianLightningModule(weight_net(), method=method).double()
     N = 32
 
     def grads(xb, yb, n):
@@ -181,8 +181,8 @@ def _spy_lrs(module):
     return seen, Spy()
 
 
-@pytest.mark.parametrize("mode", ["hybrid", "svi"])
-def test_classifier_trains_and_validates_with_torchmetrics(mode):
+@pytest.mark.parametrize("method", ["hybrid", "svi"])
+def test_classifier_trains_and_validates_with_torchmetrics(method):
     x, y = contains3(48, 0)
     xv, yv = contains3(32, 1)
     torch.manual_seed(0)
@@ -193,11 +193,11 @@ def test_classifier_trains_and_validates_with_torchmetrics(mode):
         nhead=2,
         num_layers=1,
         dim_feedforward=32,
-        attention=AttentionConfig(posterior="dirichlet"),
+        attention=AttentionConfig(family="dirichlet"),
     )
     module = BayesianLightningModule(
         net,
-        mode=mode,
+        method=method,
         lr=0.01,
         warmup_steps=2,
         lr_decay="cosine",
@@ -245,7 +245,7 @@ def test_sequence_models_train_under_lightning():
         num_decoder_layers=1,
         dim_feedforward=32,
         max_len=16,
-        attention=AttentionConfig(posterior="dirichlet", which=("cross",)),
+        attention=AttentionConfig(family="dirichlet", which=("cross",)),
     )
     lm = CausalLM(
         8,
@@ -254,7 +254,7 @@ def test_sequence_models_train_under_lightning():
         num_layers=1,
         dim_feedforward=32,
         max_len=16,
-        attention=AttentionConfig(posterior="logistic_normal"),
+        attention=AttentionConfig(family="logistic_normal"),
     )
     data = {
         "s2s": TensorDataset(task.src, task.tgt),

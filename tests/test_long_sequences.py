@@ -66,11 +66,11 @@ def test_long_task_toy_run_for_every_kernel():
 
 
 # ------------------------------------------------------------------------------- geometry
-def _vit(posterior="dirichlet", layers=2):
+def _vit(family="dirichlet", layers=2):
     torch.manual_seed(0)
     return VisionTransformer(
         4, d_model=16, nhead=2, num_layers=layers, dim_feedforward=16, dropout=0.0,
-        attention=AttentionConfig(posterior=posterior) if posterior else None,
+        attention=AttentionConfig(family=family) if family else None,
     )  # fmt: skip
 
 

@@ -71,10 +71,10 @@ class LogReg(BayesianNetwork):
 class TinyAttention(BayesianNetwork):
     """Tokens ``(B, T)`` → embedding → one Bayesian attention layer → mean pool → logits."""
 
-    def __init__(self, vocab: int, num_classes: int, d: int = 8, posterior: str = "dirichlet"):
+    def __init__(self, vocab: int, num_classes: int, d: int = 8, family: str = "dirichlet"):
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
-        self.attn = BayesianMultiheadAttention(d, 2, batch_first=True, posterior=posterior)
+        self.attn = BayesianMultiheadAttention(d, 2, batch_first=True, family=family)
         self.head = nn.Linear(d, num_classes)
 
     def forward_logits(self, x, y=None, num_particles=1):
@@ -205,13 +205,13 @@ def test_deterministic_elbo_is_scaled_cross_entropy():
     torch.testing.assert_close(lp, torch.log_softmax(net.head(x), -1)[torch.arange(16), y])
 
 
-@pytest.mark.parametrize("mode", ["hybrid", "svi"])
-def test_user_network_trains_with_trainer(mode):
+@pytest.mark.parametrize("method", ["hybrid", "svi"])
+def test_user_network_trains_with_trainer(method):
     x, y = _blobs(64)
     net = LogReg(3, 2)
     bayesian_projections(net, targets="head.weight", init_scale=0.05)
-    before = Trainer(net, mode=mode, progress=False).evaluate((x, y))
-    hist = fit(net, (x, y), (x, y), mode=mode, epochs=4, batch_size=16, lr=0.05, progress=False)
+    before = Trainer(net, method=method, progress=False).evaluate((x, y))
+    hist = fit(net, (x, y), (x, y), method=method, epochs=4, batch_size=16, lr=0.05, progress=False)
     assert len(hist) == 4
     assert hist.val_acc[-1] >= 0.95
     assert hist.val_loss[-1] < before["loss"]

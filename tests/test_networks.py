@@ -11,8 +11,8 @@ from bayesattn.nn.weights import bayesian_projections
 SMALL = dict(d_model=8, nhead=2, dim_feedforward=16, dropout=0.0)
 
 
-def _clf(posterior="dirichlet", num_layers=1, **kw):
-    cfg = AttentionConfig(posterior=posterior)
+def _clf(family="dirichlet", num_layers=1, **kw):
+    cfg = AttentionConfig(family=family)
     return TransformerClassifier(
         3, vocab_size=7, num_layers=num_layers, attention=cfg, **SMALL, **kw
     )

@@ -42,11 +42,11 @@ def _data(n=64):
 
 
 def test_fit_moves_only_posteriors_and_temperature():
-    model = bayesattn.convert(Classifier(), posterior="dirichlet")
+    model = bayesattn.convert(Classifier(), family="dirichlet")
     model.train()  # restored afterwards
     x, y = _data()
-    frozen = {k: v.clone() for k, v in model.state_dict().items() if "posterior" not in k}
-    fams = [m.posterior for m in bayesattn.interop.bayesian_attention_modules(model).values()]
+    frozen = {k: v.clone() for k, v in model.state_dict().items() if ".family." not in k}
+    fams = [m.family for m in bayesattn.interop.bayesian_attention_modules(model).values()]
     kappa0 = [f.log_concentration.detach().clone() for f in fams]
     cal = posthoc.fit_posthoc(model, x, y, steps=15, batch_size=32, lr=0.05)
     assert model.training
@@ -64,7 +64,7 @@ def test_fit_moves_only_posteriors_and_temperature():
 
 
 def test_repeat_and_vectorised_predictives_agree():
-    model = bayesattn.convert(Classifier().eval(), posterior="dirichlet")
+    model = bayesattn.convert(Classifier().eval(), family="dirichlet")
     x, _ = _data(4)
     S = 400
     rep = posthoc.sample_probs(model, x, S, method="repeat", batch_size=64)  # several chunks
@@ -87,7 +87,7 @@ def test_mean_probs_and_evaluate_against_calibration_functions():
     x, y = _data(32)
     with torch.no_grad():
         want = torch.softmax(model(x) / 2.0, -1)
-    bayesattn.convert(model, posterior="dirichlet")
+    bayesattn.convert(model, family="dirichlet")
     p = posthoc.mean_probs(model, x, temperature=2.0)
     torch.testing.assert_close(p[0], want, atol=1e-6, rtol=0)
     q = posthoc.sample_probs(model, x, 5, temperature=2.0)
@@ -108,7 +108,7 @@ def test_dict_inputs_for_transformers_models():
         hidden_size=E, num_hidden_layers=1, num_attention_heads=H, intermediate_size=32,
         vocab_size=20, max_position_embeddings=8, num_labels=2, attn_implementation="eager",
     )  # fmt: skip
-    model = convert_hf(transformers.BertForSequenceClassification(cfg).eval(), posterior="dirichlet")
+    model = convert_hf(transformers.BertForSequenceClassification(cfg).eval(), family="dirichlet")
     ids = torch.randint(0, 20, (10, 8))
     x = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     y = torch.randint(0, 2, (10,))

@@ -71,8 +71,8 @@ def test_prior_location_is_validated():
     with pytest.raises(ValueError, match="model_location"):
         DirichletWeights(2, model_location="keys")
     cfg = AttentionConfig.recommended(layers="all")
-    assert cfg.layers == "all" and cfg.posterior == "logistic_normal"
-    assert cfg.posterior_kwargs["model_location"] == "attention"
+    assert cfg.layers == "all" and cfg.family == "logistic_normal"
+    assert cfg.family_kwargs["model_location"] == "attention"
 
 
 # ---- shared trunk, CLS-only last layer ---------------------------------------------------------
@@ -147,7 +147,7 @@ def test_the_plain_elbo_learns_well_above_chance():
     fit(
         net,
         (x[:500], y[:500]),
-        mode="hybrid",
+        method="hybrid",
         epochs=8,
         batch_size=50,
         lr=3e-3,
@@ -329,7 +329,7 @@ def test_predict_a_converted_torch_model_through_the_same_path():
     with torch.no_grad():
         ref_logits = plain(x)
     ref = torch.softmax(ref_logits, -1)
-    model = bayesattn.convert(plain, posterior="logistic_normal")  # in place
+    model = bayesattn.convert(plain, family="logistic_normal")  # in place
     mean = predict(model, x, 4, mode="mean")
     torch.testing.assert_close(mean.probs[0], ref, atol=1e-6, rtol=1e-5)
     assert float(mean.mutual_information.max()) == 0.0

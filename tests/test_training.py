@@ -35,7 +35,7 @@ def classifier(seed=0, dropout=0.1):
         dim_feedforward=32,
         dropout=dropout,
         max_len=16,
-        attention=AttentionConfig(posterior="dirichlet"),
+        attention=AttentionConfig(family="dirichlet"),
     )
 
 
@@ -123,11 +123,11 @@ def test_schedule_uses_stock_torch_schedulers():
         lr_scheduler(opt, decay="exp")
 
 
-@pytest.mark.parametrize("mode", ["hybrid", "svi"])
-def test_trainer_lr_follows_the_closed_form_and_history(mode):
+@pytest.mark.parametrize("method", ["hybrid", "svi"])
+def test_trainer_lr_follows_the_closed_form_and_history(method):
     """The optimiser's lr at every step equals TrainConfig.lr·lr_factor (the old behaviour)."""
     cfg = TrainConfig(
-        mode=mode,
+        method=method,
         epochs=3,
         batch_size=16,
         lr=0.02,
@@ -152,7 +152,7 @@ def test_trainer_lr_follows_the_closed_form_and_history(mode):
         0.02 * lr_factor(s, warmup_steps=2, decay_steps=steps, min_lr_ratio=0.1)
         for s in range(steps)
     ]
-    if mode == "svi":  # one AdamW per parameter, all on the same schedule
+    if method == "svi":  # one AdamW per parameter, all on the same schedule
         per = len(seen) // steps
         seen = seen[::per]
     assert seen == pytest.approx(expected, rel=1e-12)

@@ -24,10 +24,10 @@ from bayesattn.uncertainty import (
 SMALL = dict(d_model=8, nhead=2, dim_feedforward=16, dropout=0.0)
 
 
-def _clf(posterior="dirichlet", num_layers=2, **kw):
+def _clf(family="dirichlet", num_layers=2, **kw):
     kw = {**SMALL, **kw}
     return TransformerClassifier(
-        3, vocab_size=7, num_layers=num_layers, attention=AttentionConfig(posterior), **kw
+        3, vocab_size=7, num_layers=num_layers, attention=AttentionConfig(family), **kw
     )
 
 
@@ -74,7 +74,7 @@ def test_shapes_decomposition_and_attention_rows():
 
 
 def test_deterministic_network_has_zero_mutual_information():
-    net = _clf(posterior=None)
+    net = _clf(family=None)
     x = _tokens()
     res = predict(net, x, num_samples=6)
     assert res.probs.shape == (6, 5, 3)
@@ -119,7 +119,7 @@ def test_trained_network_is_less_uncertain_in_distribution():
         dim_feedforward=32,
         dropout=0.0,
         max_len=8,
-        attention=AttentionConfig(posterior="dirichlet"),
+        attention=AttentionConfig(family="dirichlet"),
     )
     opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
     for _ in range(150):
@@ -188,7 +188,7 @@ def test_attention_samples_closed_forms():
 
 def test_batch_size_splitting_and_progress():
     x = _tokens(B=7)
-    det = _clf(posterior=None)
+    det = _clf(family=None)
     full = predict(det, x, num_samples=3)
     split = predict(det, x, num_samples=3, batch_size=3, progress=True)
     assert split.probs.shape == full.probs.shape == (3, 7, 3)
@@ -207,7 +207,7 @@ def test_batch_size_splitting_and_progress():
 
 
 def test_bayesian_projections_give_epistemic_uncertainty_without_bayesian_attention():
-    net = _clf(posterior=None)
+    net = _clf(family=None)
     bayesian_projections(net, init_scale=0.1)
     x = _tokens()
     res = predict(net, x, num_samples=16)
@@ -228,7 +228,7 @@ def test_bayesian_projections_give_epistemic_uncertainty_without_bayesian_attent
 
 def test_bayesian_head_weights_vectorise():
     """A Bayesian classifier head (weight (S, C, E)) travels through the one vectorised pass."""
-    net = _clf(posterior="dirichlet", num_layers=1)
+    net = _clf(family="dirichlet", num_layers=1)
     bayesian_projections(net, targets="head.weight", init_scale=0.3)
     res = predict(net, _tokens(), num_samples=6, batch_size=3)
     assert res.probs.shape == (6, 5, 3)
@@ -243,7 +243,7 @@ def test_bayesian_head_weights_vectorise():
 def test_vectorised_weight_samples_match_sequential_runs(guide):
     """The S weight draws travel as a particle dim: sample s of the vectorised pass equals a
     separate single-sample pass with draw s (checked with deterministic attention)."""
-    net = _clf(posterior=None).eval()
+    net = _clf(family=None).eval()
     bayesian_projections(net, init_scale=0.1, guide=guide)
     x = _tokens()
     values = _draw_weights(net, "guide", 3)

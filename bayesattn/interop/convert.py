@@ -16,7 +16,7 @@ Example:
     >>> model = torch.nn.TransformerEncoder(
     ...     torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True), 2,
     ...     enable_nested_tensor=False)
-    >>> model = convert(model, posterior="dirichlet")
+    >>> model = convert(model, family="dirichlet")
     >>> sorted(bayesian_attention_modules(model))
     ['layers.0.self_attn', 'layers.1.self_attn']
 """
@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 
 from torch import nn
 
+from .._deprecation import renamed_kwargs
 from ..families import AttentionFamily, get_family
 from ..nn.attention import BayesianMultiheadAttention
 from ..priors import KeyRelevancePrior
@@ -65,7 +66,7 @@ def _select(layers: LayerSelector, names: list[str], model: nn.Module) -> set[st
 
 
 def _build(spec, kind: str, path: str, mha: nn.Module):
-    """A fresh posterior/prior for the layer at ``path`` (never shared between layers)."""
+    """A fresh family/prior for the layer at ``path`` (never shared between layers)."""
     if spec is None:
         return None
     H, Dh = mha.num_heads, mha.embed_dim // mha.num_heads
@@ -91,9 +92,10 @@ def _name_sites(layer: BayesianMultiheadAttention, path: str) -> None:
     layer._pyro_set_supermodule(path, layer._pyro_context)
 
 
+@renamed_kwargs(posterior="family")
 def convert(
     model: nn.Module,
-    posterior: str | AttentionFamily | Callable | None = None,
+    family: str | AttentionFamily | Callable | None = None,
     prior: KeyRelevancePrior | Callable | None = None,
     layers: LayerSelector = "all",
 ) -> nn.Module:
@@ -102,10 +104,10 @@ def convert(
     Args:
         model: any ``nn.Module`` (or an ``nn.MultiheadAttention`` itself, then a new module is
             returned).
-        posterior: family name (``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
+        family: family name (``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
             ``"concrete"``), an :class:`~bayesattn.families.AttentionFamily` (deep-copied
             per layer), a callable ``(path, mha) -> AttentionFamily | None``, or ``None``
-            (deterministic drop-ins).
+            (deterministic drop-ins). ``posterior=`` is its deprecated spelling (until 0.4).
         prior: a :class:`~bayesattn.priors.KeyRelevancePrior` (deep-copied per layer), a callable
             ``(path, mha) -> KeyRelevancePrior | None``, or ``None`` (uniform: outputs unchanged).
         layers: ``"all"``, ``"last"``, a list of module paths or of indices into the model's
@@ -117,7 +119,7 @@ def convert(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
     if type(model) is nn.MultiheadAttention:
-        return _convert_one(model, posterior, prior, "")
+        return _convert_one(model, family, prior, "")
     names = [
         n
         for n, m in model.named_modules()
@@ -130,20 +132,20 @@ def convert(
         if path not in chosen:
             continue
         old = model.get_submodule(path)
-        if isinstance(old, BayesianMultiheadAttention):  # re-convert: new posterior/prior
-            old.posterior = _build(posterior, "posterior", path, old)
+        if isinstance(old, BayesianMultiheadAttention):  # re-convert: new family/prior
+            old.family = _build(family, "family", path, old)
             if prior is not None:
                 old.prior = _build(prior, "prior", path, old)
             _name_sites(old, path)
             continue
-        new = _convert_one(old, posterior, prior, path)
+        new = _convert_one(old, family, prior, path)
         parent, last = _parent(model, path)
         setattr(parent, last, new)
         _name_sites(new, path)
     return model
 
 
-def _convert_one(old: nn.MultiheadAttention, posterior, prior, path: str):
+def _convert_one(old: nn.MultiheadAttention, family, prior, path: str):
     ref = old.in_proj_weight if old.in_proj_weight is not None else old.q_proj_weight
     new = BayesianMultiheadAttention(
         old.embed_dim,
@@ -158,11 +160,11 @@ def _convert_one(old: nn.MultiheadAttention, posterior, prior, path: str):
         device=ref.device,
         dtype=ref.dtype,
         prior=_build(prior, "prior", path, old),
-        posterior=_build(posterior, "posterior", path, old),
+        family=_build(family, "family", path, old),
     )
     new.load_state_dict(old.state_dict())  # exact copies of every parameter
-    if new.posterior is not None:
-        new.posterior.to(device=ref.device)
+    if new.family is not None:
+        new.family.to(device=ref.device)
     new.train(old.training)
     return new
 
@@ -183,9 +185,9 @@ def unconvert(model: nn.Module) -> nn.Module:
 
 
 def bayesian_attention_modules(model: nn.Module) -> dict[str, BayesianMultiheadAttention]:
-    """``{module path: layer}`` for every Bayesian attention layer (with a posterior) of ``model``."""
+    """``{module path: layer}`` for every Bayesian attention layer (with a family) of ``model``."""
     return {
         n: m
         for n, m in model.named_modules()
-        if isinstance(m, BayesianMultiheadAttention) and m.posterior is not None
+        if isinstance(m, BayesianMultiheadAttention) and m.family is not None
     }

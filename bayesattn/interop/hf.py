@@ -3,7 +3,7 @@ r"""Bayesian attention in Hugging Face ``transformers`` models (optional extra `
 :func:`convert_hf` registers the attention function :func:`bayesian_attention_forward` under the
 name ``"bayesattn"`` in transformers' ``AttentionInterface`` (with transformers' eager additive
 mask in ``AttentionMaskInterface``), switches the model to it, and gives every attention module
-that dispatches through the interface its own posterior family (``module.bayesattn_posterior``,
+that dispatches through the interface its own family (``module.bayesattn_family``,
 a registered submodule: its parameters live in ``model.parameters()`` and ``state_dict``) and its
 own Pyro site ``"<module path>.latent"``. Nothing in transformers is patched: models that use the
 interface (BERT, ViT, GPT-2, Llama and most current architectures) work unchanged.
@@ -24,7 +24,7 @@ Example:
     >>> from transformers import BertConfig, BertModel
     >>> cfg = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
     ...                  intermediate_size=64, vocab_size=50, attn_implementation="eager")
-    >>> model = convert_hf(BertModel(cfg).eval(), posterior="dirichlet")
+    >>> model = convert_hf(BertModel(cfg).eval(), family="dirichlet")
     >>> len(hf_attention_modules(model))
     2
 """
@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as BF
+from .._deprecation import renamed_kwargs, renamed_submodule_hook
 from ..families import AttentionFamily, get_family
 from ..nn.attention import _current_mode_at_trace
 from ..nn.modes import current_kl_collector, current_mode
@@ -52,7 +53,10 @@ __all__ = [
 ]
 
 ATTN_NAME = "bayesattn"
-_POSTERIOR_ATTR = "bayesattn_posterior"
+_FAMILY_ATTR = "bayesattn_family"
+#: state_dicts saved before 0.3 hold each module's family under ``bayesattn_posterior.*``
+_OLD_FAMILY_KEYS = renamed_submodule_hook("bayesattn_posterior", _FAMILY_ATTR)
+_HOOK_ATTR = "_bayesattn_old_keys_hook"
 _SITE_ATTR = "_bayesattn_site"
 _PREV_ATTR = "_bayesattn_previous_attn_implementation"
 
@@ -117,7 +121,7 @@ def bayesian_attention_forward(
     n_rep = query.shape[1] // key.shape[1]
     key, value = _repeat_kv(key, n_rep), _repeat_kv(value, n_rep)  # (B, H, Tk, D)
     logits = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, Tq, Tk)
-    fam = getattr(module, _POSTERIOR_ATTR, None)
+    fam = getattr(module, _FAMILY_ATTR, None)
     mode = _mode(fam)
     if mode == "mean":  # transformers' eager attention, operation for operation
         if attention_mask is not None:
@@ -194,20 +198,23 @@ def _heads(m: nn.Module) -> tuple[int, int]:
     return int(H), int(D)
 
 
+@renamed_kwargs(posterior="family")
 def convert_hf(
     model: nn.Module,
-    posterior: str | AttentionFamily | None = "dirichlet",
+    family: str | AttentionFamily | None = "dirichlet",
     layers: str | list[int] | list[str] = "all",
-    **posterior_kwargs,
+    **family_kwargs,
 ) -> nn.Module:
     """Make the attention of a transformers ``PreTrainedModel`` Bayesian, in place.
 
     Args:
         model: a transformers model whose attention modules use ``AttentionInterface``.
-        posterior: family name or an :class:`~bayesattn.families.AttentionFamily` (deep-copied
-            per module); ``None`` installs the deterministic function only.
+        family: family name or an :class:`~bayesattn.families.AttentionFamily` (deep-copied
+            per module); ``None`` installs the deterministic function only. ``posterior=`` is
+            its deprecated spelling (until 0.4); state_dicts saved with the families under
+            ``bayesattn_posterior.*`` load as ``bayesattn_family.*``.
         layers: ``"all"``, ``"last"`` or module paths / indices into :func:`hf_attention_modules`.
-        posterior_kwargs: passed to :func:`~bayesattn.families.get_family`.
+        family_kwargs: passed to :func:`~bayesattn.families.get_family`.
 
     Returns:
         ``model``; its mean-mode output equals its own eager-attention output.
@@ -225,17 +232,19 @@ def convert_hf(
         )
     chosen = _select(layers, list(mods), model)
     for path, m in mods.items():
-        if path not in chosen or posterior is None:
+        if path not in chosen or family is None:
             continue
         H, D = _heads(m)
-        if isinstance(posterior, AttentionFamily):
-            fam = copy.deepcopy(posterior)
-        elif isinstance(posterior, str):
-            fam = get_family(posterior, num_heads=H, head_dim=D, **posterior_kwargs)
+        if isinstance(family, AttentionFamily):
+            fam = copy.deepcopy(family)
+        elif isinstance(family, str):
+            fam = get_family(family, num_heads=H, head_dim=D, **family_kwargs)
         else:
-            raise TypeError(f"posterior must be a name, an AttentionFamily or None; got {posterior!r}")
+            raise TypeError(f"family must be a name, an AttentionFamily or None; got {family!r}")
         ref = next(m.parameters())
-        setattr(m, _POSTERIOR_ATTR, fam.to(device=ref.device))
+        setattr(m, _FAMILY_ATTR, fam.to(device=ref.device))
+        if not hasattr(m, _HOOK_ATTR):
+            setattr(m, _HOOK_ATTR, m.register_load_state_dict_pre_hook(_OLD_FAMILY_KEYS))
         setattr(m, _SITE_ATTR, f"{path}.latent")
     prev = getattr(model.config, "_attn_implementation", None)
     if prev != ATTN_NAME:
@@ -245,10 +254,13 @@ def convert_hf(
 
 
 def unconvert_hf(model: nn.Module) -> nn.Module:
-    """Remove the posteriors and restore the model's previous attention implementation."""
+    """Remove the families and restore the model's previous attention implementation."""
     for m in hf_attention_modules(model).values():
-        if hasattr(m, _POSTERIOR_ATTR):
-            delattr(m, _POSTERIOR_ATTR)
+        if hasattr(m, _FAMILY_ATTR):
+            delattr(m, _FAMILY_ATTR)
+        if hasattr(m, _HOOK_ATTR):
+            getattr(m, _HOOK_ATTR).remove()
+            delattr(m, _HOOK_ATTR)
         if hasattr(m, _SITE_ATTR):
             delattr(m, _SITE_ATTR)
     prev = getattr(model, _PREV_ATTR, None) or "eager"

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import calibration as C
+from .._deprecation import module_getattr
 from .._validation import check_int, check_real, torch_generator
 from ..nn.attention import BayesianMultiheadAttention
 from ..nn.modes import collect_kl
@@ -45,7 +46,7 @@ from ..uncertainty import Inputs, _batch_size, _default_forward, _take, predict
 
 __all__ = [
     "PosthocCalibration",
-    "posterior_parameters",
+    "family_parameters",
     "freeze_for_posthoc",
     "fit_posthoc",
     "sample_probs",
@@ -55,14 +56,21 @@ __all__ = [
 
 Forward = Callable[[nn.Module, Any], Tensor]
 
+#: deprecated names (until 0.4)
+__getattr__ = module_getattr(
+    "bayesattn.interop.posthoc",
+    {"posterior_parameters": ("bayesattn.interop.posthoc", "family_parameters")},
+    "function",
+)
 
-def posterior_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """Parameters of every attention posterior family in ``model`` (torch or transformers)."""
+
+def family_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters of every attention family in ``model`` (torch or transformers)."""
     params: list[nn.Parameter] = []
     seen: set[int] = set()
     for m in model.modules():
-        fam = m.posterior if isinstance(m, BayesianMultiheadAttention) else None
-        fam = fam if fam is not None else getattr(m, "bayesattn_posterior", None)
+        fam = m.family if isinstance(m, BayesianMultiheadAttention) else None
+        fam = fam if fam is not None else getattr(m, "bayesattn_family", None)
         if fam is None:
             continue
         for p in fam.parameters():
@@ -73,12 +81,12 @@ def posterior_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 
 def freeze_for_posthoc(model: nn.Module) -> list[nn.Parameter]:
-    """``requires_grad=False`` on every parameter but the attention posteriors'; returns those."""
-    keep = posterior_parameters(model)
+    """``requires_grad=False`` on every parameter but the attention families'; returns those."""
+    keep = family_parameters(model)
     if not keep:
         raise ValueError(
-            "model has no Bayesian attention with trainable posterior parameters: convert it first "
-            "(bayesattn.convert(model, posterior=...) or bayesattn.interop.hf.convert_hf)"
+            "model has no Bayesian attention with trainable family parameters: convert it first "
+            "(bayesattn.convert(model, family=...) or bayesattn.interop.hf.convert_hf)"
         )
     ids = {id(p) for p in keep}
     for p in model.parameters():
@@ -120,7 +128,7 @@ def fit_posthoc(
     progress: bool = False,
 ) -> PosthocCalibration:
     """Fit the attention posteriors (and ``log T``) of a converted, trained ``model`` by SVI on
-    the calibration split ``(x, y)``; all other weights are frozen (only the posteriors' parameters
+    the calibration split ``(x, y)``; all other weights are frozen (only the families' parameters
     and ``log T`` are given to the optimiser; ``requires_grad`` flags are restored afterwards) and
     dropout is off.
 

@@ -1,12 +1,12 @@
 r"""``BayesianMultiheadAttention``: a drop-in for ``torch.nn.MultiheadAttention`` whose weights are a
 posterior over which key each query reads.
 
-* No posterior family (or ``"mean"`` mode): the exact posterior mean
+* No family (or ``"mean"`` mode): the exact posterior mean
   :math:`y_i = \sum_j \operatorname{softmax}_j(\log\pi_{ij} + q_i\cdot k_j/\sqrt{d})\,v_j`; with a
   uniform prior this reproduces ``torch.nn.MultiheadAttention`` (same parameters, ``state_dict``,
   masks, outputs and weights). Uses the fused ``scaled_dot_product_attention`` when no weights are
   requested.
-* With ``posterior=`` a family from :mod:`bayesattn.families`: the attention weights are a
+* With ``family=`` a family from :mod:`bayesattn.families`: the attention weights are a
   ``pyro.sample`` site ``"<module path>.latent"`` (``"latent"`` for a root layer) drawn from the
   family's weight model in ``"model"`` mode and from its amortised guide in ``"guide"`` mode;
   see :mod:`bayesattn.nn.modes`. In ``"model"`` mode the simplex weights are also
@@ -28,6 +28,12 @@ from pyro.nn import PyroModule
 from torch import Tensor, nn
 
 from .. import functional as BF
+from .._deprecation import (
+    renamed_attribute,
+    renamed_kwargs,
+    renamed_submodule_hook,
+    warn_renamed,
+)
 from .._validation import check_int, check_same_dtype
 from ..families import AttentionFamily, FamilyName, get_family
 from ..priors import KeyRelevancePrior, UniformPrior
@@ -66,14 +72,16 @@ def _check_dim(name: str, x: Tensor, expected: int) -> None:
         raise ValueError(f"{name} last dim must be {expected}; got shape {tuple(x.shape)}")
 
 
-def _allow_missing_prior_posterior(module: nn.Module, incompatible) -> None:
-    """Loading a ``torch.nn.MultiheadAttention`` state_dict leaves the prior's and the posterior
+def _allow_missing_prior_family(module: nn.Module, incompatible) -> None:
+    """Loading a ``torch.nn.MultiheadAttention`` state_dict leaves the prior's and the
     family's own parameters at their initial values instead of failing as missing keys."""
-    keep = [k for k in incompatible.missing_keys if not _PRIOR_POSTERIOR_KEY.search(k)]
+    keep = [k for k in incompatible.missing_keys if not _PRIOR_FAMILY_KEY.search(k)]
     incompatible.missing_keys[:] = keep
 
 
-_PRIOR_POSTERIOR_KEY = re.compile(r"(^|\.)(prior|posterior|kernel)\.")
+_PRIOR_FAMILY_KEY = re.compile(r"(^|\.)(prior|family|kernel)\.")
+#: state_dicts saved before 0.3 hold the family under ``posterior.*``
+_OLD_FAMILY_KEYS = renamed_submodule_hook("posterior", "family")
 
 class CausalHintError(RuntimeError, ValueError):
     """``is_causal=True`` without an ``attn_mask``: a ``RuntimeError`` with torch's message (code
@@ -126,7 +134,7 @@ class BayesianMultiheadAttention(PyroModule):
     Keyword Args:
         prior: a :class:`~bayesattn.priors.KeyRelevancePrior` added to the masks' log-prior
             (default uniform: plain softmax attention).
-        posterior: ``None`` (deterministic), an :class:`~bayesattn.families.AttentionFamily`
+        family: ``None`` (deterministic), an :class:`~bayesattn.families.AttentionFamily`
             or a family name (``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
             ``"concrete"``) built with ``num_heads`` heads.
         kernel: ``None``/``"dense"`` (every key), or an efficient kernel over a reduced key
@@ -134,6 +142,9 @@ class BayesianMultiheadAttention(PyroModule):
             options) or an :class:`~bayesattn.nn.kernels.AttentionKernel` such as
             ``LocalKernel(window=64)``. With a kernel, returned weights are a
             :class:`~bayesattn.kernels.SupportWeights`.
+
+    ``posterior=`` (and the attribute ``posterior``) are deprecated spellings of ``family``
+    (until 0.4); state_dicts saved with the family under ``posterior.*`` load as ``family.*``.
 
     Shape:
         query ``(Tq, B, E)`` (``(B, Tq, E)`` if ``batch_first``; ``(Tq, E)`` unbatched; with
@@ -144,7 +155,7 @@ class BayesianMultiheadAttention(PyroModule):
         ``S`` to both.
 
     Example:
-        >>> mha = BayesianMultiheadAttention(16, 4, batch_first=True, posterior="dirichlet")
+        >>> mha = BayesianMultiheadAttention(16, 4, batch_first=True, family="dirichlet")
         >>> x = torch.randn(2, 5, 16)
         >>> y, w = mha(x, x, x, num_samples=8)  # 8 weight draws, projections computed once
         >>> y.shape, w.shape
@@ -153,6 +164,9 @@ class BayesianMultiheadAttention(PyroModule):
 
     __constants__ = ["batch_first"]
 
+    posterior = renamed_attribute("posterior", "family", "BayesianMultiheadAttention")
+
+    @renamed_kwargs(posterior="family")
     def __init__(
         self,
         embed_dim: int,
@@ -168,7 +182,7 @@ class BayesianMultiheadAttention(PyroModule):
         dtype=None,
         *,
         prior: KeyRelevancePrior | None = None,
-        posterior: AttentionFamily | FamilyName | None = None,
+        family: AttentionFamily | FamilyName | None = None,
         kernel: AttentionKernel | str | None = None,
     ) -> None:
         for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
@@ -221,18 +235,18 @@ class BayesianMultiheadAttention(PyroModule):
         self._reset_parameters()
 
         self.prior = prior if prior is not None else UniformPrior()
-        if isinstance(posterior, str):
-            posterior = get_family(posterior, num_heads=num_heads, head_dim=self.head_dim)
-        elif posterior is not None and not isinstance(posterior, AttentionFamily):
+        if isinstance(family, str):
+            family = get_family(family, num_heads=num_heads, head_dim=self.head_dim)
+        elif family is not None and not isinstance(family, AttentionFamily):
             raise TypeError(
-                f"posterior must be None, a family name or an AttentionFamily; "
-                f"got {type(posterior).__name__}"
+                f"family must be None, a family name or an AttentionFamily; "
+                f"got {type(family).__name__}"
             )
-        if posterior is not None and posterior.num_heads not in (1, num_heads):
+        if family is not None and family.num_heads not in (1, num_heads):
             raise ValueError(
-                f"posterior has {posterior.num_heads} heads but the layer has {num_heads}"
+                f"family has {family.num_heads} heads but the layer has {num_heads}"
             )
-        self.posterior = posterior
+        self.family = family
         if isinstance(kernel, str) or kernel is None:
             kernel = get_kernel(kernel)
         elif not isinstance(kernel, AttentionKernel):
@@ -240,19 +254,23 @@ class BayesianMultiheadAttention(PyroModule):
         self.kernel = kernel  # None: dense attention
         self.record_weights = False  # when True, forward keeps its weights in ``last_weights``
         self.last_weights: Tensor | None = None  # (…, B, H, Tq, Tk)
-        self.register_load_state_dict_post_hook(_allow_missing_prior_posterior)
+        self.register_load_state_dict_pre_hook(_OLD_FAMILY_KEYS)
+        self.register_load_state_dict_post_hook(_allow_missing_prior_family)
         self._sync_fastpath_guard()
 
     def __setattr__(self, name: str, value) -> None:
+        if name == "posterior":  # deprecated spelling; nn.Module would register a submodule
+            warn_renamed("BayesianMultiheadAttention.posterior", "family", "attribute")
+            name = "family"
         super().__setattr__(name, value)
-        if name in ("posterior", "prior", "record_weights") and "record_weights" in self.__dict__:
+        if name in ("family", "prior", "record_weights") and "record_weights" in self.__dict__:
             self._sync_fastpath_guard()
 
     def _matches_torch(self) -> bool:
         """True when torch's fused kernels compute exactly this layer (deterministic, uniform
         prior, weights not recorded): the only case torch's layers may skip our ``forward``."""
         return (
-            self.posterior is None
+            self.family is None
             and isinstance(self.prior, UniformPrior)
             and not self.record_weights
         )
@@ -327,7 +345,7 @@ class BayesianMultiheadAttention(PyroModule):
             device=ref.device,
             dtype=ref.dtype,
         )
-        sd = {k: v for k, v in self.state_dict().items() if not _PRIOR_POSTERIOR_KEY.search(k)}
+        sd = {k: v for k, v in self.state_dict().items() if not _PRIOR_FAMILY_KEY.search(k)}
         m.load_state_dict(sd)
         m.train(self.training)
         return m
@@ -354,13 +372,13 @@ class BayesianMultiheadAttention(PyroModule):
 
     @property
     def is_bayesian(self) -> bool:
-        """True when the layer has a posterior family over its attention weights."""
-        return self.posterior is not None
+        """True when the layer has a family over its attention weights."""
+        return self.family is not None
 
     def mode(self) -> AttentionMode:
         """The effective mode: the context's (:func:`~bayesattn.nn.modes.attention_mode`) or the
         layer default (``"guide"`` with a family, ``"mean"`` without)."""
-        if self.posterior is None:
+        if self.family is None:
             return "mean"
         # Dynamo cannot trace ContextVar.get: read the mode once at trace time (compile in one mode)
         m = _current_mode_at_trace() if torch.compiler.is_compiling() else current_mode()
@@ -447,7 +465,7 @@ class BayesianMultiheadAttention(PyroModule):
         k_pos: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """See the class docstring. ``num_samples`` draws that many weight samples in one pass
-        (in ``"mean"`` mode, or without a posterior family, the ``S`` draws are identical: a view,
+        (in ``"mean"`` mode, or without a family, the ``S`` draws are identical: a view,
         so shapes do not depend on the mode); ``q_pos``/``k_pos`` are positions passed to
         positional priors.
 
@@ -471,7 +489,7 @@ class BayesianMultiheadAttention(PyroModule):
         if num_samples is not None:
             check_int("num_samples", num_samples, 1)
         self_attn = query is key and key is value
-        if num_samples is None and query.dim() == 3 and self.posterior is not None:
+        if num_samples is None and query.dim() == 3 and self.family is not None:
             # set from outside: bayesattn.num_samples(S); read once at trace time when compiling
             num_samples = (
                 _num_samples_at_trace() if torch.compiler.is_compiling() else current_num_samples()
@@ -640,7 +658,7 @@ class BayesianMultiheadAttention(PyroModule):
         k: Tensor,
         num_samples: int | None,
     ) -> Tensor:
-        fam = self.posterior
+        fam = self.family
         assert fam is not None
         lp_full = log_prior.expand_as(logits) if log_prior is not None else None
         allowed = None if lp_full is None else BF.allowed_keys(logits + lp_full)  # None: all
@@ -669,8 +687,8 @@ class BayesianMultiheadAttention(PyroModule):
         return w
 
     def extra_repr(self) -> str:
-        fam = type(self.posterior).__name__ if self.posterior is not None else None
+        fam = type(self.family).__name__ if self.family is not None else None
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, "
-            f"batch_first={self.batch_first}, posterior={fam}"
+            f"batch_first={self.batch_first}, family={fam}"
         )

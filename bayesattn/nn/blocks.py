@@ -7,7 +7,7 @@ skips it. The layers take torch's arguments in torch's order (``batch_first=Fals
 the stacks (:class:`Encoder`, :class:`Decoder`) are ``batch_first=True``: ``(B, T, E)``, with
 optional extra leading sample dims ``(*S, B, T, E)``.
 
-Which attentions are Bayesian, with which prior and posterior family, is chosen per network by an
+Which attentions are Bayesian, with which prior and family, is chosen per network by an
 :class:`AttentionConfig`.
 """
 
@@ -22,6 +22,7 @@ from pyro.nn import PyroModule
 from torch import Tensor, nn
 
 from .. import priors as P
+from .._deprecation import renamed_attribute, renamed_kwargs
 from .._validation import check_int, check_real
 from ..families import FamilyName, get_family
 from .attention import BayesianMultiheadAttention, linear
@@ -46,31 +47,34 @@ class AttentionConfig:
     """Which attention layers are Bayesian and how.
 
     Args:
-        posterior: family name (``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
+        family: family name (``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
             ``"concrete"``) or ``None`` for deterministic attention everywhere.
         prior: ``"uniform"``, ``"causal"``, ``"local"`` (``window`` in ``prior_kwargs``),
             ``"alibi"``, ``"learned"`` (``max_distance``), ``"contextual"``, or a callable
             ``(num_heads, head_dim) -> KeyRelevancePrior``.
-        layers: ``"all"``, ``"last"`` or a list of layer indices that get the posterior.
+        layers: ``"all"``, ``"last"`` or a list of layer indices that get the family.
         which: attentions that get it in decoder layers: ``("self", "cross")`` or a subset.
         kernel: ``None`` (dense) or an efficient kernel for every *self*-attention layer:
             ``"local"`` (``window``), ``"topk"`` (``k``) or ``"lowrank"`` (``rank``, ``max_len``),
             options in ``kernel_kwargs``; see :mod:`bayesattn.nn.kernels`.
+
+    ``posterior=``/``posterior_kwargs=`` (and those attributes) are deprecated spellings of
+    ``family``/``family_kwargs`` (until 0.4); saved configs that use them still load.
     """
 
-    posterior: FamilyName | None = None
+    family: FamilyName | None = None
     prior: str | Callable[[int, int], P.KeyRelevancePrior] = "uniform"
     layers: str | Sequence[int] = "all"
     which: Sequence[str] = ("self", "cross")
-    posterior_kwargs: dict = field(default_factory=dict)
+    family_kwargs: dict = field(default_factory=dict)
     prior_kwargs: dict = field(default_factory=dict)
     kernel: str | None = None
     kernel_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         get_kernel(self.kernel, **self.kernel_kwargs)  # validates the name and options
-        if self.posterior is not None and not isinstance(self.posterior, str):
-            raise TypeError(f"posterior must be a family name or None; got {self.posterior!r}")
+        if self.family is not None and not isinstance(self.family, str):
+            raise TypeError(f"family must be a family name or None; got {self.family!r}")
         if not isinstance(self.prior, str) and not callable(self.prior):
             raise TypeError(f"prior must be one of {_PRIORS} or a callable; got {self.prior!r}")
         if isinstance(self.prior, str) and self.prior not in _PRIORS:
@@ -92,7 +96,7 @@ class AttentionConfig:
         bad = set(self.which) - {"self", "cross"}
         if bad:
             raise ValueError(f"which must contain only 'self'/'cross'; got {sorted(bad)}")
-        for name in ("posterior_kwargs", "prior_kwargs"):
+        for name in ("family_kwargs", "prior_kwargs"):
             if not isinstance(getattr(self, name), dict):
                 raise TypeError(f"{name} must be a dict; got {getattr(self, name)!r}")
         if callable(self.prior) and self.prior_kwargs:
@@ -108,18 +112,18 @@ class AttentionConfig:
                     f"{list(_PRIOR_KWARGS[self.prior])}"
                 )
             self.build_prior(1, 1)  # validates the values
-        if self.posterior is not None:
-            # validates the name and posterior_kwargs (names and values)
-            get_family(self.posterior, num_heads=1, head_dim=1, **self.posterior_kwargs)
-        elif self.posterior_kwargs:
+        if self.family is not None:
+            # validates the name and family_kwargs (names and values)
+            get_family(self.family, num_heads=1, head_dim=1, **self.family_kwargs)
+        elif self.family_kwargs:
             raise ValueError(
-                f"posterior_kwargs {sorted(self.posterior_kwargs)} given without a posterior"
+                f"family_kwargs {sorted(self.family_kwargs)} given without a family"
             )
 
     def check_layers(self, num_layers: int) -> None:
         """Every index in ``layers`` must name one of ``num_layers`` layers (negative indices
         count from the end, as in Python)."""
-        if isinstance(self.layers, str) or self.posterior is None:
+        if isinstance(self.layers, str) or self.family is None:
             return
         bad = [i for i in self.layers if not -num_layers <= i < num_layers]
         if bad:
@@ -129,6 +133,7 @@ class AttentionConfig:
             )
 
     @classmethod
+    @renamed_kwargs(posterior="family", posterior_kwargs="family_kwargs")
     def recommended(cls, **overrides) -> AttentionConfig:
         r"""The library's recommended Bayesian attention (the study's ``recommended`` method).
 
@@ -147,15 +152,15 @@ class AttentionConfig:
         ``docs/which-attention.md``). Keyword arguments override fields.
         """
         kw: dict = dict(
-            posterior="logistic_normal",
+            family="logistic_normal",
             layers="last",
-            posterior_kwargs={"input_dependent": True, "model_location": "attention"},
+            family_kwargs={"input_dependent": True, "model_location": "attention"},
         )
         kw.update(overrides)
         return cls(**kw)
 
     def is_bayesian(self, index: int, num_layers: int, kind: str = "self") -> bool:
-        if self.posterior is None or kind not in self.which:
+        if self.family is None or kind not in self.which:
             return False
         if self.layers == "all":
             return True
@@ -182,18 +187,30 @@ class AttentionConfig:
     ) -> BayesianMultiheadAttention:
         head_dim = embed_dim // num_heads
         bayes = self.is_bayesian(index, num_layers, kind)
-        posterior = (
-            get_family(self.posterior, num_heads, head_dim, **self.posterior_kwargs)
+        family = (
+            get_family(self.family, num_heads, head_dim, **self.family_kwargs)
             if bayes
             else None
         )
         prior = self.build_prior(num_heads, head_dim) if kind == "self" else P.UniformPrior()
         kernel = get_kernel(self.kernel, **self.kernel_kwargs) if kind == "self" else None
         return BayesianMultiheadAttention(
-            embed_dim, num_heads, batch_first=True, prior=prior, posterior=posterior, kernel=kernel,
+            embed_dim, num_heads, batch_first=True, prior=prior, family=family, kernel=kernel,
             **mha_kwargs,
         )  # fmt: skip
 
+
+# deprecated spellings (until 0.4): AttentionConfig(posterior=..., posterior_kwargs=...) and the
+# attributes; saved configs (dicts of fields) that use them still load through the constructor
+AttentionConfig.__init__ = renamed_kwargs(  # type: ignore[method-assign]
+    posterior="family", posterior_kwargs="family_kwargs"
+)(AttentionConfig.__init__)
+AttentionConfig.posterior = renamed_attribute(  # type: ignore[attr-defined]
+    "posterior", "family", "AttentionConfig"
+)
+AttentionConfig.posterior_kwargs = renamed_attribute(  # type: ignore[attr-defined]
+    "posterior_kwargs", "family_kwargs", "AttentionConfig"
+)
 
 def _activation(name: str | Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
     if callable(name):
@@ -207,14 +224,14 @@ def _activation(name: str | Callable[[Tensor], Tensor]) -> Callable[[Tensor], Te
 
 def as_attention_config(attention: AttentionConfig | str | None) -> AttentionConfig:
     """``None`` → deterministic attention; a family name (``"dirichlet"``) is shorthand for
-    ``AttentionConfig(posterior=name)``; an :class:`AttentionConfig` is used as is."""
+    ``AttentionConfig(family=name)``; an :class:`AttentionConfig` is used as is."""
     if attention is None:
         return AttentionConfig()
     if isinstance(attention, str):
-        return AttentionConfig(posterior=attention)
+        return AttentionConfig(family=attention)
     if not isinstance(attention, AttentionConfig):
         raise TypeError(
-            f"attention must be an AttentionConfig, a posterior family name or None; got "
+            f"attention must be an AttentionConfig, a family name or None; got "
             f"{type(attention).__name__}"
         )
     return attention
@@ -268,7 +285,7 @@ class EncoderLayer(_FeedForward):
 
     Arguments are ``torch.nn.TransformerEncoderLayer``'s, in its positional order (``batch_first``
     included, default ``False`` as in torch), then keyword-only ``attn_dropout``, ``prior`` and
-    ``posterior`` for the self-attention.
+    ``family`` for the self-attention (``posterior=`` is its deprecated spelling).
 
     Post-norm: :math:`x \leftarrow \mathrm{LN}(x + \mathrm{SA}(x))`,
     :math:`x \leftarrow \mathrm{LN}(x + \mathrm{FF}(x))`; pre-norm: :math:`x \leftarrow x +
@@ -278,6 +295,7 @@ class EncoderLayer(_FeedForward):
         src ``(T, B, E)``, or ``(*S, B, T, E)`` with ``batch_first`` → same.
     """
 
+    @renamed_kwargs(posterior="family")
     def __init__(
         self,
         d_model: int,
@@ -294,7 +312,7 @@ class EncoderLayer(_FeedForward):
         *,
         attn_dropout: float | None = None,
         prior: P.KeyRelevancePrior | None = None,
-        posterior=None,
+        family=None,
         kernel=None,
     ) -> None:
         _check_block_args(d_model, nhead, dim_feedforward, dropout)
@@ -307,7 +325,7 @@ class EncoderLayer(_FeedForward):
             bias=bias,
             batch_first=batch_first,
             prior=prior,
-            posterior=posterior,
+            family=family,
             kernel=kernel,
             **fk,
         )
@@ -381,7 +399,8 @@ class DecoderLayer(_FeedForward):
 
     Arguments are ``torch.nn.TransformerDecoderLayer``'s, in its positional order (``batch_first``
     default ``False`` as in torch), then keyword-only ``attn_dropout`` and ``self_``/``cross_``
-    ``prior``/``posterior``.
+    ``prior``/``family`` (``self_posterior``/``cross_posterior`` are their deprecated
+    spellings).
 
     Shape:
         tgt ``(Tt, B, E)``, memory ``(Ts, B, E)``; with ``batch_first`` tgt ``(*S, B, Tt, E)``,
@@ -390,6 +409,7 @@ class DecoderLayer(_FeedForward):
 
     _ff_dropout = "dropout3"
 
+    @renamed_kwargs(self_posterior="self_family", cross_posterior="cross_family")
     def __init__(
         self,
         d_model: int,
@@ -406,9 +426,9 @@ class DecoderLayer(_FeedForward):
         *,
         attn_dropout: float | None = None,
         self_prior: P.KeyRelevancePrior | None = None,
-        self_posterior=None,
+        self_family=None,
         cross_prior: P.KeyRelevancePrior | None = None,
-        cross_posterior=None,
+        cross_family=None,
         self_kernel=None,
     ) -> None:
         _check_block_args(d_model, nhead, dim_feedforward, dropout)
@@ -422,7 +442,7 @@ class DecoderLayer(_FeedForward):
             bias,
             batch_first=batch_first,
             prior=self_prior,
-            posterior=self_posterior,
+            family=self_family,
             kernel=self_kernel,
             **fk,
         )
@@ -433,7 +453,7 @@ class DecoderLayer(_FeedForward):
             bias,
             batch_first=batch_first,
             prior=cross_prior,
-            posterior=cross_posterior,
+            family=cross_family,
             **fk,
         )
         self._init_ff(d_model, dim_feedforward, dropout, activation, bias, fk)
@@ -501,7 +521,7 @@ def _block_kwargs(kw: dict) -> dict:
 
 class Encoder(PyroModule):
     """A stack of :class:`EncoderLayer` (each built separately: distinct Pyro sites and
-    posterior parameters), with a final LayerNorm when ``norm_first`` (pre-norm).
+    family parameters), with a final LayerNorm when ``norm_first`` (pre-norm).
 
     Shape:
         src ``(*S, B, T, E)`` → same.
@@ -529,7 +549,7 @@ class Encoder(PyroModule):
                     nhead,
                     batch_first=True,
                     prior=a.prior,
-                    posterior=a.posterior,
+                    family=a.family,
                     kernel=a.kernel,
                     **kw,
                 )
@@ -582,9 +602,9 @@ class Decoder(PyroModule):
                         nhead,
                         batch_first=True,
                         self_prior=sa.prior,
-                        self_posterior=sa.posterior,
+                        self_family=sa.family,
                         cross_prior=ca.prior,
-                        cross_posterior=ca.posterior,
+                        cross_family=ca.family,
                         self_kernel=sa.kernel,
                         **kw,
                     )
@@ -596,7 +616,7 @@ class Decoder(PyroModule):
                         nhead,
                         batch_first=True,
                         prior=sa.prior,
-                        posterior=sa.posterior,
+                        family=sa.family,
                         kernel=sa.kernel,
                         **kw,
                     )

@@ -125,7 +125,7 @@ class NetworkContract(Protocol):
 
     @property
     def bayesian_layers(self) -> list[str]:
-        """Module paths of the attention layers with a posterior family."""
+        """Module paths of the attention layers with a family."""
         ...
 
     def weight_sites(self) -> list[tuple[nn.Module, str, str]]:

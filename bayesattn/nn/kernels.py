@@ -12,7 +12,7 @@ kernel                 support of query ``i``                      cost (time / 
                        values along the sequence (Linformer)
 =====================  ==========================================  ============================
 
-Every mode works on the support: posterior mean (``"mean"``), and draws of every posterior family
+Every mode works on the support: posterior mean (``"mean"``), and draws of every family
 (``"guide"``, ``"model"``, ``"elbo"``), whose latent site then has event shape
 ``(H, Tq, K)``. With ``need_weights=True`` the layer returns a
 :class:`~bayesattn.kernels.SupportWeights` (per head, on the support; ``.to_dense()`` gives

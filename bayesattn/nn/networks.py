@@ -206,7 +206,7 @@ class BayesianNetwork(PyroModule):
 
     @property
     def bayesian_layers(self) -> list[str]:
-        """Module paths of attention layers with a posterior family."""
+        """Module paths of attention layers with a family."""
         return [n for n, m in self.named_modules() if getattr(m, "is_bayesian", False) is True]
 
     def _num_data(self, num_data: int | None, batch: int) -> int:
@@ -518,7 +518,7 @@ class TransformerClassifier(BayesianNetwork):
         """Index of the first encoder layer whose output is random in the current attention
         mode (``num_layers`` if none is): 0 while any dropout is active (training mode with
         ``dropout > 0``) or the network has Bayesian projection weights, else the first layer
-        with a posterior family (none in ``"mean"`` mode). Posterior samples share everything
+        with a family (none in ``"mean"`` mode). Posterior samples share everything
         computed before it."""
         return self._first_random()[0]
 

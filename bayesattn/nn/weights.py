@@ -70,7 +70,7 @@ def bayesian_projections(
         for n, _ in network.named_parameters()
         if any(fnmatch.fnmatchcase(n, t) for t in targets)
         and not n.startswith("weight_guide.")
-        and ".posterior." not in n
+        and ".family." not in n
         and ".prior." not in n
     ]
     if not names:

@@ -1,6 +1,9 @@
 """Exact-resume checkpoints: atomic writes, ``torch.load(weights_only=True)`` reads, a SHA-256
 digest of the contents, and the RNG states (torch, Python, NumPy, CUDA, the data generator) that
-make a resumed run continue bit for bit."""
+make a resumed run continue bit for bit.
+
+Checkpoints written before 0.3 (training method under ``"mode"``, attention families under
+``...posterior.*``) load as the new spelling (:func:`upgrade_state`)."""
 
 from __future__ import annotations
 
@@ -16,10 +19,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._deprecation import renamed_state_keys
+from .config import _upgrade_config_dict
+
 if TYPE_CHECKING:
     from .trainer import Trainer
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "prepare_checkpoint_path"]
+__all__ = [
+    "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
+    "prepare_checkpoint_path",
+    "upgrade_state",
+]
 
 _FORMAT = "bayesattn.checkpoint"
 _VERSION = 2  # 2: torch.optim.lr_scheduler schedules, data sources (loaders, streams)
@@ -127,7 +139,7 @@ def save_checkpoint(path: str | os.PathLike, state: Trainer | dict[str, Any]) ->
     return path
 
 
-_REQUIRED = ("format", "version", "mode", "config", "network", "optimizer", "step", "epoch", "rng")
+_REQUIRED = ("format", "version", "method", "config", "network", "optimizer", "step", "epoch", "rng")
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
@@ -151,7 +163,8 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         ) from e
     if not isinstance(state, dict) or state.get("format") != _FORMAT:
         raise CheckpointError(f"{str(path)!r} is not a bayesattn training checkpoint")
-    missing = [k for k in _REQUIRED if k not in state]
+    old = {"method": "mode"}  # entries a checkpoint from before 0.3 holds under their old name
+    missing = [k for k in _REQUIRED if k not in state and old.get(k) not in state]
     if missing:
         raise CheckpointError(f"checkpoint {str(path)!r} lacks required entries {missing}")
     if state["version"] != _VERSION:
@@ -164,6 +177,42 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(
             f"checkpoint {str(path)!r} is corrupt: its contents do not match their SHA-256 digest"
         )
+    return upgrade_state(state)
+
+
+def upgrade_state(
+    state: dict[str, Any], network_keys: Any = None, param_names: Any = None
+) -> dict[str, Any]:
+    """A trainer state saved before 0.3 in the current spelling (a new dict; others unchanged).
+
+    ``"mode"`` (entry and config field) becomes ``"method"``. With ``network_keys`` (the
+    network's ``state_dict`` keys), keys of the network and best-weights states saved under an
+    attention family's old submodule name ``posterior`` are mapped to ``family`` where that
+    is the network's key; with ``param_names`` (SVI), so are the Pyro optimiser's entries.
+    """
+    state = dict(state)
+    if "mode" in state and "method" not in state:
+        state["method"] = state.pop("mode")
+    if isinstance(state.get("config"), dict):
+        state["config"] = _upgrade_config_dict(state["config"])
+    if network_keys is not None:
+        known = set(network_keys)
+
+        def fix(sd: Any) -> Any:
+            if not isinstance(sd, dict):
+                return sd
+            ren = renamed_state_keys(sd, "posterior", "family", known)
+            return {ren.get(k, k): v for k, v in sd.items()} if ren else sd
+
+        state["network"] = fix(state.get("network"))
+        es = state.get("early_stopping")
+        if isinstance(es, dict) and isinstance(es.get("best_state"), dict):
+            state["early_stopping"] = {**es, "best_state": fix(es["best_state"])}
+    if param_names is not None and state.get("method") == "svi":
+        opt = state.get("optimizer")
+        if isinstance(opt, dict):
+            ren = renamed_state_keys(opt, "posterior", "family", set(param_names))
+            state["optimizer"] = {ren.get(k, k): v for k, v in opt.items()}
     return state
 
 

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
+from .._deprecation import module_getattr, renamed_attribute, renamed_kwargs
 from .._validation import check_int, check_real
 from .schedules import LR_DECAYS
 
-__all__ = ["TrainConfig", "MODES", "ELBOS", "VAL_LOSSES"]
+__all__ = ["TrainConfig", "TrainMethod", "METHODS", "ELBOS", "VAL_LOSSES"]
 
-MODES = ("svi", "hybrid")
+#: how the ELBO is optimised (``TrainConfig.method``)
+TrainMethod = Literal["svi", "hybrid"]
+METHODS: tuple[str, ...] = get_args(TrainMethod)
 ELBOS = ("trace", "meanfield")
 VAL_LOSSES = ("nll", "elbo")
 
@@ -24,15 +27,16 @@ class TrainConfig:
     """Training options; every field is validated on construction (``ValueError`` naming it).
 
     Args:
-        mode: ``"hybrid"`` (one-pass ELBO with analytic KLs, AdamW) or ``"svi"`` (Pyro ELBO of
-            ``model`` against ``guide``).
+        method: the training method, ``"hybrid"`` (one-pass ELBO with analytic KLs, AdamW) or
+            ``"svi"`` (Pyro ELBO of ``model`` against ``guide``). ``mode`` is its deprecated
+            spelling (until 0.4; keyword argument, attribute and key of saved configs).
         epochs: passes over the training data.
         max_steps: stop after this many optimiser steps in total (``None``: no cap). Only a
             stopping rule: the LR schedule is set by ``decay_steps``, so a run interrupted by
             ``max_steps`` and resumed reproduces the uninterrupted run.
         batch_size: examples per step (the last batch of an epoch may be smaller).
         lr: peak learning rate.
-        weight_decay: decoupled (AdamW) weight decay, both modes.
+        weight_decay: decoupled (AdamW) weight decay, both methods.
         warmup_steps: linear warm-up, step ``s`` (0-based) uses ``lr·(s+1)/warmup_steps``.
         lr_decay: after warm-up, ``"cosine"`` or ``"linear"`` to ``min_lr_ratio·lr`` at
             ``decay_steps``; ``"step"`` multiplies by ``lr_gamma`` every ``lr_step_size`` steps
@@ -63,7 +67,7 @@ class TrainConfig:
         device: torch device the network and batches are moved to.
     """
 
-    mode: str = "hybrid"
+    method: TrainMethod = "hybrid"
     epochs: int = 10
     max_steps: int | None = None
     batch_size: int = 64
@@ -101,7 +105,7 @@ class TrainConfig:
         def choice(name: str, options: tuple[str, ...]) -> None:
             need(getattr(self, name) in options, name, f"one of {options}")
 
-        choice("mode", MODES)
+        choice("method", METHODS)
         choice("lr_decay", LR_DECAYS)
         choice("elbo", ELBOS)
         choice("val_loss", VAL_LOSSES)
@@ -145,11 +149,32 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        """A config from :meth:`to_dict`'s output; a saved config's ``"mode"`` (the old name
+        of ``"method"``) is read as ``"method"``."""
+        d = _upgrade_config_dict(d)
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
             raise ValueError(f"unknown TrainConfig fields {unknown}")
         return cls(**d)
+
+
+# deprecated spellings (until 0.4): TrainConfig(mode=...) and the attribute ``mode``
+TrainConfig.__init__ = renamed_kwargs(mode="method")(  # type: ignore[method-assign]
+    TrainConfig.__init__
+)
+TrainConfig.mode = renamed_attribute("mode", "method", "TrainConfig")  # type: ignore[attr-defined]
+
+__getattr__ = module_getattr(
+    "bayesattn.training.config", {"MODES": ("bayesattn.training.config", "METHODS")}, "constant"
+)
+
+
+def _upgrade_config_dict(d: dict[str, Any]) -> dict[str, Any]:
+    """A saved config dict with the old key ``"mode"`` (before 0.3) as one with ``"method"``."""
+    if isinstance(d, dict) and "mode" in d and "method" not in d:
+        d = {("method" if k == "mode" else k): v for k, v in d.items()}
+    return d
 
 
 def _resolve_config(config: TrainConfig | dict | None, overrides: dict[str, Any]) -> TrainConfig:

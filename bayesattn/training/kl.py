@@ -1,5 +1,5 @@
 r"""KL annealing: the weight :math:`\beta` of the KL term (:func:`kl_beta`) and
-:class:`ScaleLatents`, the messenger that applies it to every latent sample site in SVI mode."""
+:class:`ScaleLatents`, the messenger that applies it to every latent sample site with the SVI method."""
 
 from __future__ import annotations
 

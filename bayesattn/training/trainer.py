@@ -1,6 +1,6 @@
 """The training loop: :class:`Trainer` (SVI or one-pass hybrid ELBO, KL annealing, early
 stopping, exact resume) and the function :func:`fit`. See :mod:`bayesattn.inference` for the
-objective and the modes."""
+objective and the training methods."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pyro import poutine
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch import Tensor
 
+from .._deprecation import renamed_kwargs
 from .._validation import torch_generator
 from ..nn.networks import BayesianNetwork
 from .checkpoint import (
@@ -29,6 +30,7 @@ from .checkpoint import (
     load_checkpoint,
     prepare_checkpoint_path,
     save_checkpoint,
+    upgrade_state,
 )
 from .config import TrainConfig, _resolve_config
 from .data import (
@@ -111,19 +113,20 @@ class Trainer:
         history: the :class:`History` so far.
         step: optimiser steps taken so far.
         epoch: completed epochs.
-        optimizer: the ``torch.optim.AdamW`` optimiser (hybrid mode; ``None`` in svi mode).
-        scheduler: its ``LambdaLR`` learning-rate schedule (hybrid mode).
-        pyro_optim: the ``pyro.optim`` scheduler (svi mode).
+        optimizer: the ``torch.optim.AdamW`` optimiser (hybrid method; ``None`` with svi).
+        scheduler: its ``LambdaLR`` learning-rate schedule (hybrid method).
+        pyro_optim: the ``pyro.optim`` scheduler (svi method).
         last_grad_norm: global gradient norm of the last step *before* clipping.
 
     Example::
 
-        trainer = Trainer(net, TrainConfig(mode="svi", epochs=3, progress=False))
+        trainer = Trainer(net, TrainConfig(method="svi", epochs=3, progress=False))
         history = trainer.fit((x, y), val_data=(xv, yv), checkpoint_path="ckpt.pt")
         # later, in a fresh process: a new network and trainer continue exactly
         Trainer(new_net, trainer.config).fit((x, y), (xv, yv), "ckpt.pt", resume=True)
     """
 
+    @renamed_kwargs(mode="method")
     def __init__(
         self, network: BayesianNetwork, config: TrainConfig | dict | None = None, **overrides
     ):
@@ -224,7 +227,7 @@ class Trainer:
         yb = None if yb is None else yb.to(self.device)
         self._sync_param_store(xb, yb)
 
-        if c.mode == "hybrid":
+        if c.method == "hybrid":
             with _fork_rng(), torch.no_grad():  # creates lazily built parameters, if any
                 net.elbo_loss(xb, yb, num_data=n)
             self.optimizer = torch.optim.AdamW(
@@ -322,7 +325,7 @@ class Trainer:
         c, net, N = self.config, self.network, self._num_data
         assert N is not None
         self._beta = self.beta()
-        if c.mode == "hybrid":
+        if c.method == "hybrid":
             assert self.optimizer is not None and self.scheduler is not None
             self.optimizer.zero_grad(set_to_none=True)
             if c.num_particles == 1 or c.vectorize_particles:
@@ -441,7 +444,7 @@ class Trainer:
         if not self._set_up:
             raise RuntimeError("the trainer has no state before fit() set it up")
         c = self.config
-        if c.mode == "hybrid":
+        if c.method == "hybrid":
             assert self.optimizer is not None and self.scheduler is not None
             opt_state: Any = self.optimizer.state_dict()
             sched_state = self.scheduler.state_dict()
@@ -452,7 +455,7 @@ class Trainer:
         return {
             "format": _FORMAT,
             "version": _VERSION,
-            "mode": c.mode,
+            "method": c.method,
             "config": c.to_dict(),
             "network_class": type(self.network).__name__,
             "network": {k: v.detach().cpu().clone() for k, v in self.network.state_dict().items()},
@@ -478,10 +481,10 @@ class Trainer:
 
     def _check_state(self, state: dict[str, Any], where: str) -> None:
         """Verify a checkpoint fits this trainer and network before anything is modified."""
-        if state["mode"] != self.config.mode:
+        if state["method"] != self.config.method:
             raise CheckpointError(
-                f"checkpoint {where} was made in mode {state['mode']!r}; the trainer is in "
-                f"mode {self.config.mode!r}"
+                f"checkpoint {where} was made with method {state['method']!r}; the trainer uses "
+                f"method {self.config.method!r}"
             )
         data = state.get("data") or {"kind": "tensors"}
         if self._data is not None and data.get("kind") != self._data.kind:
@@ -523,7 +526,7 @@ class Trainer:
         ]
         if bad:
             raise CheckpointError(f"checkpoint {where} has mismatched shapes: {bad}")
-        if self.config.mode == "hybrid":
+        if self.config.method == "hybrid":
             assert self.optimizer is not None
             n_own = sum(len(g["params"]) for g in self.optimizer.param_groups)
             groups = state["optimizer"].get("param_groups", [])
@@ -544,10 +547,11 @@ class Trainer:
         """Restore a state from :meth:`state_dict` / :func:`load_checkpoint` (after set-up)."""
         if not self._set_up:
             raise RuntimeError("call load_state_dict after set-up (fit(resume=True) does this)")
+        state = upgrade_state(state, self.network.state_dict().keys(), self._param_names)
         self._check_state(state, where)
         try:
             self.network.load_state_dict(state["network"], strict=True)
-            if self.config.mode == "hybrid":
+            if self.config.method == "hybrid":
                 assert self.optimizer is not None and self.scheduler is not None
                 self.optimizer.load_state_dict(state["optimizer"])
                 self.scheduler.load_state_dict(state["scheduler"])
@@ -739,7 +743,7 @@ class Trainer:
         bar = tqdm(
             total=None if math.isinf(total) else max(0, int(total)),
             disable=not c.progress,
-            desc=c.mode,
+            desc=c.method,
             leave=False,
         )
         self.network.train()
@@ -841,6 +845,7 @@ class Trainer:
         return history
 
 
+@renamed_kwargs(mode="method")
 def fit(
     network: BayesianNetwork,
     train_data: Any,
@@ -853,7 +858,7 @@ def fit(
 ) -> History:
     """Train ``network`` on ``train_data``: ``Trainer(network, config, **overrides).fit(...)``.
 
-    Keyword overrides are :class:`TrainConfig` fields (``fit(net, data, mode="svi", epochs=5)``).
+    Keyword overrides are :class:`TrainConfig` fields (``fit(net, data, method="svi", epochs=5)``).
     See :class:`Trainer` and :meth:`Trainer.fit`. With ``resume=True`` (or ``"auto"`` and an
     existing checkpoint) and ``config=None`` the configuration saved in the checkpoint is used
     (override e.g. ``max_steps`` or ``epochs``). ``num_data`` is the number of training examples,
