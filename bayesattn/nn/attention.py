@@ -124,6 +124,30 @@ def _lengths_to_padding_mask(lengths: list[int], T: int, device) -> Tensor:
     return ar.unsqueeze(0) >= torch.tensor(lengths, device=device).unsqueeze(1)  # (B, T)
 
 
+def _causal_hint(
+    attn_mask: Tensor | None, key_padding_mask: Tensor | None, is_causal: bool, need_weights: bool
+) -> tuple[Tensor | None, bool]:
+    """torch's reading of ``is_causal``: a hint that ``attn_mask`` is causal, which it needs; the
+    causal structure replaces the mask without padding and weights, else the mask is used."""
+    if not is_causal:
+        return attn_mask, False
+    if attn_mask is None:
+        raise CausalHintError(_CAUSAL_HINT_ERROR)
+    if key_padding_mask is None and not need_weights:
+        return None, True  # torch: the hint stands for the mask
+    return attn_mask, False  # torch: the mask is used, the hint dropped
+
+
+def _pad_masks(
+    attn_mask: Tensor | None, key_padding_mask: Tensor | None
+) -> tuple[Tensor | None, Tensor | None]:
+    """Both masks widened by one allowed key (for ``bias_k`` or ``add_zero_attn``)."""
+    attn_mask = F.pad(attn_mask, (0, 1)) if attn_mask is not None else None
+    if key_padding_mask is not None:
+        key_padding_mask = F.pad(key_padding_mask, (0, 1))
+    return attn_mask, key_padding_mask
+
+
 class BayesianMultiheadAttention(PyroModule):
     r"""Multi-head attention as posterior inference over the key each query reads.
 
@@ -478,13 +502,7 @@ class BayesianMultiheadAttention(PyroModule):
                 query, key, value, key_padding_mask, need_weights, attn_mask,
                 average_attn_weights, is_causal, num_samples, q_pos, k_pos,
             )  # fmt: skip
-        if is_causal:
-            if attn_mask is None:
-                raise CausalHintError(_CAUSAL_HINT_ERROR)
-            if key_padding_mask is None and not need_weights:
-                attn_mask = None  # torch: the hint stands for the mask
-            else:
-                is_causal = False  # torch: the mask is used, the hint dropped
+        attn_mask, is_causal = _causal_hint(attn_mask, key_padding_mask, is_causal, need_weights)
         self._validate(query, key, value, key_padding_mask, attn_mask)
         if num_samples is not None:
             check_int("num_samples", num_samples, 1)
@@ -495,6 +513,36 @@ class BayesianMultiheadAttention(PyroModule):
                 _num_samples_at_trace() if torch.compiler.is_compiling() else current_num_samples()
             )
         unbatched = query.dim() == 2
+        query, key, value, key_padding_mask = self._batch_first(
+            query, key, value, key_padding_mask, unbatched
+        )  # (…, B, T, E)
+        Tq = query.shape[-2]
+        q, k, v, attn_mask, key_padding_mask = self._heads(
+            query, key, value, attn_mask, key_padding_mask, self_attn
+        )  # (…, B, H, T, Dh)
+        if self.kernel is not None:  # efficient read over a reduced key support
+            out, sw = kernel_attention(
+                self, q, k, v, attn_mask, key_padding_mask, is_causal, q_pos, k_pos,
+                need_weights, average_attn_weights, num_samples,
+            )  # fmt: skip
+            return finish(self, out, sw, unbatched)
+        log_prior = self._log_prior(attn_mask, key_padding_mask, is_causal, q, k, q_pos, k_pos)
+        mode = self.mode()
+        out, w = self._read(mode, q, k, v, log_prior, need_weights, num_samples)  # (…,B,H,Tq,·)
+        return self._outputs(
+            out, w, mode, Tq, num_samples, unbatched, need_weights, average_attn_weights
+        )
+
+    def _batch_first(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None,
+        unbatched: bool,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """Inputs as ``(…, B, T, E)``: unbatched ``(T, E)`` gains a batch of one, sequence-first
+        ``(…, T, B, E)`` is transposed; the batch sizes of query and key must agree."""
         if unbatched:  # (T, E) → (1, T, E)
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
             if key_padding_mask is not None:
@@ -506,71 +554,108 @@ class BayesianMultiheadAttention(PyroModule):
                 key_padding_mask = key_padding_mask.unsqueeze(0)
         elif not self.batch_first:  # (*S, T, B, E) → (*S, B, T, E)
             query, key, value = (x.transpose(-3, -2) for x in (query, key, value))
-        B, Tq = query.shape[-3], query.shape[-2]
-        if key.shape[-3] != B:
+        if key.shape[-3] != query.shape[-3]:
             raise ValueError(
                 f"query and key must have the same batch size; got query {tuple(query.shape)}, "
                 f"key {tuple(key.shape)} (batch_first={self.batch_first})"
             )
+        return query, key, value, key_padding_mask
 
+    def _heads(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Tensor | None,
+        key_padding_mask: Tensor | None,
+        self_attn: bool,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+        """Projected, per-head ``q, k, v`` ``(…, B, H, T, Dh)``, with torch's ``bias_k``/``bias_v``
+        and ``add_zero_attn`` keys appended (and the masks padded to match)."""
         q, k, v = self._projections(query, key, value, self_attn)  # (…, B, T, E)
         if self.bias_k is not None:
             lead = k.shape[:-2]
             k = torch.cat([k, self.bias_k.reshape(1, 1, -1).expand(*lead, 1, -1)], dim=-2)
             v = torch.cat([v, self.bias_v.reshape(1, 1, -1).expand(*lead, 1, -1)], dim=-2)
-            attn_mask = F.pad(attn_mask, (0, 1)) if attn_mask is not None else None
-            if key_padding_mask is not None:
-                key_padding_mask = F.pad(key_padding_mask, (0, 1))
+            attn_mask, key_padding_mask = _pad_masks(attn_mask, key_padding_mask)
         q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)  # (…,B,H,T,Dh)
         if self.add_zero_attn:
             k = torch.cat([k, k.new_zeros(k.shape[:-2] + (1, self.head_dim))], dim=-2)
             v = torch.cat([v, v.new_zeros(v.shape[:-2] + (1, self.head_dim))], dim=-2)
-            attn_mask = F.pad(attn_mask, (0, 1)) if attn_mask is not None else None
-            if key_padding_mask is not None:
-                key_padding_mask = F.pad(key_padding_mask, (0, 1))
-        Tk = k.shape[-2]
-        if self.kernel is not None:  # efficient read over a reduced key support
-            out, sw = kernel_attention(
-                self, q, k, v, attn_mask, key_padding_mask, is_causal, q_pos, k_pos,
-                need_weights, average_attn_weights, num_samples,
-            )  # fmt: skip
-            return finish(self, out, sw, unbatched)
+            attn_mask, key_padding_mask = _pad_masks(attn_mask, key_padding_mask)
+        return q, k, v, attn_mask, key_padding_mask
 
+    def _log_prior(
+        self,
+        attn_mask: Tensor | None,
+        key_padding_mask: Tensor | None,
+        is_causal: bool,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor | None,
+        k_pos: Tensor | None,
+    ) -> Tensor | None:
+        """log π: the masks as a log-prior plus the key-relevance prior (``None``: uniform)."""
         log_prior = BF.mask_to_log_prior(
             attn_mask,
             key_padding_mask,
             is_causal,
-            batch_size=B,
+            batch_size=q.shape[-4],
             num_heads=self.num_heads,
-            tgt_len=Tq,
-            src_len=Tk,
+            tgt_len=q.shape[-2],
+            src_len=k.shape[-2],
             dtype=q.dtype,
             device=q.device,
         )  # (B|1, H|1, Tq|1, Tk) or None
         if not isinstance(self.prior, UniformPrior):
             log_prior = self._add_prior(log_prior, q, k, q_pos, k_pos)
+        return log_prior
 
-        mode = self.mode()
+    def _read(
+        self,
+        mode: AttentionMode,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        log_prior: Tensor | None,
+        need_weights: bool,
+        num_samples: int | None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The attention read ``out = w @ v`` ``(…, B, H, Tq, Dh)`` and the weights ``w``
+        ``(…, B, H, Tq, Tk)`` (exact posterior in ``"mean"`` mode, else drawn; ``None`` on the
+        fused path, which never forms them)."""
         dropout_p = self.dropout if self.training else 0.0
         if mode == "mean" and not need_weights and not self.record_weights:
-            out = self._fused(q, k, v, log_prior, dropout_p)  # (…, B, H, Tq, Dh)
-            w = None
+            return self._fused(q, k, v, log_prior, dropout_p), None  # (…, B, H, Tq, Dh)
+        logits = BF.attention_logits(q, k)  # (…, B, H, Tq, Tk)
+        if mode == "mean" and log_prior is None and not torch.is_grad_enabled():
+            # inference: softmax in place over the fresh scores; skipping a new (B,H,Tq,Tk)
+            # allocation (page faults) is most of the cost of returning weights at large T
+            w = torch._softmax(logits, -1, False, out=logits)
+        elif mode == "mean":
+            w = BF.posterior_weights(logits, log_prior)
         else:
-            logits = BF.attention_logits(q, k)  # (…, B, H, Tq, Tk)
-            if mode == "mean" and log_prior is None and not torch.is_grad_enabled():
-                # inference: softmax in place over the fresh scores; skipping a new (B,H,Tq,Tk)
-                # allocation (page faults) is most of the cost of returning weights at large T
-                w = torch._softmax(logits, -1, False, out=logits)
-            elif mode == "mean":
-                w = BF.posterior_weights(logits, log_prior)
-            else:
-                w = self._sample_weights(mode, logits, log_prior, q, k, num_samples)
-            if self.record_weights:
-                self.last_weights = w.detach()  # before attention dropout: rows sum to 1
-            if dropout_p > 0:
-                w = F.dropout(w, dropout_p, training=True)  # returned like torch: after dropout
-            out = BF.attend(w, v)  # (…, B, H, Tq, Dh)
+            w = self._sample_weights(mode, logits, log_prior, q, k, num_samples)
+        if self.record_weights:
+            self.last_weights = w.detach()  # before attention dropout: rows sum to 1
+        if dropout_p > 0:
+            w = F.dropout(w, dropout_p, training=True)  # returned like torch: after dropout
+        return BF.attend(w, v), w  # (…, B, H, Tq, Dh)
 
+    def _outputs(
+        self,
+        out: Tensor,
+        w: Tensor | None,
+        mode: AttentionMode,
+        Tq: int,
+        num_samples: int | None,
+        unbatched: bool,
+        need_weights: bool,
+        average_attn_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Heads merged and projected, back to the caller's layout; the weights as torch returns
+        them (head-averaged unless ``average_attn_weights=False``; ``S`` identical copies of a
+        deterministic read when ``num_samples`` is given)."""
         out = out.transpose(-3, -2).reshape(out.shape[:-3] + (Tq, self.embed_dim))  # (…,B,Tq,E)
         out = linear(out, self.out_proj.weight, self.out_proj.bias)
         if num_samples is not None and w is not None and mode == "mean":
