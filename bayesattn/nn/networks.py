@@ -25,21 +25,24 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
-from pyro.infer.autoguide import AutoNormal
+from pyro.infer.autoguide import AutoGuide, AutoNormal
 from pyro.nn import PyroModule
 from torch import Tensor, nn
+from torch.distributions import Distribution
 
 from .._patches import patchify
 from .._validation import check_int, check_real, check_same_dtype
 from ..functional import uncertainty_decomposition
 from .attention import linear
-from .blocks import AttentionConfig, Decoder, Encoder
+from .blocks import AttentionConfig, Decoder, Encoder, EncoderLayer
 from .contract import PRIVATE_ALIASES as _PRIVATE_ALIASES
 from .contract import REQUIRED
 from .modes import AttentionMode, attention_mode, check_mode, collect_kl, current_mode
@@ -114,7 +117,7 @@ class BayesianNetwork(PyroModule):
             )
         super().__init__()
         self._weight_sites: list[tuple[nn.Module, str, str]] = []
-        self.weight_guide: nn.Module | None = None
+        self.weight_guide: AutoGuide | None = None
 
     # ---- required of subclasses --------------------------------------------------------------
     def forward_logits(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
@@ -270,19 +273,23 @@ class BayesianNetwork(PyroModule):
         if self.weight_guide is None:
             return None, 0.0
         gtr = poutine.trace(self.weight_guide).get_trace()
-        values = {
-            n: s["value"]
-            for n, s in gtr.nodes.items()
-            if s["type"] == "sample" and not s["infer"].get("is_auxiliary")
-        }
+        values: dict[str, Tensor] = {}
+        for n, s in gtr.nodes.items():
+            if s["type"] != "sample" or (s["infer"] or {}).get("is_auxiliary"):
+                continue
+            if s["value"] is None:  # pragma: no cover - Pyro fills the value of every sample site
+                raise RuntimeError(f"weight guide site {n!r} has no value")
+            values[n] = s["value"]
         ptr = poutine.trace(poutine.condition(self.weight_prior_model, data=values)).get_trace()
         if isinstance(self.weight_guide, AutoNormal):
             # AutoNormal samples an auxiliary unconstrained Normal then a Delta; our weight priors
             # have real support, so the auxiliary Normal is q itself and the KL is closed form.
-            kl = 0.0
+            kl: Tensor | float = 0.0
             for name in values:
-                q = gtr.nodes[name + "_unconstrained"]["fn"]
-                kl = kl + torch.distributions.kl_divergence(q, ptr.nodes[name]["fn"]).sum()
+                # Pyro types a site's fn as a callable; at sample sites it is a distribution
+                q = cast(Distribution, gtr.nodes[name + "_unconstrained"]["fn"])
+                p = cast(Distribution, ptr.nodes[name]["fn"])
+                kl = kl + torch.distributions.kl_divergence(q, p).sum()
             return values, kl
         return values, gtr.log_prob_sum() - ptr.log_prob_sum()
 
@@ -313,6 +320,8 @@ class BayesianNetwork(PyroModule):
             with collect_kl() as col, self.weights_from(values):
                 logits = self.forward_logits(x, y, num_particles)  # (P?, B, ...)
         targets, mask, ev = self.targets(x, y)
+        if targets is None:
+            raise ValueError(f"{type(self).__name__}.elbo_loss needs targets y; got y=None")
         ll = self.likelihood(logits, mask, ev).log_prob(targets)  # (P?, B)
         kl = col.total()
         per_example = ll - beta * kl  # (P?, B)
@@ -361,7 +370,12 @@ class _Embedding(nn.Module):
         T = x.shape[1]
         if T + offset > self.max_len:
             raise ValueError(f"sequence length {T + offset} exceeds max_len={self.max_len}")
-        h = self.tokens(x) * self.scale if self.tokens is not None else self.proj(x)  # (B, T, E)
+        if self.tokens is not None:
+            h = self.tokens(x) * self.scale  # (B, T, E)
+        elif self.proj is not None:
+            h = self.proj(x)  # (B, T, E)
+        else:  # pragma: no cover - __init__ builds exactly one of them
+            raise RuntimeError("_Embedding has neither tokens nor proj")
         pos = torch.arange(offset, offset + T, device=x.device)
         return self.drop(h + self.pos(pos))
 
@@ -538,7 +552,9 @@ class TransformerClassifier(BayesianNetwork):
 
     def forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
         # the last layer's other rows are only computed when its attention map is being recorded
-        recording = self.encoder.layers[-1].self_attn.record_weights
+        # Pyro types PyroModule[nn.ModuleList] as a plain PyroModule: these are EncoderLayers
+        last = cast("Sequence[EncoderLayer]", self.encoder.layers)[-1]
+        recording = last.self_attn.record_weights
         h, pad = self.encode(x, num_particles, cls_only=self.cls is not None and not recording)
         if self.cls is not None:
             pooled = h[..., 0, :]
@@ -732,7 +748,7 @@ class Seq2Seq(_Generative):
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         check_int("tgt_vocab_size", tgt_vocab_size, 1)
         self._check_special_ids(tgt_vocab_size, "target vocabulary")
-        kw = dict(
+        kw: dict[str, Any] = dict(
             dim_feedforward=dim_feedforward,
             dropout=dropout,
             attn_dropout=attn_dropout,
@@ -757,12 +773,14 @@ class Seq2Seq(_Generative):
                 raise ValueError(f"tgt needs >= 2 tokens (BOS … EOS); got shape {tuple(y.shape)}")
 
     def encode(self, src: Tensor, num_particles: int = 1) -> tuple[Tensor, Tensor | None]:
-        pad = src == self.pad_id  # (B, Ts)
-        pad = pad if bool(pad.any()) else None
+        is_pad = src == self.pad_id  # (B, Ts)
+        pad = is_pad if bool(is_pad.any()) else None
         h = _particles(self.src_embed(src), num_particles)
         return self.encoder(h, src_key_padding_mask=pad), pad
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor, num_particles: int = 1):
+    def decode(
+        self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor | None, num_particles: int = 1
+    ) -> Tensor:
         h = _particles(self.tgt_embed(tgt_in), num_particles)
         h = self.decoder(
             h,
