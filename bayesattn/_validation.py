@@ -66,13 +66,17 @@ def check_real(
     bounds = []
     ok = math.isfinite(f)
     if gt is not None:
-        ok, _ = ok and f > gt, bounds.append(f"> {gt:g}")
+        ok = ok and f > gt
+        bounds.append(f"> {gt:g}")
     if ge is not None:
-        ok, _ = ok and f >= ge, bounds.append(f">= {ge:g}")
+        ok = ok and f >= ge
+        bounds.append(f">= {ge:g}")
     if lt is not None:
-        ok, _ = ok and f < lt, bounds.append(f"< {lt:g}")
+        ok = ok and f < lt
+        bounds.append(f"< {lt:g}")
     if le is not None:
-        ok, _ = ok and f <= le, bounds.append(f"<= {le:g}")
+        ok = ok and f <= le
+        bounds.append(f"<= {le:g}")
     if not ok:
         what = " and ".join(["finite", *bounds])
         raise ValueError(f"{name} must be {what}; got {v!r}")

@@ -31,7 +31,7 @@ from .. import functional as BF
 from .._validation import check_int, check_same_dtype
 from ..families import AttentionFamily, FamilyName, get_family
 from ..priors import KeyRelevancePrior, UniformPrior
-from .kernels import AttentionKernel, finish, get_kernel, kernel_attention
+from .kernels import AttentionKernel, KernelName, finish, get_kernel, kernel_attention
 from .modes import AttentionMode, current_kl_collector, current_mode
 from .sampling import current_num_samples
 
@@ -169,7 +169,7 @@ class BayesianMultiheadAttention(PyroModule):
         *,
         prior: KeyRelevancePrior | None = None,
         posterior: AttentionFamily | FamilyName | None = None,
-        kernel: AttentionKernel | str | None = None,
+        kernel: AttentionKernel | KernelName | None = None,
     ) -> None:
         for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:

@@ -25,7 +25,7 @@ from .. import priors as P
 from .._validation import check_int, check_real
 from ..families import FamilyName, get_family
 from .attention import BayesianMultiheadAttention, linear
-from .kernels import get_kernel
+from .kernels import KernelName, get_kernel
 
 __all__ = ["AttentionConfig", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder"]
 
@@ -64,7 +64,7 @@ class AttentionConfig:
     which: Sequence[str] = ("self", "cross")
     posterior_kwargs: dict = field(default_factory=dict)
     prior_kwargs: dict = field(default_factory=dict)
-    kernel: str | None = None
+    kernel: KernelName | None = None
     kernel_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -27,6 +27,7 @@ be expressed on mixtures of keys) and at most ``max_len`` keys.
 from __future__ import annotations
 
 import math
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -157,10 +158,17 @@ class LowRankKernel(AttentionKernel):
         return f"rank={self.rank}, max_len={self.max_len}"
 
 
-_KERNELS = {"local": LocalKernel, "topk": TopKKernel, "lowrank": LowRankKernel}
+#: A kernel by name (``"dense"``: every key, no kernel).
+KernelName = Literal["dense", "local", "topk", "lowrank"]
+_KERNELS: dict[str, type[AttentionKernel]] = {
+    "local": LocalKernel,
+    "topk": TopKKernel,
+    "lowrank": LowRankKernel,
+}
+assert set(_KERNELS) | {"dense"} == set(get_args(KernelName))
 
 
-def get_kernel(name: str, **kwargs) -> AttentionKernel:
+def get_kernel(name: KernelName | None, **kwargs: Any) -> AttentionKernel | None:
     """Build a kernel by name: ``"local"`` (``window``), ``"topk"`` (``k``) or ``"lowrank"``
     (``rank``, ``max_len``); ``"dense"`` or ``None`` give ``None`` (dense attention)."""
     if name is None or name == "dense":
