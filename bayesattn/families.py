@@ -601,7 +601,7 @@ class AttentionFamily(nn.Module):
     # extension points ----------------------------------------------------------------------
     def guide(
         self, logits: Tensor, log_prior: Tensor | None = None, query: Tensor | None = None
-    ) -> Distribution:
+    ) -> TorchDistribution:
         r"""The amortised guide :math:`q(\text{latent} \mid x)`, centred on the exact posterior.
 
         Args:
@@ -618,7 +618,7 @@ class AttentionFamily(nn.Module):
 
     def model(
         self, log_prior: Tensor | None, like: Tensor, key: Tensor | None = None
-    ) -> Distribution:
+    ) -> TorchDistribution:
         r"""The weight model :math:`p(\text{latent} \mid \pi)` the Pyro model draws from.
 
         Args:
@@ -656,12 +656,12 @@ class AttentionFamily(nn.Module):
 
     def posterior(
         self, logits: Tensor, log_prior: Tensor | None = None, query: Tensor | None = None
-    ) -> Distribution:
+    ) -> TorchDistribution:
         """Deprecated: :meth:`guide`."""
         warn_renamed(f"{type(self).__name__}.posterior", "guide", "method")
         return self._inherited("guide")(logits, log_prior, query)
 
-    def prior(self, log_prior: Tensor | None, like: Tensor, key: Tensor | None = None) -> Distribution:
+    def prior(self, log_prior: Tensor | None, like: Tensor, key: Tensor | None = None) -> TorchDistribution:
         """Deprecated: :meth:`model`."""
         warn_renamed(f"{type(self).__name__}.prior", "model", "method")
         return self._inherited("model")(log_prior, like, key)
