@@ -510,7 +510,7 @@ class TransformerClassifier(BayesianNetwork):
             h = torch.cat([self.cls.expand(h.shape[0], 1, -1), h], dim=1)  # (B, 1+T, E)
             if pad is not None:
                 pad = torch.cat([pad.new_zeros(pad.shape[0], 1), pad], dim=1)
-        layers = self.encoder.layers
+        layers = self._encoder_layers()
         n = len(layers)
         first, by_attention = self._first_random() if num_particles > 1 else (n, False)
         for i, layer in enumerate(layers):
@@ -527,6 +527,10 @@ class TransformerClassifier(BayesianNetwork):
             h = _particles(h, num_particles)  # nothing random: P identical copies
         norm = self.encoder.norm
         return (norm(h) if norm is not None else h), pad
+
+    def _encoder_layers(self) -> Sequence[EncoderLayer]:
+        # the Encoder's nn.ModuleList holds EncoderLayers (typed as holding any Module)
+        return cast("Sequence[EncoderLayer]", self.encoder.layers)
 
     def first_stochastic_layer(self) -> int:
         """Index of the first encoder layer whose output is random in the current attention
@@ -545,16 +549,14 @@ class TransformerClassifier(BayesianNetwork):
             return 0, False
         if current_mode() == "mean":
             return n, False
-        for i, layer in enumerate(self.encoder.layers):
+        for i, layer in enumerate(self._encoder_layers()):
             if layer.self_attn.is_bayesian:
                 return i, True
         return n, False
 
     def forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
         # the last layer's other rows are only computed when its attention map is being recorded
-        # Pyro types PyroModule[nn.ModuleList] as a plain PyroModule: these are EncoderLayers
-        last = cast("Sequence[EncoderLayer]", self.encoder.layers)[-1]
-        recording = last.self_attn.record_weights
+        recording = self._encoder_layers()[-1].self_attn.record_weights
         h, pad = self.encode(x, num_particles, cls_only=self.cls is not None and not recording)
         if self.cls is not None:
             pooled = h[..., 0, :]
