@@ -116,7 +116,7 @@ class NetworkContract(Protocol):
     def elbo_loss(
         self,
         x: Tensor,
-        y: Tensor,
+        y: Tensor | None,
         num_data: int | None = None,
         beta: float = 1.0,
         num_particles: int = 1,

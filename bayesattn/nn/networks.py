@@ -296,7 +296,7 @@ class BayesianNetwork(PyroModule):
     def elbo_loss(
         self,
         x: Tensor,
-        y: Tensor,
+        y: Tensor | None,
         num_data: int | None = None,
         beta: float = 1.0,
         num_particles: int = 1,
