@@ -52,7 +52,7 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pyro import poutine
@@ -68,6 +68,9 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         f"bayesattn.lightning needs the optional 'lightning' extra "
         f'(pip install "bayesattn[lightning]"): {e}'
     ) from e
+
+if TYPE_CHECKING:
+    from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 
 from .inference import ScaleLatents, TrainConfig, _resolve_config, kl_beta, sync_param_store
 from .nn.modes import attention_mode
@@ -133,6 +136,8 @@ def predictive_probs(
     if S > 1:
         probs = probs.mean(0)  # (B, T, V)
     targets, mask, _ = network.targets(x, y)
+    if targets is None:
+        raise ValueError(f"{type(network).__name__}.targets(x, y) gave no targets")
     return probs[mask], targets[mask]  # (M, V), (M,)
 
 
@@ -235,7 +240,7 @@ class BayesianLightningModule(L.LightningModule):
             sync_param_store(self.network, xb, yb, n)
             self._synced = True
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         c = self.config
         opt = torch.optim.AdamW(self.network.parameters(), lr=c.lr, weight_decay=c.weight_decay)
         decay_steps = c.decay_steps
@@ -318,6 +323,8 @@ class BayesianLightningModule(L.LightningModule):
                 f"enable clip_norm or anneal the KL"
             )
         targets, mask, _ = self.network.targets(xb, yb)
+        if targets is None:
+            raise ValueError(f"{type(self.network).__name__}.targets(x, y) gave no targets")
         if logits.dim() > targets.dim() + 1:  # particles: average the predictive
             probs = torch.softmax(logits, -1).reshape((-1,) + logits.shape[-targets.dim() - 1 :])
             logits = probs.mean(0).log()
