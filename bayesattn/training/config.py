@@ -7,17 +7,21 @@ import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
-from .schedules import LR_DECAYS
+from .schedules import LR_DECAYS, LrDecay
 
 __all__ = ["TrainConfig", "MODES", "ELBOS", "VAL_LOSSES"]
 
 MODES = ("svi", "hybrid")
-ELBOS = ("trace", "meanfield")
-VAL_LOSSES = ("nll", "elbo")
+#: the SVI objective: ``Trace_ELBO`` or ``TraceMeanField_ELBO`` (``TrainConfig.elbo``)
+ElboKind = Literal["trace", "meanfield"]
+ELBOS: tuple[ElboKind, ...] = get_args(ElboKind)
+#: what validation reports as its loss (``TrainConfig.val_loss``)
+ValLoss = Literal["nll", "elbo"]
+VAL_LOSSES: tuple[ValLoss, ...] = get_args(ValLoss)
 
 
 def _is_int(v: Any) -> bool:
@@ -79,7 +83,7 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     warmup_steps: int = 0
-    lr_decay: str = "cosine"
+    lr_decay: LrDecay = "cosine"
     decay_steps: int | None = None
     min_lr_ratio: float = 0.0
     lr_step_size: int = 1000
@@ -90,7 +94,7 @@ class TrainConfig:
     kl_weight: float = 1.0
     num_particles: int = 1
     vectorize_particles: bool = True
-    elbo: str = "trace"
+    elbo: ElboKind = "trace"
     seed: int = 0
     progress: bool = True
     early_stopping_patience: int | None = None
@@ -98,7 +102,7 @@ class TrainConfig:
     restore_best: bool = True
     eval_every: int = 1
     eval_batch_size: int | None = None
-    val_loss: str = "nll"
+    val_loss: ValLoss = "nll"
     drop_last: bool = False
     device: str = "cpu"
 
