@@ -27,7 +27,7 @@ import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import pyro
 import pyro.distributions as dist
@@ -422,7 +422,7 @@ class TransformerClassifier(BayesianNetwork):
         dropout: float = 0.1,
         attn_dropout: float | None = None,
         max_len: int = 512,
-        pooling: str = "mean",
+        pooling: Literal["mean", "cls"] = "mean",
         norm_first: bool = True,
         pad_id: int | None = 0,
         attention: AttentionConfig | None = None,
