@@ -16,7 +16,7 @@ import functools
 import importlib
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 __all__ = ["warn_renamed", "renamed_kwargs", "renamed_value", "module_getattr"]
 
@@ -55,7 +55,7 @@ def renamed_kwargs(**renames: str) -> Callable[[F], F]:
                     kwargs[new] = kwargs.pop(old)
             return fn(*args, **kwargs)
 
-        return wrapper  # type: ignore[return-value]
+        return cast(F, wrapper)  # functools.wraps keeps fn's signature
 
     return deco
 

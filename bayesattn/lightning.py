@@ -220,6 +220,7 @@ class BayesianLightningModule(L.LightningModule):
             loader = self.trainer.train_dataloader
             dataset = getattr(loader, "dataset", None)
             try:
+                # None or an unsized dataset raise the TypeError handled below
                 self.num_data = len(dataset)  # type: ignore[arg-type]
             except TypeError:
                 raise ValueError(

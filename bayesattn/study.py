@@ -460,10 +460,11 @@ _SCALARS = (
 )
 
 
-def _get(row: dict, path: tuple[str, ...]) -> float:
+def _get(row: dict[str, Any], path: tuple[str, ...]) -> float:
+    value: Any = row
     for k in path:
-        row = row[k]
-    return float(row)  # type: ignore[arg-type]
+        value = value[k]
+    return float(value)
 
 
 def _mean_sd(xs: list[float]) -> tuple[float, float]:
