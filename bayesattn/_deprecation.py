@@ -21,7 +21,7 @@ import importlib
 import re
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 __all__ = [
     "warn_renamed",
@@ -68,7 +68,7 @@ def renamed_kwargs(**renames: str) -> Callable[[F], F]:
                     kwargs[new] = kwargs.pop(old)
             return fn(*args, **kwargs)
 
-        return wrapper  # type: ignore[return-value]
+        return cast(F, wrapper)  # functools.wraps keeps fn's signature
 
     return deco
 

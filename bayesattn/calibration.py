@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 Strategy = Literal["uniform", "quantile"]
-_STRATEGIES = ("uniform", "quantile")
+_STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 _ROW_SUM_TOL = 1e-3
 _F64 = torch.float64
 
@@ -137,7 +137,7 @@ def _check_probs_labels(probs: Any, labels: Any) -> tuple[Tensor, Tensor]:
     return p, y
 
 
-def _check_strategy(strategy: Any) -> str:
+def _check_strategy(strategy: Any) -> Strategy:
     if strategy not in _STRATEGIES:
         raise ValueError(f"strategy must be one of {_STRATEGIES}, got {strategy!r}")
     return strategy

@@ -30,6 +30,7 @@ This module was ``bayesattn.posteriors`` (a deprecated alias until 0.4).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal, get_args
 
 import torch
@@ -74,6 +75,8 @@ _RENAMED = {
     "prior_scale": "model_scale",
     "prior_temperature": "model_temperature",
 }
+#: a shape argument as torch.distributions takes it
+_Shape = torch.Size | list[int] | tuple[int, ...]
 #: extension-point methods renamed in 0.3 (old -> new)
 _RENAMED_METHODS = {"posterior": "guide", "prior": "model", "prior_log_location": "model_log_location"}
 
@@ -91,9 +94,14 @@ class _Masked(TorchDistribution):
     """Base: factors over allowed keys; ``allowed`` is a bool tensor broadcastable to the params."""
 
     _param_names: tuple[str, ...] = ()
-    support = constraints.real_vector  # refined by subclasses
+    support: constraints.Constraint = constraints.real_vector  # refined by subclasses
 
-    def _init(self, allowed: Tensor | None, *params: Tensor, validate_args=None) -> None:
+    def _init(
+        self,
+        allowed: Tensor | None,
+        *params: Tensor,
+        validate_args: bool | None = None,
+    ) -> None:
         shape = torch.broadcast_shapes(*(p.shape for p in params))
         # allowed=None: every key allowed; a free expanded view and no masking work at all
         self._all = allowed is None
@@ -106,17 +114,18 @@ class _Masked(TorchDistribution):
         if len(shape) < 1:
             raise ValueError("parameters need at least one (key) dim")
 
-    def _finish(self, validate_args) -> None:
+    def _finish(self, validate_args: bool | None) -> None:
         shape = self.allowed.shape
         super().__init__(shape[:-1], shape[-1:], validate_args=validate_args)
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(self, batch_shape: _Shape, _instance: Any = None) -> _Masked:
         batch_shape = torch.Size(batch_shape)
         full = batch_shape + self.event_shape
         kwargs = {n: self._expand_param(n, full) for n in self._param_names}
         allowed = None if self._all else self.allowed.expand(full)
         # the parameters were validated (or built valid) already: no second pass over them
-        return type(self)(**kwargs, **self._extra_kwargs(), allowed=allowed, validate_args=False)
+        build: Callable[..., _Masked] = type(self)  # subclasses take parameters by name, allowed=
+        return build(**kwargs, **self._extra_kwargs(), allowed=allowed, validate_args=False)
 
     def _extra_kwargs(self) -> dict:
         return {}
@@ -156,7 +165,12 @@ class MaskedDirichlet(_Masked):
     has_rsample = True
     _param_names = ("concentration",)
 
-    def __init__(self, concentration: Tensor, allowed: Tensor | None = None, validate_args=None):
+    def __init__(
+        self,
+        concentration: Tensor,
+        allowed: Tensor | None = None,
+        validate_args: bool | None = None,
+    ) -> None:
         self._init(allowed, concentration, validate_args=validate_args)
         self.concentration = concentration.expand(self.allowed.shape)
         self._finish(validate_args)
@@ -165,7 +179,7 @@ class MaskedDirichlet(_Masked):
     def _safe_conc(self) -> Tensor:
         return self._keep(self.concentration, 1.0)
 
-    def rsample(self, sample_shape=torch.Size()) -> Tensor:
+    def rsample(self, sample_shape: _Shape = torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
         g = torch._standard_gamma(self._safe_conc.expand(shape))  # (*S, ..., Tq, Tk)
         g = self._keep(g, 0.0)
@@ -216,14 +230,18 @@ class MaskedNormal(_Masked):
     _param_names = ("loc", "scale")
 
     def __init__(
-        self, loc: Tensor, scale: Tensor, allowed: Tensor | None = None, validate_args=None
+        self,
+        loc: Tensor,
+        scale: Tensor,
+        allowed: Tensor | None = None,
+        validate_args: bool | None = None,
     ):
         self._init(allowed, loc, scale, validate_args=validate_args)
         self.loc = self._keep(loc.expand(self.allowed.shape), 0.0)
         self.scale = scale.expand(self.allowed.shape)
         self._finish(validate_args)
 
-    def rsample(self, sample_shape=torch.Size()) -> Tensor:
+    def rsample(self, sample_shape: _Shape = torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
         eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
         return torch.addcmul(self.loc, self.scale, eps)  # loc + scale·ε in one pass
@@ -267,7 +285,7 @@ class MaskedWeibull(_Masked):
         concentration: Tensor,
         scale: Tensor,
         allowed: Tensor | None = None,
-        validate_args=None,
+        validate_args: bool | None = None,
     ):
         self._init(allowed, concentration, scale, validate_args=validate_args)
         self._k = concentration  # as given (e.g. per head, (1, H, 1, 1)): cheap k-only maths
@@ -278,7 +296,7 @@ class MaskedWeibull(_Masked):
     def _expand_param(self, name: str, shape: torch.Size) -> Tensor:
         return self._k if name == "concentration" else super()._expand_param(name, shape)
 
-    def rsample(self, sample_shape=torch.Size()) -> Tensor:
+    def rsample(self, sample_shape: _Shape = torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
         u = torch.rand(shape, dtype=self.scale.dtype, device=self.scale.device)
         u = u.clamp(_tiny(u), 1.0 - torch.finfo(u.dtype).eps)
@@ -305,14 +323,18 @@ class MaskedGamma(_Masked):
     _param_names = ("concentration", "rate")
 
     def __init__(
-        self, concentration: Tensor, rate: Tensor, allowed: Tensor | None = None, validate_args=None
+        self,
+        concentration: Tensor,
+        rate: Tensor,
+        allowed: Tensor | None = None,
+        validate_args: bool | None = None,
     ):
         self._init(allowed, concentration, rate, validate_args=validate_args)
         self.concentration = self._keep(concentration.expand(self.allowed.shape), 1.0)
         self.rate = rate.expand(self.allowed.shape)
         self._finish(validate_args)
 
-    def rsample(self, sample_shape=torch.Size()) -> Tensor:
+    def rsample(self, sample_shape: _Shape = torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
         g = torch._standard_gamma(self.concentration.expand(shape)) / self.rate
         return g.clamp_min(_tiny(g))
@@ -377,7 +399,11 @@ class MaskedConcrete(_Masked):
     _param_names = ("logits", "temperature")
 
     def __init__(
-        self, logits: Tensor, temperature: Tensor, allowed: Tensor | None = None, validate_args=None
+        self,
+        logits: Tensor,
+        temperature: Tensor,
+        allowed: Tensor | None = None,
+        validate_args: bool | None = None,
     ):
         self._init(allowed, logits, temperature, validate_args=validate_args)
         self.logits = self._keep(logits.expand(self.allowed.shape), 0.0)
@@ -387,7 +413,7 @@ class MaskedConcrete(_Masked):
     def _masked_lse(self, x: Tensor) -> Tensor:
         return torch.logsumexp(self._keep(x, float("-inf")), dim=-1)
 
-    def rsample(self, sample_shape=torch.Size()) -> Tensor:
+    def rsample(self, sample_shape: _Shape = torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
         u = torch.rand(shape, dtype=self.logits.dtype, device=self.logits.device)
         u = u.clamp(_tiny(u), 1.0 - torch.finfo(u.dtype).eps)
@@ -575,7 +601,7 @@ class AttentionFamily(nn.Module):
     # extension points ----------------------------------------------------------------------
     def guide(
         self, logits: Tensor, log_prior: Tensor | None = None, query: Tensor | None = None
-    ) -> Distribution:
+    ) -> TorchDistribution:
         r"""The amortised guide :math:`q(\text{latent} \mid x)`, centred on the exact posterior.
 
         Args:
@@ -592,7 +618,7 @@ class AttentionFamily(nn.Module):
 
     def model(
         self, log_prior: Tensor | None, like: Tensor, key: Tensor | None = None
-    ) -> Distribution:
+    ) -> TorchDistribution:
         r"""The weight model :math:`p(\text{latent} \mid \pi)` the Pyro model draws from.
 
         Args:
@@ -630,12 +656,12 @@ class AttentionFamily(nn.Module):
 
     def posterior(
         self, logits: Tensor, log_prior: Tensor | None = None, query: Tensor | None = None
-    ) -> Distribution:
+    ) -> TorchDistribution:
         """Deprecated: :meth:`guide`."""
         warn_renamed(f"{type(self).__name__}.posterior", "guide", "method")
         return self._inherited("guide")(logits, log_prior, query)
 
-    def prior(self, log_prior: Tensor | None, like: Tensor, key: Tensor | None = None) -> Distribution:
+    def prior(self, log_prior: Tensor | None, like: Tensor, key: Tensor | None = None) -> TorchDistribution:
         """Deprecated: :meth:`model`."""
         warn_renamed(f"{type(self).__name__}.prior", "model", "method")
         return self._inherited("model")(log_prior, like, key)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, get_args
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +35,13 @@ from ._validation import check_float_tensor
 from .functional import entropy
 from .nn.attention import BayesianMultiheadAttention
 from .nn.modes import attention_mode
+
+if TYPE_CHECKING:
+    from .nn.networks import BayesianNetwork
+
+#: Which projection of a multi-head attention layer: query, key, value or output.
+Projection = Literal["q", "k", "v", "o"]
+_PROJECTIONS: tuple[str, ...] = get_args(Projection)
 
 __all__ = [
     "attention_entropy",
@@ -187,8 +194,8 @@ def attention_distance_by_layer(
     finally:
         for m, rec, last in saved:
             m.record_weights, m.last_weights = rec, last
-        for m, flag in flags:
-            m.training = flag
+        for mod, flag in flags:
+            mod.training = flag
 
     query_mask = None
     pad_fn = getattr(network, "padding_mask", None)
@@ -207,12 +214,12 @@ def attention_distance_by_layer(
     return out
 
 
-def _is_mha(module: Any) -> bool:
+def _is_mha(module: Any) -> TypeGuard[BayesianMultiheadAttention | nn.MultiheadAttention]:
     return isinstance(module, (BayesianMultiheadAttention, nn.MultiheadAttention))
 
 
 def head_projection_weights(
-    mha: nn.Module, which: str = "q", weight: Tensor | None = None
+    mha: nn.Module, which: Projection = "q", weight: Tensor | None = None
 ) -> Tensor:
     r"""Per-head projection matrices of a multi-head attention layer, as maps in math convention
     :math:`W_h \in \mathbb R^{d_{in}\times D_h}` (so :math:`q_h = x W_h`): head ``h`` reads the
@@ -233,7 +240,7 @@ def head_projection_weights(
             f"mha must be a BayesianMultiheadAttention or torch.nn.MultiheadAttention; got "
             f"{type(mha).__name__}"
         )
-    if which not in ("q", "k", "v", "o"):
+    if which not in _PROJECTIONS:
         raise ValueError(f"which must be 'q', 'k', 'v' or 'o'; got {which!r}")
     E, H = mha.embed_dim, mha.num_heads
     Dh = E // H
@@ -275,7 +282,7 @@ def head_projection_weights(
 
 
 def head_subspace_angles(
-    mha: nn.Module, which: str = "q", mean: bool = False, weight: Tensor | None = None
+    mha: nn.Module, which: Projection = "q", mean: bool = False, weight: Tensor | None = None
 ) -> Tensor:
     r"""Principal angles (degrees) between the subspaces of every pair of heads.
 
@@ -329,13 +336,15 @@ def token_distances(network: nn.Module, num_tokens: int) -> tuple[Tensor, int]:
     n = num_tokens - first
     if n < 1:
         raise ValueError(f"num_tokens={num_tokens} leaves no content token (first={first})")
-    if hasattr(network, "patch_size") and hasattr(network, "image_size"):
-        g = network.image_size // network.patch_size
+    patch_size: int | None = getattr(network, "patch_size", None)
+    image_size: int | None = getattr(network, "image_size", None)
+    if patch_size is not None and image_size is not None:
+        g = image_size // patch_size
         if g * g != n:
             raise ValueError(f"a {g}x{g} patch grid has {g * g} tokens; got {n}")
         idx = torch.arange(n)
         rc = torch.stack([idx // g, idx % g], dim=-1).to(torch.float64)  # (N, 2)
-        return torch.cdist(rc, rc) * network.patch_size, first
+        return torch.cdist(rc, rc) * patch_size, first
     pos = torch.arange(n, dtype=torch.float64)
     return (pos[:, None] - pos[None, :]).abs(), first
 
@@ -416,7 +425,7 @@ def _layer_weight(network: nn.Module, name: str, mha: BayesianMultiheadAttention
 
 @torch.no_grad()
 def geometry_report(
-    net: nn.Module,
+    net: BayesianNetwork,
     x: Tensor,
     out_dir: str | Any,
     num_samples: int = 16,

@@ -370,6 +370,8 @@ def local_support(
         torch.arange(Tq, device=q.device).unsqueeze(-1) - window + torch.arange(K, device=q.device)
     )  # (Tq, K)
     logits_all = torch.cat(logits, dim=-2) if grad else out
+    if logits_all is None:  # pragma: no cover - _local_blocks yields at least one block
+        raise RuntimeError("local_support: no query block was scored")
     return ReducedSupport(logits_all, lp_all, index, Tk, "local", window=window)
 
 
@@ -608,5 +610,7 @@ def support_attend(
     if v.shape[-2] != support.num_keys:
         raise ValueError(f"v must have Tk={support.num_keys} rows; got shape {tuple(v.shape)}")
     if support.kind == "local":
+        if support.window is None:
+            raise ValueError("a 'local' support needs its window; got window=None")
         return _local_attend(weights, v, support.window, chunk_size)
     return _gather_attend(weights, support.index, v, chunk_size or 256)

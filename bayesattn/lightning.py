@@ -52,7 +52,7 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pyro import poutine
@@ -78,6 +78,9 @@ from .training.config import _upgrade_config_dict
 from .training.data import as_batch, fork_rng
 from .training.schedules import lr_scheduler
 from .uncertainty import _draw_weights, predict
+
+if TYPE_CHECKING:
+    from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 
 __all__ = ["BayesianLightningModule", "predictive_probs"]
 
@@ -136,6 +139,8 @@ def predictive_probs(
     if S > 1:
         probs = probs.mean(0)  # (B, T, V)
     targets, mask, _ = network.targets(x, y)
+    if targets is None:
+        raise ValueError(f"{type(network).__name__}.targets(x, y) gave no targets")
     return probs[mask], targets[mask]  # (M, V), (M,)
 
 
@@ -214,6 +219,7 @@ class BayesianLightningModule(L.LightningModule):
             loader = self.trainer.train_dataloader
             dataset = getattr(loader, "dataset", None)
             try:
+                # None or an unsized dataset raise the TypeError handled below
                 self.num_data = len(dataset)  # type: ignore[arg-type]
             except TypeError:
                 raise ValueError(
@@ -234,7 +240,7 @@ class BayesianLightningModule(L.LightningModule):
             sync_param_store(self.network, xb, yb, n)
             self._synced = True
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         c = self.config
         opt = torch.optim.AdamW(self.network.parameters(), lr=c.lr, weight_decay=c.weight_decay)
         decay_steps = c.decay_steps
@@ -317,6 +323,8 @@ class BayesianLightningModule(L.LightningModule):
                 f"enable clip_norm or anneal the KL"
             )
         targets, mask, _ = self.network.targets(xb, yb)
+        if targets is None:
+            raise ValueError(f"{type(self.network).__name__}.targets(x, y) gave no targets")
         if logits.dim() > targets.dim() + 1:  # particles: average the predictive
             probs = torch.softmax(logits, -1).reshape((-1,) + logits.shape[-targets.dim() - 1 :])
             logits = probs.mean(0).log()

@@ -54,13 +54,18 @@ def _new_figure(**kwargs: Any) -> Figure:
 
 
 def _root_figure(ax: Axes) -> Figure:
+    from matplotlib.figure import Figure, SubFigure
+
+    fig: Figure | SubFigure | None
     try:
-        return ax.get_figure(root=True)  # matplotlib >= 3.10
+        fig = ax.get_figure(root=True)  # matplotlib >= 3.10
     except TypeError:  # pragma: no cover - older matplotlib
         fig = ax.figure
-        while getattr(fig, "figure", fig) is not fig:
+        while isinstance(fig, SubFigure):  # up to the root figure
             fig = fig.figure
-        return fig
+    if not isinstance(fig, Figure):
+        raise ValueError(f"ax must belong to a matplotlib Figure; got {type(fig).__name__}")
+    return fig
 
 
 def _finish(fig: Figure, path: PathLike | None) -> Figure:
@@ -178,8 +183,9 @@ def _draw_reliability_bars(
 
 def _draw_confidence_histogram(ax_hist: Axes, conf: Any, n_bins: int, strategy: Strategy) -> None:
     """Histogram of the confidences ``max_c p_c`` with their mean marked."""
+    hist_bins: int | list[float]
     if strategy == "uniform":
-        hist_bins = (torch.arange(n_bins + 1, dtype=torch.float64) / n_bins).numpy()
+        hist_bins = (torch.arange(n_bins + 1, dtype=torch.float64) / n_bins).tolist()
     else:
         hist_bins = max(10, min(n_bins, 50))
     ax_hist.hist(
@@ -223,7 +229,7 @@ def plot_uncertainty_histograms(
     hi = float(torch.maximum(s_in.max(), s_out.max()))
     if hi <= lo:
         lo, hi = lo - 0.5, hi + 0.5
-    edges = torch.linspace(lo, hi, bins + 1, dtype=torch.float64).numpy()
+    edges = torch.linspace(lo, hi, bins + 1, dtype=torch.float64).tolist()
 
     if ax is None:
         fig = _new_figure(figsize=(6.0, 4.0), layout="constrained")

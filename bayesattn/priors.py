@@ -13,6 +13,8 @@ with cached keys.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import cast
 
 import torch
 from pyro.infer.util import is_validation_enabled
@@ -229,7 +231,7 @@ class ContextualPrior(KeyRelevancePrior):
             )
         if is_validation_enabled():
             check_finite("k", k)
-        w = self.net[0].weight
+        w = cast(nn.Linear, self.net[0]).weight
         s = self.net(k.to(w.dtype)).squeeze(-1).to(k.dtype)  # (B, H, Tk)
         return torch.log_softmax(s, dim=-1).unsqueeze(-2)  # (B, H, 1, Tk)
 
@@ -247,7 +249,8 @@ class SumPrior(KeyRelevancePrior):
         self.terms = nn.ModuleList(terms)
 
     def log_prior(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        out = self.terms[0].log_prior(q, k, q_pos, k_pos)
-        for t in self.terms[1:]:
+        terms = cast("Sequence[KeyRelevancePrior]", self.terms)  # checked in __init__
+        out = terms[0].log_prior(q, k, q_pos, k_pos)
+        for t in terms[1:]:
             out = out + t.log_prior(q, k, q_pos, k_pos)
         return out

@@ -36,24 +36,25 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import pyro
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from . import calibration as C
 from ._study_io import begin_run, finish_run, prepare_out_dir, validate_study_config
 from .data import corruption_suite, load_digits_data
 from .inference import fit
 from .nn.blocks import AttentionConfig
-from .nn.networks import VisionTransformer
+from .nn.networks import BayesianNetwork, VisionTransformer
 from .nn.weights import bayesian_projections
 from .uncertainty import PredictionResult, predict, predict_ensemble, predict_mc_dropout
 
 __all__ = ["StudyConfig", "METHODS", "DEFAULT_METHODS", "run_study", "format_table"]
 
-METHODS = (
+#: A method of the study (the recipe a network is trained and predicted with).
+StudyMethod = Literal[
     "deterministic",
     "mc_dropout",
     "ensemble",
@@ -62,7 +63,8 @@ METHODS = (
     "logistic_normal",
     "weibull",
     "weights",
-)
+]
+METHODS: tuple[StudyMethod, ...] = get_args(StudyMethod)
 #: methods run by default (``weights`` on request: slow to train and the weakest in every run)
 DEFAULT_METHODS = METHODS[:-1]
 #: methods trained on the tempered ELBO (``kl_weight``); ``recommended`` uses the plain ELBO
@@ -82,8 +84,8 @@ class StudyConfig:
     """Settings of :func:`run_study`; ``quick()`` is the one-minute smoke preset."""
 
     out: str = "bayesattn-study"
-    dataset: str = "digits"
-    methods: Sequence[str] = DEFAULT_METHODS
+    dataset: Literal["digits"] = "digits"
+    methods: Sequence[StudyMethod] = DEFAULT_METHODS
     epochs: int = 40
     seed: int = 0
     seeds: int = 3
@@ -193,7 +195,7 @@ def _train(
     return time.perf_counter() - t0
 
 
-def _predictor(method: str, nets: list[nn.Module], cfg: StudyConfig):
+def _predictor(method: str, nets: list[BayesianNetwork], cfg: StudyConfig):
     """The method's posterior predictive, all through :mod:`bayesattn.uncertainty`'s one path."""
     if method == "mc_dropout":
         return lambda x: predict_mc_dropout(nets[0], x, cfg.num_samples, batch_size=512)
@@ -274,7 +276,7 @@ def _train_method(method: str, cfg: StudyConfig, data, seed: int, trained: dict)
     deterministic network and ``ensemble_size - 1`` more seeds, trained once and shared)."""
     C_in = data.num_classes
 
-    def deterministic_nets(n: int) -> tuple[list[nn.Module], float]:
+    def deterministic_nets(n: int) -> tuple[list[BayesianNetwork], float]:
         nets, secs = trained.get("deterministic", ([], 0.0))
         while len(nets) < n:
             s = seed + 1000 * len(nets)  # member seeds never collide with other study seeds
@@ -306,7 +308,7 @@ def _timing(pred, x: Tensor) -> float:
     return 1e3 * (time.perf_counter() - t0) / len(x)
 
 
-def _predictive_cost(net: nn.Module, x: Tensor, cfg: StudyConfig) -> dict[str, float]:
+def _predictive_cost(net: BayesianNetwork, x: Tensor, cfg: StudyConfig) -> dict[str, float]:
     """ms/example of the recommended network for each ``timing_samples`` S, and of one
     deterministic forward pass of the same network (median of 3)."""
 
@@ -381,7 +383,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
                 "holdout_classes": list(data.holdout_classes),
             }
         corrupted = corruption_suite(data.x_test, severities=tuple(cfg.severities), seed=seed)
-        trained: dict[str, tuple[list[nn.Module], float]] = {}
+        trained: dict[str, tuple[list[BayesianNetwork], float]] = {}
         rows: dict[str, Any] = {}
         for method in cfg.methods:
             bar.set_postfix_str(f"seed {seed}: {method}")
@@ -421,7 +423,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
 _GEOMETRY = ("deterministic", "recommended", "dirichlet")
 
 
-def _geometry(out: Path, method: str, net: nn.Module, x: Tensor, cfg: StudyConfig) -> dict:
+def _geometry(out: Path, method: str, net: BayesianNetwork, x: Tensor, cfg: StudyConfig) -> dict:
     """:func:`bayesattn.geometry.geometry_report` of a trained network: attention distance and
     entropy per layer, posterior spread by distance and depth, head subspace angles; figures in
     ``geometry_<method>_*.png``."""
@@ -458,10 +460,11 @@ _SCALARS = (
 )
 
 
-def _get(row: dict, path: tuple[str, ...]) -> float:
+def _get(row: dict[str, Any], path: tuple[str, ...]) -> float:
+    value: Any = row
     for k in path:
-        row = row[k]
-    return float(row)  # type: ignore[arg-type]
+        value = value[k]
+    return float(value)
 
 
 def _mean_sd(xs: list[float]) -> tuple[float, float]:

@@ -379,7 +379,7 @@ def _sample_foreign(
     x: Inputs,
     num_samples: int,
     batch_size: int | None,
-    mode: str,
+    mode: AttentionMode,
     forward: Callable[[nn.Module, Any], Tensor] | None,
     temperature: float,
     vectorised: bool,
@@ -462,7 +462,9 @@ def _check_targets(net: BayesianNetwork, x: Tensor, y: Tensor | None) -> None:
         )
 
 
-def _draw_weights(network: BayesianNetwork, mode: str, num_samples: int) -> dict | None:
+def _draw_weights(
+    network: BayesianNetwork, mode: AttentionMode, num_samples: int
+) -> dict[str, Tensor] | None:
     """Projection weights for the ``S`` samples: ``(S, *shape)`` draws from the weight guide
     (``"guide"``/``"elbo"``) or the projection prior (``"model"``); the guide's median in
     ``"mean"`` mode (as :meth:`BayesianNetwork.forward`); ``None`` without Bayesian weights."""
@@ -490,7 +492,7 @@ def _run_pass(
     net: BayesianNetwork,
     xb: Tensor,
     yb: Tensor | None,
-    mode: str,
+    mode: AttentionMode,
     values: dict[str, Tensor] | None,
     num_particles: int,
     layers: list[tuple[str, BayesianMultiheadAttention]],
@@ -522,7 +524,7 @@ def _predictive_mask(net: BayesianNetwork, x: Tensor, y: Tensor | None) -> Tenso
 
 def _sample_predictive(
     network: Any,
-    x: Tensor,
+    x: Inputs,
     y: Tensor | None,
     num_samples: int,
     batch_size: int | None,
@@ -568,10 +570,10 @@ def _sample_predictive(
         it = tqdm(chunks, desc="predict", unit="batch")
     try:
         net.eval()
-        for m in drops:
-            m.train()
-        for _, m in layers:
-            m.record_weights = keep_attention
+        for drop in drops:
+            drop.train()
+        for _, layer in layers:
+            layer.record_weights = keep_attention
         with torch.no_grad():
             values = _draw_weights(net, mode, S_run)
             for sl in it:
@@ -581,10 +583,10 @@ def _sample_predictive(
                 for name, w in ws.items():
                     attn_chunks[name].append(w.expand((S,) + w.shape[1:]))  # (S, b, H, Tq, Tk)
     finally:
-        for m, rec, last in saved_layers:
-            m.record_weights, m.last_weights = rec, last
-        for m, flag in saved_training:
-            m.training = flag
+        for layer, rec, last in saved_layers:
+            layer.record_weights, layer.last_weights = rec, last
+        for mod, flag in saved_training:
+            mod.training = flag
 
     probs = torch.cat(probs_chunks, dim=1)  # (S, B, ..., C)
     attention = {
@@ -598,8 +600,8 @@ def _sample_predictive(
 
 
 def predict(
-    network: BayesianNetwork,
-    x: Tensor,
+    network: BayesianNetwork | nn.Module,
+    x: Inputs,
     num_samples: int = 32,
     batch_size: int | None = None,
     progress: bool = False,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -16,13 +16,15 @@ from .._validation import check_float_tensor, check_int, check_seed, torch_gener
 __all__ = ["CORRUPTION_KINDS", "corrupt_images", "corruption_suite"]
 
 
-CORRUPTION_KINDS: tuple[str, ...] = ("noise", "rotation", "occlusion")
+#: an image corruption (:func:`corrupt_images`)
+CorruptionKind = Literal["noise", "rotation", "occlusion"]
+CORRUPTION_KINDS: tuple[CorruptionKind, ...] = get_args(CorruptionKind)
 _NOISE_STD = (0.05, 0.1, 0.2, 0.3, 0.4)  # severity 1..5
 _ROTATION_DEG = (15.0, 30.0, 45.0, 60.0, 75.0)
 _OCCLUSION_FRAC = (0.25, 0.375, 0.5, 0.625, 0.75)  # patch side / min(H, W)
 
 
-def _check_kind(kind: Any) -> str:
+def _check_kind(kind: Any) -> CorruptionKind:
     if kind not in CORRUPTION_KINDS:
         raise ValueError(f"kind must be one of {CORRUPTION_KINDS}, got {kind!r}")
     return kind
@@ -32,7 +34,7 @@ def _occlusion_side(severity: int, height: int, width: int) -> int:
     return max(1, int(round(min(height, width) * _OCCLUSION_FRAC[severity - 1])))
 
 
-def corrupt_images(x: Tensor, kind: str, severity: int, seed: int = 0) -> Tensor:
+def corrupt_images(x: Tensor, kind: CorruptionKind, severity: int, seed: int = 0) -> Tensor:
     """Return a corrupted copy of ``x`` (the input is not modified).
 
     * ``"noise"``: additive Gaussian noise, std ``(0.05, 0.1, 0.2, 0.3, 0.4)`` for
@@ -95,7 +97,7 @@ def corrupt_images(x: Tensor, kind: str, severity: int, seed: int = 0) -> Tensor
 
 def corruption_suite(
     x: Tensor,
-    kinds: Sequence[str] = CORRUPTION_KINDS,
+    kinds: Sequence[CorruptionKind] = CORRUPTION_KINDS,
     severities: Sequence[int] = (1, 3, 5),
     seed: int = 0,
 ) -> dict[tuple[str, int], Tensor]:

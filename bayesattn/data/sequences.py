@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -117,7 +117,7 @@ class SequenceTask:
         """
         return (self.src != self.pad_id).sum(dim=1)
 
-    def _vocab(self, which: str) -> list[str]:
+    def _vocab(self, which: Literal["src", "tgt"]) -> list[str]:
         if which == "src":
             return self.src_vocab
         if which == "tgt":
@@ -125,7 +125,10 @@ class SequenceTask:
         raise ValueError(f"which must be 'src' or 'tgt', got {which!r}")
 
     def decode(
-        self, ids: Tensor | Sequence[int], which: str = "tgt", strip_special: bool = True
+        self,
+        ids: Tensor | Sequence[int],
+        which: Literal["src", "tgt"] = "tgt",
+        strip_special: bool = True,
     ) -> list[str]:
         """Map one row of token ids to token strings.
 
@@ -154,7 +157,9 @@ class SequenceTask:
             out.append(vocab[i])
         return out
 
-    def encode(self, tokens: Sequence[str] | str, which: str = "src") -> list[int]:
+    def encode(
+        self, tokens: Sequence[str] | str, which: Literal["src", "tgt"] = "src"
+    ) -> list[int]:
         """Map token strings (or a whitespace-separated string) to ids, no specials added.
 
         Shape:
@@ -345,13 +350,15 @@ _TASK_FNS: dict[Callable[..., SequenceTask], str] = {
     make_sort_task: "sort",
 }
 
-OOD_SEQUENCE_KINDS = ("longer", "unseen_tokens")
+#: how out-of-distribution sequences differ from training (:func:`make_ood_sequences`)
+OodSequenceKind = Literal["longer", "unseen_tokens"]
+OOD_SEQUENCE_KINDS: tuple[OodSequenceKind, ...] = get_args(OodSequenceKind)
 
 
 def make_ood_sequences(
     task_fn: Callable[..., SequenceTask] | str,
     n: int,
-    kind: str = "longer",
+    kind: OodSequenceKind = "longer",
     *,
     length: int = 8,
     vocab_size: int = 10,

@@ -189,7 +189,7 @@ def _translate_clause(
     if end != len(tokens):
         raise _untranslatable(tokens, end, "end of sentence")
 
-    finite: tuple[str, int | None] = (cast(str, de_finite), i + 1)
+    finite: tuple[str, int | None] = (de_finite, i + 1)
     nonfinite: tuple[str, int | None] = (cast(str, de_verb), i + 2)
     middle = adverb + [(article, i + 3), (de_noun, i + 4)]
     if subordinate:  # verb cluster at the end, finite verb last

@@ -469,7 +469,8 @@ def _from_dict(
         return from_dict(data, sample_dims=list(SAMPLE_DIMS), coords=coords, dims=dims)
     import arviz as az
 
-    return az.from_dict(**data, coords=coords, dims=dims)
+    groups: dict[str, Any] = data  # posterior=, log_likelihood=, ...: one keyword per group
+    return az.from_dict(**groups, coords=coords, dims=dims)
 
 
 def to_arviz(

@@ -112,7 +112,8 @@ def _draws_loop(
     traces = [first] + [_trace_pass(network, x, y, num_data)[1] for _ in range(S - 1)]
     terms = [_obs_terms(tr, obs_name, y is not None) for tr in traces]
     pred = torch.stack([p for p, _ in terms])  # (S, B, ...)
-    ll = torch.stack([lp for _, lp in terms]) if y is not None else None  # (S, B)
+    lls = [lp for _, lp in terms if lp is not None]  # all S of them when y is given
+    ll = torch.stack(lls) if y is not None else None  # (S, B)
     sites = {n: torch.stack([tr.nodes[n]["value"] for tr in traces]) for n in names}
     return sites, pred, ll
 

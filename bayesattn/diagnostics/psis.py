@@ -215,7 +215,8 @@ def psis_diagnostic(
                 lps.append((m.log_prob_sum(), g.log_prob_sum()))
             logp = torch.tensor([float(a) for a, _ in lps], dtype=torch.float64)
             logq = torch.tensor([float(b) for _, b in lps], dtype=torch.float64)
-        dtype = mtr.log_prob_sum().dtype if isinstance(mtr.log_prob_sum(), Tensor) else None
+        lp_sum = mtr.log_prob_sum()
+        dtype = lp_sum.dtype if isinstance(lp_sum, Tensor) else None
     lw = (logp - logq).numpy()
     if np.isnan(lw).any() or np.isposinf(lw).any():
         raise ValueError("log weights contain NaN or +inf (a guide draw with q = 0 or p = inf?)")

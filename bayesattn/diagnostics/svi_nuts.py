@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyro
@@ -146,7 +146,7 @@ def _rhat_ess(idata: Any, samples: Mapping[str, Tensor]) -> tuple[np.ndarray, np
 def fit_svi_attention_regression(
     data: AttentionRegressionData,
     *,
-    guide: str = "mvn",
+    guide: Literal["mvn", "normal"] = "mvn",
     num_steps: int = 1500,
     lr: float = 0.03,
     num_particles: int = 8,
@@ -252,7 +252,7 @@ class SVINUTSComparison:
 def compare_svi_nuts(
     data: AttentionRegressionData | None = None,
     *,
-    guide: str = "mvn",
+    guide: Literal["mvn", "normal"] = "mvn",
     nuts: NUTSResult | None = None,
     num_samples: int = 300,
     warmup_steps: int = 300,

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from torch import nn
 
 from .._deprecation import renamed_kwargs
-from ..families import AttentionFamily, get_family
+from ..families import AttentionFamily, FamilyName, get_family
 from ..nn.attention import BayesianMultiheadAttention
 from ..priors import KeyRelevancePrior
 
@@ -65,7 +66,12 @@ def _select(layers: LayerSelector, names: list[str], model: nn.Module) -> set[st
     return chosen
 
 
-def _build(spec, kind: str, path: str, mha: nn.Module):
+def _build(
+    spec: Any,
+    kind: str,
+    path: str,
+    mha: BayesianMultiheadAttention | nn.MultiheadAttention,
+) -> Any:
     """A fresh family/prior for the layer at ``path`` (never shared between layers)."""
     if spec is None:
         return None
@@ -73,7 +79,7 @@ def _build(spec, kind: str, path: str, mha: nn.Module):
     if isinstance(spec, str):
         if kind == "prior":
             raise TypeError("prior must be a KeyRelevancePrior, a callable or None; got a str")
-        return get_family(spec, num_heads=H, head_dim=Dh)
+        return get_family(cast(FamilyName, spec), num_heads=H, head_dim=Dh)  # checks the name
     if isinstance(spec, (AttentionFamily, KeyRelevancePrior)):
         return copy.deepcopy(spec)
     if callable(spec):
@@ -138,6 +144,8 @@ def convert(
                 old.prior = _build(prior, "prior", path, old)
             _name_sites(old, path)
             continue
+        if not isinstance(old, nn.MultiheadAttention):  # pragma: no cover - names has only MHAs
+            raise TypeError(f"{path} is not an attention module; got {type(old).__name__}")
         new = _convert_one(old, family, prior, path)
         parent, last = _parent(model, path)
         setattr(parent, last, new)
@@ -177,10 +185,12 @@ def unconvert(model: nn.Module) -> nn.Module:
     """
     if isinstance(model, BayesianMultiheadAttention):
         return model.to_torch()
-    paths = [n for n, m in model.named_modules() if isinstance(m, BayesianMultiheadAttention)]
-    for path in paths:
+    layers = [
+        (n, m) for n, m in model.named_modules() if isinstance(m, BayesianMultiheadAttention)
+    ]
+    for path, layer in layers:
         parent, last = _parent(model, path)
-        setattr(parent, last, model.get_submodule(path).to_torch())
+        setattr(parent, last, layer.to_torch())
     return model
 
 

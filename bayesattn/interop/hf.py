@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import pyro
 import torch
@@ -39,9 +40,9 @@ from torch import Tensor, nn
 
 from .. import functional as BF
 from .._deprecation import renamed_kwargs, renamed_submodule_hook
-from ..families import AttentionFamily, get_family
+from ..families import AttentionFamily, FamilyName, get_family
 from ..nn.attention import _current_mode_at_trace
-from ..nn.modes import current_kl_collector, current_mode
+from ..nn.modes import AttentionMode, current_kl_collector, current_mode
 
 __all__ = [
     "ATTN_NAME",
@@ -74,7 +75,7 @@ def register() -> None:
     AttentionMaskInterface.register(ATTN_NAME, eager_mask)
 
 
-def _mode(fam: AttentionFamily | None) -> str:
+def _mode(fam: AttentionFamily | None) -> AttentionMode:
     if fam is None:
         return "mean"
     m = _current_mode_at_trace() if torch.compiler.is_compiling() else current_mode()
@@ -123,7 +124,7 @@ def bayesian_attention_forward(
     logits = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, Tq, Tk)
     fam = getattr(module, _FAMILY_ATTR, None)
     mode = _mode(fam)
-    if mode == "mean":  # transformers' eager attention, operation for operation
+    if mode == "mean" or fam is None:  # transformers' eager attention, operation for operation
         if attention_mask is not None:
             if attention_mask.dtype == torch.bool:
                 logits = logits.masked_fill(~attention_mask, torch.finfo(logits.dtype).min)
@@ -142,7 +143,7 @@ def bayesian_attention_forward(
 def _sample_weights(
     fam: AttentionFamily,
     site: str,
-    mode: str,
+    mode: AttentionMode,
     logits: Tensor,
     log_prior: Tensor | None,
     q: Tensor,
@@ -190,7 +191,7 @@ def hf_attention_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def _heads(m: nn.Module) -> tuple[int, int]:
-    cfg = m.config
+    cfg: Any = m.config  # a transformers PretrainedConfig
     H = getattr(m, "num_heads", None) or getattr(m, "num_attention_heads", None)
     H = H or cfg.num_attention_heads
     D = getattr(m, "head_dim", None) or getattr(m, "attention_head_size", None)
@@ -201,7 +202,7 @@ def _heads(m: nn.Module) -> tuple[int, int]:
 @renamed_kwargs(posterior="family")
 def convert_hf(
     model: nn.Module,
-    family: str | AttentionFamily | None = "dirichlet",
+    family: FamilyName | AttentionFamily | None = "dirichlet",
     layers: str | list[int] | list[str] = "all",
     **family_kwargs,
 ) -> nn.Module:
@@ -249,7 +250,8 @@ def convert_hf(
     prev = getattr(model.config, "_attn_implementation", None)
     if prev != ATTN_NAME:
         setattr(model, _PREV_ATTR, prev)
-    model.set_attn_implementation(ATTN_NAME)
+    hf_model: Any = model  # a transformers PreTrainedModel
+    hf_model.set_attn_implementation(ATTN_NAME)
     return model
 
 
@@ -264,7 +266,8 @@ def unconvert_hf(model: nn.Module) -> nn.Module:
         if hasattr(m, _SITE_ATTR):
             delattr(m, _SITE_ATTR)
     prev = getattr(model, _PREV_ATTR, None) or "eager"
-    model.set_attn_implementation(prev)
+    hf_model: Any = model  # a transformers PreTrainedModel
+    hf_model.set_attn_implementation(prev)
     if hasattr(model, _PREV_ATTR):
         delattr(model, _PREV_ATTR)
     return model

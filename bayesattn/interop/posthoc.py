@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -186,7 +186,7 @@ def sample_probs(
     *,
     forward: Forward | None = None,
     temperature: float = 1.0,
-    method: str = "repeat",
+    method: Literal["repeat", "vectorised"] = "repeat",
     batch_size: int = 4096,
 ) -> Tensor:
     """Posterior-predictive probability samples ``softmax(f(x, w_s)/T)``, ``w_s ~ q(w|x)``.

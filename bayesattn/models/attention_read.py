@@ -55,6 +55,7 @@ import pyro.distributions as dist
 import torch
 from pyro.infer import SVI, TraceEnum_ELBO, config_enumerate
 from pyro.ops.indexing import Vindex
+from pyro.optim import PyroOptim
 from torch import Tensor
 
 from .._validation import check_finite, check_float_tensor, check_int, check_real, seeded
@@ -245,8 +246,9 @@ def exact_posterior(
         → ``(B, H, Tq, Tk)``, rows summing to 1, exact zeros at masked keys.
     """
     _prepare(q, k, log_prior, scale)  # validate up front, with our error messages
-    if isinstance(log_prior, KeyRelevancePrior):
-        log_prior = log_prior(q, k)  # broadcastable to (B, H, Tq, Tk)
+    log_pi: Tensor | None = (
+        log_prior(q, k) if isinstance(log_prior, KeyRelevancePrior) else log_prior
+    )
     b, h, tq, _ = q.shape
     tk = k.shape[-2]
     # Pyro's compute_marginals fails on plates of size 1 (KeyError in the ring's broadcast,
@@ -256,8 +258,8 @@ def exact_posterior(
     qq = q.repeat(rb, rh, rq, 1)  # (B', H', Tq', D)
     kk = k.repeat(rb, rh, 1, 1)  # (B', H', Tk, D)
     lp = None
-    if log_prior is not None:
-        lp = log_prior.expand(b, h, tq, tk).repeat(rb, rh, rq, 1)  # (B', H', Tq', Tk)
+    if log_pi is not None:  # broadcastable to (B, H, Tq, Tk)
+        lp = log_pi.expand(b, h, tq, tk).repeat(rb, rh, rq, 1)  # (B', H', Tq', Tk)
     if tk == 1:
         # an enumerated dim of size 1 trips the same code path: add a dummy key of zero prior mass
         kk = torch.cat([kk, torch.zeros_like(kk)], dim=-2)  # (B', H', 2, D)
@@ -365,7 +367,7 @@ def fit_categorical_guide(
         svi = SVI(
             attention_model,
             guide,
-            pyro.optim.Adam({"lr": lr}),
+            PyroOptim(torch.optim.Adam, {"lr": lr}),  # = pyro.optim.Adam (built at import time)
             TraceEnum_ELBO(max_plate_nesting=_MAX_PLATE_NESTING),
         )
         for _ in range(num_steps):

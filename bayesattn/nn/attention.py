@@ -37,7 +37,7 @@ from .._deprecation import (
 from .._validation import check_int, check_same_dtype
 from ..families import AttentionFamily, FamilyName, get_family
 from ..priors import KeyRelevancePrior, UniformPrior
-from .kernels import AttentionKernel, finish, get_kernel, kernel_attention
+from .kernels import AttentionKernel, KernelName, finish, get_kernel, kernel_attention
 from .modes import AttentionMode, current_kl_collector, current_mode
 from .sampling import current_num_samples
 
@@ -207,7 +207,7 @@ class BayesianMultiheadAttention(PyroModule):
         *,
         prior: KeyRelevancePrior | None = None,
         family: AttentionFamily | FamilyName | None = None,
-        kernel: AttentionKernel | str | None = None,
+        kernel: AttentionKernel | KernelName | None = None,
     ) -> None:
         for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -219,9 +219,9 @@ class BayesianMultiheadAttention(PyroModule):
             )
         if not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0):
             raise ValueError(f"dropout must be in [0, 1); got {dropout!r}")
-        for name, v in (("kdim", kdim), ("vdim", vdim)):
-            if v is not None and (not isinstance(v, int) or v <= 0):
-                raise ValueError(f"{name} must be a positive int or None; got {v!r}")
+        for name, dim in (("kdim", kdim), ("vdim", vdim)):
+            if dim is not None and (not isinstance(dim, int) or dim <= 0):
+                raise ValueError(f"{name} must be a positive int or None; got {dim!r}")
         if prior is not None and not isinstance(prior, KeyRelevancePrior):
             raise TypeError(f"prior must be a KeyRelevancePrior; got {type(prior).__name__}")
         super().__init__()
@@ -251,8 +251,8 @@ class BayesianMultiheadAttention(PyroModule):
             self.register_parameter("in_proj_bias", None)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **fk)
         if add_bias_kv:
-            self.bias_k = nn.Parameter(torch.empty((1, 1, embed_dim), **fk))
-            self.bias_v = nn.Parameter(torch.empty((1, 1, embed_dim), **fk))
+            self.bias_k: nn.Parameter | None = nn.Parameter(torch.empty((1, 1, embed_dim), **fk))
+            self.bias_v: nn.Parameter | None = nn.Parameter(torch.empty((1, 1, embed_dim), **fk))
         else:
             self.bias_k = self.bias_v = None
         self.add_zero_attn = add_zero_attn
@@ -390,7 +390,7 @@ class BayesianMultiheadAttention(PyroModule):
         if self.in_proj_bias is not None:
             nn.init.constant_(self.in_proj_bias, 0.0)
             nn.init.constant_(self.out_proj.bias, 0.0)
-        if self.bias_k is not None:
+        if self.bias_k is not None and self.bias_v is not None:  # both or neither
             nn.init.xavier_normal_(self.bias_k)
             nn.init.xavier_normal_(self.bias_v)
 
@@ -411,7 +411,7 @@ class BayesianMultiheadAttention(PyroModule):
     # ------------------------------------------------------------------------------------------
     def _projections(self, query: Tensor, key: Tensor, value: Tensor, self_attn: bool):
         E = self.embed_dim
-        b = self.in_proj_bias
+        b: Tensor | None = self.in_proj_bias
         bq, bk, bv = (None, None, None) if b is None else (b[:E], b[E : 2 * E], b[2 * E :])
         if self._qkv_same_embed_dim:
             w = self.in_proj_weight
@@ -573,7 +573,7 @@ class BayesianMultiheadAttention(PyroModule):
         """Projected, per-head ``q, k, v`` ``(…, B, H, T, Dh)``, with torch's ``bias_k``/``bias_v``
         and ``add_zero_attn`` keys appended (and the masks padded to match)."""
         q, k, v = self._projections(query, key, value, self_attn)  # (…, B, T, E)
-        if self.bias_k is not None:
+        if self.bias_k is not None and self.bias_v is not None:  # both or neither
             lead = k.shape[:-2]
             k = torch.cat([k, self.bias_k.reshape(1, 1, -1).expand(*lead, 1, -1)], dim=-2)
             v = torch.cat([v, self.bias_v.reshape(1, 1, -1).expand(*lead, 1, -1)], dim=-2)

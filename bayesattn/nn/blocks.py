@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal, cast, get_args
 
 import torch
 import torch.nn.functional as F
@@ -26,11 +27,17 @@ from .._deprecation import renamed_attribute, renamed_kwargs
 from .._validation import check_int, check_real
 from ..families import FamilyName, get_family
 from .attention import BayesianMultiheadAttention, linear
-from .kernels import get_kernel
+from .kernels import KernelName, get_kernel
 
 __all__ = ["AttentionConfig", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder"]
 
-_PRIORS = ("uniform", "causal", "local", "alibi", "learned", "contextual")
+#: A key-relevance prior by name (:mod:`bayesattn.priors`).
+PriorName = Literal["uniform", "causal", "local", "alibi", "learned", "contextual"]
+#: Which attention layers of a stack get the posterior (or a list of layer indices).
+LayerSelection = Literal["all", "last"]
+#: The attention of a decoder layer: its self-attention or its cross-attention.
+AttentionKind = Literal["self", "cross"]
+_PRIORS: tuple[PriorName, ...] = get_args(PriorName)
 #: keyword arguments each named prior takes from ``prior_kwargs``
 _PRIOR_KWARGS = {
     "uniform": (),
@@ -41,6 +48,11 @@ _PRIOR_KWARGS = {
     "contextual": ("hidden",),
 }
 
+
+
+def _pyro_module_list(modules: Sequence[nn.Module]) -> nn.ModuleList:
+    """``PyroModule[nn.ModuleList](modules)`` (Pyro types ``PyroModule[T]`` as plain ``PyroModule``)."""
+    return cast("type[nn.ModuleList]", PyroModule[nn.ModuleList])(modules)
 
 @dataclass
 class AttentionConfig:
@@ -63,12 +75,12 @@ class AttentionConfig:
     """
 
     family: FamilyName | None = None
-    prior: str | Callable[[int, int], P.KeyRelevancePrior] = "uniform"
-    layers: str | Sequence[int] = "all"
-    which: Sequence[str] = ("self", "cross")
+    prior: PriorName | Callable[[int, int], P.KeyRelevancePrior] = "uniform"
+    layers: LayerSelection | Sequence[int] = "all"
+    which: AttentionKind | Sequence[AttentionKind] = ("self", "cross")
     family_kwargs: dict = field(default_factory=dict)
     prior_kwargs: dict = field(default_factory=dict)
-    kernel: str | None = None
+    kernel: KernelName | None = None
     kernel_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -80,7 +92,7 @@ class AttentionConfig:
         if isinstance(self.prior, str) and self.prior not in _PRIORS:
             raise ValueError(f"prior must be one of {_PRIORS} or a callable; got {self.prior!r}")
         if isinstance(self.layers, str):
-            if self.layers not in ("all", "last"):
+            if self.layers not in get_args(LayerSelection):
                 raise ValueError(
                     f"layers must be 'all', 'last' or a list of ints; got {self.layers!r}"
                 )
@@ -93,7 +105,7 @@ class AttentionConfig:
                 check_int("layers[i]", i)
         if isinstance(self.which, str):
             self.which = (self.which,)
-        bad = set(self.which) - {"self", "cross"}
+        bad = set(self.which) - set(get_args(AttentionKind))
         if bad:
             raise ValueError(f"which must contain only 'self'/'cross'; got {sorted(bad)}")
         for name in ("family_kwargs", "prior_kwargs"):
@@ -159,7 +171,7 @@ class AttentionConfig:
         kw.update(overrides)
         return cls(**kw)
 
-    def is_bayesian(self, index: int, num_layers: int, kind: str = "self") -> bool:
+    def is_bayesian(self, index: int, num_layers: int, kind: AttentionKind = "self") -> bool:
         if self.family is None or kind not in self.which:
             return False
         if self.layers == "all":
@@ -183,13 +195,19 @@ class AttentionConfig:
         }[self.prior]()
 
     def build(
-        self, embed_dim: int, num_heads: int, index: int, num_layers: int, kind: str, **mha_kwargs
+        self,
+        embed_dim: int,
+        num_heads: int,
+        index: int,
+        num_layers: int,
+        kind: AttentionKind,
+        **mha_kwargs: Any,
     ) -> BayesianMultiheadAttention:
         head_dim = embed_dim // num_heads
         bayes = self.is_bayesian(index, num_layers, kind)
         family = (
             get_family(self.family, num_heads, head_dim, **self.family_kwargs)
-            if bayes
+            if bayes and self.family is not None  # is_bayesian: False without a family
             else None
         )
         prior = self.build_prior(num_heads, head_dim) if kind == "self" else P.UniformPrior()
@@ -222,7 +240,7 @@ def _activation(name: str | Callable[[Tensor], Tensor]) -> Callable[[Tensor], Te
     raise ValueError(f"activation must be 'relu', 'gelu' or a callable; got {name!r}")
 
 
-def as_attention_config(attention: AttentionConfig | str | None) -> AttentionConfig:
+def as_attention_config(attention: AttentionConfig | FamilyName | None) -> AttentionConfig:
     """``None`` → deterministic attention; a family name (``"dirichlet"``) is shorthand for
     ``AttentionConfig(family=name)``; an :class:`AttentionConfig` is used as is."""
     if attention is None:
@@ -554,7 +572,7 @@ class Encoder(PyroModule):
                     **kw,
                 )
             )
-        self.layers = PyroModule[nn.ModuleList](layers)
+        self.layers = _pyro_module_list(layers)
         self.norm = nn.LayerNorm(d_model) if kw.get("norm_first", False) else None
 
     def forward(
@@ -621,7 +639,7 @@ class Decoder(PyroModule):
                         **kw,
                     )
                 )
-        self.layers = PyroModule[nn.ModuleList](layers)
+        self.layers = _pyro_module_list(layers)
         self.norm = nn.LayerNorm(d_model) if kw.get("norm_first", False) else None
 
     def forward(

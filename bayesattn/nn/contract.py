@@ -37,6 +37,7 @@ import contextlib
 from typing import Any, Protocol, runtime_checkable
 
 from pyro.distributions import TorchDistribution
+from pyro.infer.autoguide import AutoGuide
 from torch import Tensor, nn
 
 __all__ = ["NetworkContract", "REQUIRED", "OPTIONAL", "PROVIDED", "check_network"]
@@ -79,7 +80,7 @@ class NetworkContract(Protocol):
     """
 
     #: Autoguide over Bayesian projection weights :math:`q(\theta)`, or ``None``.
-    weight_guide: nn.Module | None
+    weight_guide: AutoGuide | None
 
     # ---- required ----------------------------------------------------------------------------
     def forward_logits(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
@@ -115,7 +116,7 @@ class NetworkContract(Protocol):
     def elbo_loss(
         self,
         x: Tensor,
-        y: Tensor,
+        y: Tensor | None,
         num_data: int | None = None,
         beta: float = 1.0,
         num_particles: int = 1,

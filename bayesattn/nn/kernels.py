@@ -27,6 +27,7 @@ be expressed on mixtures of keys) and at most ``max_len`` keys.
 from __future__ import annotations
 
 import math
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -152,10 +153,16 @@ class LowRankKernel(AttentionKernel):
         return f"rank={self.rank}, max_len={self.max_len}"
 
 
-_KERNELS = {"local": LocalKernel, "topk": TopKKernel, "lowrank": LowRankKernel}
+#: A kernel by name (``"dense"``: every key, no kernel).
+KernelName = Literal["dense", "local", "topk", "lowrank"]
+_KERNELS: dict[str, type[AttentionKernel]] = {
+    "local": LocalKernel,
+    "topk": TopKKernel,
+    "lowrank": LowRankKernel,
+}
 
 
-def get_kernel(name: str, **kwargs) -> AttentionKernel:
+def get_kernel(name: KernelName | None, **kwargs: Any) -> AttentionKernel | None:
     """Build a kernel by name: ``"local"`` (``window``), ``"topk"`` (``k``) or ``"lowrank"``
     (``rank``, ``max_len``); ``"dense"`` or ``None`` give ``None`` (dense attention)."""
     if name is None or name == "dense":

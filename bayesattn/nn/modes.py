@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 AttentionMode = Literal["mean", "guide", "model", "elbo"]
-MODES: tuple[str, ...] = get_args(AttentionMode)
+MODES: tuple[AttentionMode, ...] = get_args(AttentionMode)
 #: deprecated spellings of attention modes (old -> new), accepted with a warning until 0.4
 RENAMED_MODES = {"posterior": "guide", "prior": "model"}
 

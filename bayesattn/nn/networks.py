@@ -25,21 +25,24 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Literal, cast
 
 import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
-from pyro.infer.autoguide import AutoNormal
+from pyro.infer.autoguide import AutoGuide, AutoNormal
 from pyro.nn import PyroModule
 from torch import Tensor, nn
+from torch.distributions import Distribution
 
 from .._patches import patchify
 from .._validation import check_int, check_real, check_same_dtype
 from ..functional import uncertainty_decomposition
 from .attention import linear
-from .blocks import AttentionConfig, Decoder, Encoder
+from .blocks import AttentionConfig, Decoder, Encoder, EncoderLayer
 from .contract import PRIVATE_ALIASES as _PRIVATE_ALIASES
 from .contract import REQUIRED
 from .modes import AttentionMode, attention_mode, check_mode, collect_kl, current_mode
@@ -114,7 +117,7 @@ class BayesianNetwork(PyroModule):
             )
         super().__init__()
         self._weight_sites: list[tuple[nn.Module, str, str]] = []
-        self.weight_guide: nn.Module | None = None
+        self.weight_guide: AutoGuide | None = None
 
     # ---- required of subclasses --------------------------------------------------------------
     def forward_logits(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
@@ -270,26 +273,30 @@ class BayesianNetwork(PyroModule):
         if self.weight_guide is None:
             return None, 0.0
         gtr = poutine.trace(self.weight_guide).get_trace()
-        values = {
-            n: s["value"]
-            for n, s in gtr.nodes.items()
-            if s["type"] == "sample" and not s["infer"].get("is_auxiliary")
-        }
+        values: dict[str, Tensor] = {}
+        for n, s in gtr.nodes.items():
+            if s["type"] != "sample" or (s["infer"] or {}).get("is_auxiliary"):
+                continue
+            if s["value"] is None:  # pragma: no cover - Pyro fills the value of every sample site
+                raise RuntimeError(f"weight guide site {n!r} has no value")
+            values[n] = s["value"]
         ptr = poutine.trace(poutine.condition(self.weight_prior_model, data=values)).get_trace()
         if isinstance(self.weight_guide, AutoNormal):
             # AutoNormal samples an auxiliary unconstrained Normal then a Delta; our weight priors
             # have real support, so the auxiliary Normal is q itself and the KL is closed form.
-            kl = 0.0
+            kl: Tensor | float = 0.0
             for name in values:
-                q = gtr.nodes[name + "_unconstrained"]["fn"]
-                kl = kl + torch.distributions.kl_divergence(q, ptr.nodes[name]["fn"]).sum()
+                # Pyro types a site's fn as a callable; at sample sites it is a distribution
+                q = cast(Distribution, gtr.nodes[name + "_unconstrained"]["fn"])
+                p = cast(Distribution, ptr.nodes[name]["fn"])
+                kl = kl + torch.distributions.kl_divergence(q, p).sum()
             return values, kl
         return values, gtr.log_prob_sum() - ptr.log_prob_sum()
 
     def elbo_loss(
         self,
         x: Tensor,
-        y: Tensor,
+        y: Tensor | None,
         num_data: int | None = None,
         beta: float = 1.0,
         num_particles: int = 1,
@@ -313,6 +320,8 @@ class BayesianNetwork(PyroModule):
             with collect_kl() as col, self.weights_from(values):
                 logits = self.forward_logits(x, y, num_particles)  # (P?, B, ...)
         targets, mask, ev = self.targets(x, y)
+        if targets is None:
+            raise ValueError(f"{type(self).__name__}.elbo_loss needs targets y; got y=None")
         ll = self.likelihood(logits, mask, ev).log_prob(targets)  # (P?, B)
         kl = col.total()
         per_example = ll - beta * kl  # (P?, B)
@@ -361,7 +370,12 @@ class _Embedding(nn.Module):
         T = x.shape[1]
         if T + offset > self.max_len:
             raise ValueError(f"sequence length {T + offset} exceeds max_len={self.max_len}")
-        h = self.tokens(x) * self.scale if self.tokens is not None else self.proj(x)  # (B, T, E)
+        if self.tokens is not None:
+            h = self.tokens(x) * self.scale  # (B, T, E)
+        elif self.proj is not None:
+            h = self.proj(x)  # (B, T, E)
+        else:  # pragma: no cover - __init__ builds exactly one of them
+            raise RuntimeError("_Embedding has neither tokens nor proj")
         pos = torch.arange(offset, offset + T, device=x.device)
         return self.drop(h + self.pos(pos))
 
@@ -408,7 +422,7 @@ class TransformerClassifier(BayesianNetwork):
         dropout: float = 0.1,
         attn_dropout: float | None = None,
         max_len: int = 512,
-        pooling: str = "mean",
+        pooling: Literal["mean", "cls"] = "mean",
         norm_first: bool = True,
         pad_id: int | None = 0,
         attention: AttentionConfig | None = None,
@@ -496,7 +510,7 @@ class TransformerClassifier(BayesianNetwork):
             h = torch.cat([self.cls.expand(h.shape[0], 1, -1), h], dim=1)  # (B, 1+T, E)
             if pad is not None:
                 pad = torch.cat([pad.new_zeros(pad.shape[0], 1), pad], dim=1)
-        layers = self.encoder.layers
+        layers = self._encoder_layers()
         n = len(layers)
         first, by_attention = self._first_random() if num_particles > 1 else (n, False)
         for i, layer in enumerate(layers):
@@ -513,6 +527,10 @@ class TransformerClassifier(BayesianNetwork):
             h = _particles(h, num_particles)  # nothing random: P identical copies
         norm = self.encoder.norm
         return (norm(h) if norm is not None else h), pad
+
+    def _encoder_layers(self) -> Sequence[EncoderLayer]:
+        # the Encoder's nn.ModuleList holds EncoderLayers (typed as holding any Module)
+        return cast("Sequence[EncoderLayer]", self.encoder.layers)
 
     def first_stochastic_layer(self) -> int:
         """Index of the first encoder layer whose output is random in the current attention
@@ -531,14 +549,14 @@ class TransformerClassifier(BayesianNetwork):
             return 0, False
         if current_mode() == "mean":
             return n, False
-        for i, layer in enumerate(self.encoder.layers):
+        for i, layer in enumerate(self._encoder_layers()):
             if layer.self_attn.is_bayesian:
                 return i, True
         return n, False
 
     def forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
         # the last layer's other rows are only computed when its attention map is being recorded
-        recording = self.encoder.layers[-1].self_attn.record_weights
+        recording = self._encoder_layers()[-1].self_attn.record_weights
         h, pad = self.encode(x, num_particles, cls_only=self.cls is not None and not recording)
         if self.cls is not None:
             pooled = h[..., 0, :]
@@ -732,7 +750,7 @@ class Seq2Seq(_Generative):
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         check_int("tgt_vocab_size", tgt_vocab_size, 1)
         self._check_special_ids(tgt_vocab_size, "target vocabulary")
-        kw = dict(
+        kw: dict[str, Any] = dict(
             dim_feedforward=dim_feedforward,
             dropout=dropout,
             attn_dropout=attn_dropout,
@@ -757,12 +775,14 @@ class Seq2Seq(_Generative):
                 raise ValueError(f"tgt needs >= 2 tokens (BOS … EOS); got shape {tuple(y.shape)}")
 
     def encode(self, src: Tensor, num_particles: int = 1) -> tuple[Tensor, Tensor | None]:
-        pad = src == self.pad_id  # (B, Ts)
-        pad = pad if bool(pad.any()) else None
+        is_pad = src == self.pad_id  # (B, Ts)
+        pad = is_pad if bool(is_pad.any()) else None
         h = _particles(self.src_embed(src), num_particles)
         return self.encoder(h, src_key_padding_mask=pad), pad
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor, num_particles: int = 1):
+    def decode(
+        self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor | None, num_particles: int = 1
+    ) -> Tensor:
         h = _particles(self.tgt_embed(tgt_in), num_particles)
         h = self.decoder(
             h,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import pyro
 import pyro.distributions as dist
@@ -35,11 +36,16 @@ __all__ = ["bayesian_projections", "DEFAULT_TARGETS"]
 DEFAULT_TARGETS = ("*self_attn.in_proj_weight", "*self_attn.out_proj.weight")
 
 
+#: Autoguide over Bayesian projection weights: ``AutoNormal`` or ``AutoLowRankMultivariateNormal``.
+WeightGuide = Literal["normal", "lowrank"]
+WEIGHT_GUIDES: tuple[WeightGuide, ...] = get_args(WeightGuide)
+
+
 def bayesian_projections(
     network: BayesianNetwork,
     targets: Sequence[str] = DEFAULT_TARGETS,
     prior_scale: float | None = None,
-    guide: str = "normal",
+    guide: WeightGuide = "normal",
     init_scale: float = 0.01,
     rank: int | None = None,
 ) -> list[str]:
@@ -55,7 +61,7 @@ def bayesian_projections(
     """
     if not isinstance(network, BayesianNetwork):
         raise TypeError(f"network must be a BayesianNetwork; got {type(network).__name__}")
-    if guide not in ("normal", "lowrank"):
+    if guide not in WEIGHT_GUIDES:
         raise ValueError(f"guide must be 'normal' or 'lowrank'; got {guide!r}")
     if prior_scale is not None and not (prior_scale > 0 and math.isfinite(prior_scale)):
         raise ValueError(f"prior_scale must be positive and finite; got {prior_scale!r}")
@@ -97,6 +103,7 @@ def bayesian_projections(
         network.register_weight_site(module, pname, full)
         init[full] = value
     _check_sites_attached(network, init)
+    wg: AutoNormal | AutoLowRankMultivariateNormal
     if guide == "normal":
         wg = AutoNormal(
             network.weight_prior_model,

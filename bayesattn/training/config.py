@@ -11,15 +11,19 @@ import torch
 
 from .._deprecation import module_getattr, renamed_attribute, renamed_kwargs
 from .._validation import check_int, check_real
-from .schedules import LR_DECAYS
+from .schedules import LR_DECAYS, LrDecay
 
 __all__ = ["TrainConfig", "TrainMethod", "METHODS", "ELBOS", "VAL_LOSSES"]
 
 #: how the ELBO is optimised (``TrainConfig.method``)
 TrainMethod = Literal["svi", "hybrid"]
-METHODS: tuple[str, ...] = get_args(TrainMethod)
-ELBOS = ("trace", "meanfield")
-VAL_LOSSES = ("nll", "elbo")
+METHODS: tuple[TrainMethod, ...] = get_args(TrainMethod)
+#: the SVI objective: ``Trace_ELBO`` or ``TraceMeanField_ELBO`` (``TrainConfig.elbo``)
+ElboKind = Literal["trace", "meanfield"]
+ELBOS: tuple[ElboKind, ...] = get_args(ElboKind)
+#: what validation reports as its loss (``TrainConfig.val_loss``)
+ValLoss = Literal["nll", "elbo"]
+VAL_LOSSES: tuple[ValLoss, ...] = get_args(ValLoss)
 
 
 @dataclass
@@ -74,7 +78,7 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     warmup_steps: int = 0
-    lr_decay: str = "cosine"
+    lr_decay: LrDecay = "cosine"
     decay_steps: int | None = None
     min_lr_ratio: float = 0.0
     lr_step_size: int = 1000
@@ -85,7 +89,7 @@ class TrainConfig:
     kl_weight: float = 1.0
     num_particles: int = 1
     vectorize_particles: bool = True
-    elbo: str = "trace"
+    elbo: ElboKind = "trace"
     seed: int = 0
     progress: bool = True
     early_stopping_patience: int | None = None
@@ -93,7 +97,7 @@ class TrainConfig:
     restore_best: bool = True
     eval_every: int = 1
     eval_batch_size: int | None = None
-    val_loss: str = "nll"
+    val_loss: ValLoss = "nll"
     drop_last: bool = False
     device: str = "cpu"
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,7 @@ def fork_rng() -> Iterator[None]:
 def _as_tensors(data: Any, name: str) -> tuple[Tensor, Tensor | None]:
     """``(x, y)`` tuple/list, a ``TensorDataset`` of 1 or 2 tensors, or an object with
     ``.src``/``.tgt`` (a :class:`bayesattn.data.SequenceTask`) → ``(x, y or None)``."""
+    tensors: tuple[Any, ...]
     if isinstance(data, TensorDataset):
         tensors = tuple(data.tensors)
     elif isinstance(data, (tuple, list)):
@@ -259,12 +260,12 @@ class DatasetSource(DataSource):
 
     kind = "dataset"
     num_data: int
-    batch_size: int
+    batch_size: int | None
 
     def __init__(
         self,
         dataset: Dataset,
-        batch_size: int,
+        batch_size: int | None,
         drop_last: bool,
         name: str,
         loader: DataLoader | None = None,
@@ -280,6 +281,8 @@ class DatasetSource(DataSource):
 
     def batches_per_epoch(self) -> int:
         n, bs = self.num_data, self.batch_size
+        if bs is None:  # only a DataLoader's batch sampler (LoaderSource) sets no batch size
+            raise ValueError(f"{self.name}: no batch_size to count the batches of an epoch")
         return n // bs if self.drop_last else math.ceil(n / bs)
 
     def _load(self, batches: list[Tensor], seed: int) -> Iterator[Batch]:
@@ -325,6 +328,8 @@ class LoaderSource(DatasetSource):
         self.batch_sampler = loader.batch_sampler
 
     def batches_per_epoch(self) -> int:
+        if not isinstance(self.batch_sampler, Sized):
+            raise TypeError(f"{self.name}: the DataLoader's batch_sampler has no len()")
         return len(self.batch_sampler)
 
     def first_batch(self) -> Batch:

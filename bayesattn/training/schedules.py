@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import torch
 from torch.optim.lr_scheduler import (
@@ -49,7 +50,9 @@ from .._validation import check_int
 
 __all__ = ["LR_DECAYS", "lr_factor", "lr_scheduler"]
 
-LR_DECAYS = ("cosine", "linear", "step", "none")
+#: the learning-rate decay after warm-up (``TrainConfig.lr_decay``)
+LrDecay = Literal["cosine", "linear", "step", "none"]
+LR_DECAYS: tuple[LrDecay, ...] = get_args(LrDecay)
 
 # a ConstantLR that never switches back: the floor of the schedule (steps are counted in ints)
 _FOREVER = 2**62
@@ -59,7 +62,7 @@ def lr_factor(
     step: int,
     *,
     warmup_steps: int = 0,
-    decay: str = "cosine",
+    decay: LrDecay = "cosine",
     decay_steps: int = 1,
     min_lr_ratio: float = 0.0,
     step_size: int = 1000,
@@ -102,7 +105,7 @@ def lr_scheduler(
     optimizer: torch.optim.Optimizer,
     *,
     warmup_steps: int = 0,
-    decay: str = "cosine",
+    decay: LrDecay = "cosine",
     decay_steps: int = 1,
     min_lr_ratio: float = 0.0,
     step_size: int = 1000,

@@ -159,7 +159,7 @@ class Trainer:
         self._anneal = ScaleLatents(lambda: self._beta)
         self._beta = 1.0
         self._stash: list[Tensor] = []
-        self._elbo = None
+        self._elbo: Trace_ELBO | None = None
         self._set_up = False
 
     # ---- schedules ----------------------------------------------------------------------------
@@ -297,7 +297,7 @@ class Trainer:
         if self.config.clip_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(grads, self.config.clip_norm)
         else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in grads])
+            norm = torch.nn.utils.get_total_norm([p.grad for p in grads if p.grad is not None])
         self.last_grad_norm = float(norm)
 
     def train_step(self, xb: Tensor, yb: Tensor | None) -> tuple[float, Tensor]:
@@ -354,7 +354,9 @@ class Trainer:
         with poutine.trace(param_only=True) as capture:
             loss = self._elbo.loss_and_grads(self._model, self._guide, xb, yb, N)
         params, seen = [], set()
-        for site in capture.trace.nodes.values():
+        for name, site in capture.trace.nodes.items():
+            if site["value"] is None:  # pragma: no cover - Pyro records every param's value
+                raise RuntimeError(f"param site {name!r} has no value")
             p = site["value"].unconstrained()
             if id(p) not in seen:
                 seen.add(id(p))
@@ -429,6 +431,8 @@ class Trainer:
                     else:
                         logits = net(xb, yb)
                         targets, mask, ev = net.targets(xb, yb)
+                        if targets is None:
+                            raise ValueError(f"{name}: validation needs targets; got y=None")
                         total -= float(net.likelihood(logits, mask, ev).log_prob(targets).sum())
                     hits, m = self._correct(logits, xb, yb)
                     correct, count = correct + hits, count + m

@@ -1,0 +1,24 @@
+"""The ``Literal`` option types agree with what the code accepts at run time."""
+
+from typing import get_args
+
+import pytest
+
+from bayesattn.nn import kernels
+from bayesattn.nn.blocks import AttentionConfig
+
+
+def test_kernel_names_are_the_kernels_get_kernel_builds():
+    assert set(get_args(kernels.KernelName)) == {"dense", *kernels._KERNELS}
+    for name in get_args(kernels.KernelName):
+        k = kernels.get_kernel(name)
+        assert (k is None) == (name == "dense")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("layers", "first"), ("which", ("self", "encoder")), ("prior", "gaussian"), ("kernel", "x")],
+)
+def test_literal_options_are_still_checked_at_run_time(field, value):
+    with pytest.raises(ValueError, match=field):
+        AttentionConfig(posterior="dirichlet", **{field: value})
