@@ -50,7 +50,7 @@ from .priors import (
     UniformPrior,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _SUBMODULES = (
     "calibration",

@@ -471,11 +471,6 @@ def _num_allowed(allowed: Tensor | None, like: Tensor) -> Tensor | float:
     return allowed.sum(-1, keepdim=True).clamp_min(1).to(like.dtype)
 
 
-def _check_positive(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive finite number; got {value!r}")
-
-
 class AttentionFamily(nn.Module):
     r"""A variational family over attention weights: weight model, guide, weights map, KL.
 
@@ -709,8 +704,8 @@ class DirichletWeights(AttentionFamily):
         model_location: ModelLocation = "key_relevance",
     ) -> None:
         super().__init__(num_heads, model_location)
-        _check_positive("init_concentration", init_concentration)
-        _check_positive("model_concentration", model_concentration)
+        check_real("init_concentration", init_concentration, gt=0.0)
+        check_real("model_concentration", model_concentration, gt=0.0)
         self.model_concentration = float(model_concentration)
         self.log_concentration = nn.Parameter(
             torch.full((num_heads,), math.log(init_concentration))
@@ -760,8 +755,8 @@ class LogisticNormalWeights(AttentionFamily):
         model_location: ModelLocation = "key_relevance",
     ) -> None:
         super().__init__(num_heads, model_location)
-        _check_positive("init_scale", init_scale)
-        _check_positive("model_scale", model_scale)
+        check_real("init_scale", init_scale, gt=0.0)
+        check_real("model_scale", model_scale, gt=0.0)
         self.model_scale = float(model_scale)
         inv = init_scale + math.log(-math.expm1(-init_scale))  # softplus⁻¹, no overflow
         self.input_dependent = input_dependent
@@ -833,8 +828,8 @@ class WeibullWeights(AttentionFamily):
         model_location: ModelLocation = "key_relevance",
     ) -> None:
         super().__init__(num_heads, model_location)
-        _check_positive("init_shape", init_shape)
-        _check_positive("model_concentration", model_concentration)
+        check_real("init_shape", init_shape, gt=0.0)
+        check_real("model_concentration", model_concentration, gt=0.0)
         self.min_shape = check_real("min_shape", min_shape, ge=self.MIN_SHAPE)
         if init_shape < self.min_shape:
             raise ValueError(
@@ -887,9 +882,9 @@ class ConcreteWeights(AttentionFamily):
         self, num_heads: int = 1, temperature: float = 0.5, model_temperature: float | None = None
     ) -> None:
         super().__init__(num_heads)
-        _check_positive("temperature", temperature)
+        check_real("temperature", temperature, gt=0.0)
         if model_temperature is not None:
-            _check_positive("model_temperature", model_temperature)
+            check_real("model_temperature", model_temperature, gt=0.0)
         self.temperature = float(temperature)
         self.model_temperature = float(model_temperature or temperature)
 

@@ -108,9 +108,7 @@ class LocalWindowPrior(KeyRelevancePrior):
 
     def __init__(self, window: int, causal: bool = False) -> None:
         super().__init__()
-        if not isinstance(window, int) or isinstance(window, bool) or window < 0:
-            raise ValueError(f"window must be a non-negative int; got {window!r}")
-        self.window = window
+        self.window = check_int("window", window, 0)
         self.causal = check_bool("causal", causal)
 
     def log_prior(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:

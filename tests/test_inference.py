@@ -10,6 +10,7 @@ import pytest
 import torch
 from pyro import poutine
 from pyro.infer import Predictive, Trace_ELBO
+from tasks import contains3
 
 from bayesattn.data import make_ood_sequences, make_reverse_task
 from bayesattn.inference import (
@@ -26,13 +27,6 @@ from bayesattn.inference import (
 )
 from bayesattn.nn.blocks import AttentionConfig
 from bayesattn.nn.networks import CausalLM, Seq2Seq, TransformerClassifier, VisionTransformer
-
-
-def contains3(n: int, seed: int, T: int = 8, vocab: int = 10):
-    """Label = whether token 3 occurs in the sequence (about balanced for T=8, vocab=10)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(1, vocab, (n, T), generator=g)
-    return x, (x == 3).any(1).long()
 
 
 def classifier(family="dirichlet", seed=0, num_layers=1, dropout=0.0, **kw):

@@ -18,6 +18,7 @@ pytest.importorskip("lightning")
 pytest.importorskip("torchmetrics")
 
 import lightning as L  # noqa: E402
+from tasks import contains3  # noqa: E402
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset  # noqa: E402
 
 from bayesattn import (  # noqa: E402
@@ -49,12 +50,6 @@ def _trainer(**kw) -> L.Trainer:
         enable_model_summary=False,
         **kw,
     )
-
-
-def contains3(n: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(1, 10, (n, 6), generator=g)
-    return x, (x == 3).any(1).long()
 
 
 def weight_net(seed=0):
@@ -95,7 +90,7 @@ def _max_diff(a: dict, b: dict) -> float:
 def test_rank_losses_average_to_the_global_batch_loss(method):
     """R ranks with batches of b, each scaling its plate to the full N, average (as DDP does) to
     the gradient of one process on the global batch; scaling to the rank's shard N/R does not."""
-    x, y = contains3(32, 0)
+    x, y = contains3(32, 0, T=6)
     module = BayesianLightningModule(weight_net(), method=method).double()
     N = 32
 
@@ -183,8 +178,8 @@ def _spy_lrs(module):
 
 @pytest.mark.parametrize("method", ["hybrid", "svi"])
 def test_classifier_trains_and_validates_with_torchmetrics(method):
-    x, y = contains3(48, 0)
-    xv, yv = contains3(32, 1)
+    x, y = contains3(48, 0, T=6)
+    xv, yv = contains3(32, 1, T=6)
     torch.manual_seed(0)
     net = TransformerClassifier(
         2,
@@ -277,7 +272,7 @@ def test_sequence_models_train_under_lightning():
 
 class _Stream(IterableDataset):
     def __iter__(self):
-        x, y = contains3(16, 2)
+        x, y = contains3(16, 2, T=6)
         yield from zip(x, y, strict=True)
 
 

@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from tasks import contains3
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from bayesattn.inference import TrainConfig, Trainer, fit, load_checkpoint
@@ -16,12 +17,6 @@ from bayesattn.nn.blocks import AttentionConfig
 from bayesattn.nn.networks import TransformerClassifier
 from bayesattn.training.data import as_train_data
 from bayesattn.training.schedules import lr_factor, lr_scheduler
-
-
-def contains3(n: int, seed: int, T: int = 8, vocab: int = 10):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(1, vocab, (n, T), generator=g)
-    return x, (x == 3).any(1).long()
 
 
 def classifier(seed=0, dropout=0.1):

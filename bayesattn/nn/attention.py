@@ -34,7 +34,7 @@ from .._deprecation import (
     renamed_submodule_hook,
     warn_renamed,
 )
-from .._validation import check_int, check_same_dtype
+from .._validation import check_finite, check_int, check_real, check_same_dtype
 from ..families import AttentionFamily, FamilyName, get_family
 from ..priors import KeyRelevancePrior, UniformPrior
 from .kernels import AttentionKernel, KernelName, finish, get_kernel, kernel_attention
@@ -107,7 +107,7 @@ def _check_finite(name: str, x: Tensor) -> None:
     if torch.compiler.is_compiling():
         torch._assert_async(torch.isfinite(x).all(), f"{name} must be finite (NaN or Inf found)")
     else:
-        BF.check_finite(name, x)
+        check_finite(name, x)
 
 
 _current_mode_at_trace = torch.compiler.assume_constant_result(current_mode)
@@ -209,19 +209,16 @@ class BayesianMultiheadAttention(PyroModule):
         family: AttentionFamily | FamilyName | None = None,
         kernel: AttentionKernel | KernelName | None = None,
     ) -> None:
-        for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name} must be a positive int; got {v!r}")
+        check_int("embed_dim", embed_dim, 1)
+        check_int("num_heads", num_heads, 1)
         if embed_dim % num_heads != 0:
             raise ValueError(
                 f"embed_dim must be divisible by num_heads; got embed_dim={embed_dim}, "
                 f"num_heads={num_heads}"
             )
-        if not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0):
-            raise ValueError(f"dropout must be in [0, 1); got {dropout!r}")
-        for name, dim in (("kdim", kdim), ("vdim", vdim)):
-            if dim is not None and (not isinstance(dim, int) or dim <= 0):
-                raise ValueError(f"{name} must be a positive int or None; got {dim!r}")
+        check_real("dropout", dropout, ge=0.0, lt=1.0)
+        check_int("kdim", kdim, 1, allow_none=True)
+        check_int("vdim", vdim, 1, allow_none=True)
         if prior is not None and not isinstance(prior, KeyRelevancePrior):
             raise TypeError(f"prior must be a KeyRelevancePrior; got {type(prior).__name__}")
         super().__init__()

@@ -385,7 +385,7 @@ def _particles(h: Tensor, num_particles: int) -> Tensor:
     return h.expand((num_particles,) + h.shape) if num_particles > 1 else h
 
 
-def _validate_common(d_model, nhead, num_layers, max_len) -> None:
+def _validate_common(d_model: int, nhead: int, num_layers: int, max_len: int) -> None:
     for name, v in (("d_model", d_model), ("nhead", nhead), ("num_layers", num_layers)):
         check_int(name, v, 1)
     check_int("max_len", max_len, 1)
@@ -393,8 +393,6 @@ def _validate_common(d_model, nhead, num_layers, max_len) -> None:
         raise ValueError(
             f"d_model must be divisible by nhead; got d_model={d_model}, nhead={nhead}"
         )
-    if max_len < 1:
-        raise ValueError(f"max_len must be >= 1; got {max_len}")
 
 
 # ---------------------------------------------------------------------------------------------
