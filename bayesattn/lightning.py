@@ -92,9 +92,13 @@ def _num_classes(network: BayesianNetwork) -> int:
         return network.tgt_vocab_size
     if isinstance(network, CausalLM):
         return network.vocab_size
+    n = getattr(network, "num_classes", None)  # a user network (bayesattn.nn.contract)
+    if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+        return n
     raise TypeError(
-        f"network must be a TransformerClassifier, VisionTransformer, Seq2Seq or CausalLM; got "
-        f"{type(network).__name__}"
+        f"network must be a TransformerClassifier, VisionTransformer, Seq2Seq, CausalLM or a "
+        f"BayesianNetwork with an int attribute num_classes >= 1 (the size of the last logits "
+        f"dim; see bayesattn.nn.contract); got {type(network).__name__} with num_classes={n!r}"
     )
 
 

@@ -285,3 +285,29 @@ def test_network_draws_log_likelihood_is_categorical():
     with torch.no_grad():
         expected = torch.log_softmax(net.head(x), -1)[torch.arange(8), y]  # (B,)
     torch.testing.assert_close(d.log_likelihood, expected.expand(3, 8))
+
+
+def test_lightning_trains_a_user_network_that_declares_num_classes():
+    """The Lightning module needs only the contract plus ``num_classes`` (its metrics' size)."""
+    L = pytest.importorskip("lightning")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from bayesattn.lightning import BayesianLightningModule
+
+    x, y = _blobs(64)
+    net = LogReg(3, 2)
+    with pytest.raises(TypeError, match="num_classes"):
+        BayesianLightningModule(net)
+    net.num_classes = 2
+    with torch.no_grad():
+        net.head.weight.zero_(), net.head.bias.zero_()  # start at chance: every logit equal
+        assert (net(x).argmax(-1) == y).float().mean().item() < 0.6
+    module = BayesianLightningModule(net, lr=0.05, warmup_steps=1)
+    trainer = L.Trainer(
+        max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True))
+    with torch.no_grad():
+        acc = (net(x).argmax(-1) == y).float().mean().item()
+    assert acc > 0.9  # the blobs are separable: the user network learned through Lightning

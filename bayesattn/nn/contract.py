@@ -27,6 +27,10 @@ event_dims)`` (the observation distribution; the default is categorical). The ba
 ``weight_guide`` and ``pyro_context`` are the weight-space pieces that
 :func:`~bayesattn.nn.weights.bayesian_projections` and ``predict`` use.
 
+:class:`~bayesattn.lightning.BayesianLightningModule` also reads an ``int`` attribute
+``num_classes`` (the size ``C`` of the logits' last dim) for its accuracy and calibration metrics;
+the built-in networks have it (or their vocabulary size), a user network sets it itself.
+
 :class:`NetworkContract` is a ``runtime_checkable`` :class:`typing.Protocol`: ``isinstance(net,
 NetworkContract)`` checks that every member exists; :func:`check_network` says which are missing.
 """
