@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .._deprecation import renamed_state_keys
+from .._validation import atomic_write_bytes
 from .config import _upgrade_config_dict
 
 if TYPE_CHECKING:
@@ -119,23 +120,9 @@ def save_checkpoint(path: str | os.PathLike, state: Trainer | dict[str, Any]) ->
     directory.mkdir(parents=True, exist_ok=True)
     payload = {k: v for k, v in state.items() if k != "sha256"}
     payload["sha256"] = _digest(payload)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # persist the rename (POSIX); not possible everywhere
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 
