@@ -13,27 +13,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
-import time
 from functools import partial
 
 import torch
+from _timing import interleaved
 
 from bayesattn.nn.attention import BayesianMultiheadAttention
-
-
-def interleaved(fns: dict, repeats: int) -> dict:
-    """Median ms per function, timing the candidates alternately so load drifts hit all alike."""
-    for f in fns.values():
-        f()
-        f()
-    acc = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            acc[k].append(time.perf_counter() - t0)
-    return {k: 1e3 * statistics.median(v) for k, v in acc.items()}
 
 
 def _fwd_bwd(m, x) -> None:

@@ -16,27 +16,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
-import time
 
 import torch
+from _timing import interleaved
 from torch import nn
 
 import bayesattn
 from bayesattn import attention_mode
 from bayesattn.interop import posthoc
-
-
-def interleaved(fns: dict, repeats: int) -> dict:
-    for f in fns.values():
-        f()
-    acc = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            acc[k].append(time.perf_counter() - t0)
-    return {k: 1e3 * statistics.median(v) for k, v in acc.items()}
 
 
 class Classifier(nn.Module):

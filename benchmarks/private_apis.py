@@ -15,24 +15,9 @@ Usage: python benchmarks/private_apis.py [--quick] [--threads N]
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
-
-
-def interleaved(fns: dict, repeats: int) -> dict:
-    """Median ms per function, timing the candidates alternately so load drifts hit all alike."""
-    for f in fns.values():
-        f()
-        f()
-    acc = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            acc[k].append(time.perf_counter() - t0)
-    return {k: 1e3 * statistics.median(v) for k, v in acc.items()}
+from _timing import interleaved
 
 
 def softmax_case(shape: tuple[int, ...], repeats: int) -> dict:
