@@ -167,3 +167,27 @@ def test_num_samples_reaches_layers_of_a_foreign_model():
     assert y.shape == (4, 5, 2, E) and w.shape == (4, 2, 5, 5)
     y2, _ = mha(y, y, y)  # already sampled input: one draw per sample
     assert y2.shape == (4, 5, 2, E)
+
+
+@pytest.mark.parametrize("kw", [{}, {"kdim": 3, "vdim": 5, "add_bias_kv": True, "bias": False}])
+def test_mha_constructor_args_rebuild_the_same_layer_both_ways(kw):
+    """One description of an attention layer's constructor serves convert and to_torch."""
+    from bayesattn.nn.attention import mha_constructor_args
+
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, dropout=0.1, batch_first=True, add_zero_attn=True, **kw)
+    args = mha_constructor_args(mha)
+    assert args == {
+        "embed_dim": 8, "num_heads": 2, "dropout": 0.1, "bias": kw.get("bias", True),
+        "add_bias_kv": kw.get("add_bias_kv", False), "add_zero_attn": True,
+        "kdim": kw.get("kdim", 8), "vdim": kw.get("vdim", 8), "batch_first": True,
+        "device": torch.device("cpu"), "dtype": torch.float32,
+    }  # fmt: skip
+    bmha = BayesianMultiheadAttention(**args)
+    assert mha_constructor_args(bmha) == args
+    back = torch.nn.MultiheadAttention(**mha_constructor_args(bmha))
+    assert {k: v.shape for k, v in back.state_dict().items()} == {
+        k: v.shape for k, v in mha.state_dict().items()
+    }
+    with pytest.raises(TypeError, match="MultiheadAttention; got Linear"):
+        mha_constructor_args(torch.nn.Linear(2, 2))

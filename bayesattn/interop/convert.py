@@ -31,7 +31,7 @@ from torch import nn
 
 from .._deprecation import renamed_kwargs
 from ..families import AttentionFamily, FamilyName, get_family
-from ..nn.attention import BayesianMultiheadAttention
+from ..nn.attention import BayesianMultiheadAttention, mha_constructor_args
 from ..priors import KeyRelevancePrior
 
 __all__ = ["convert", "unconvert", "bayesian_attention_modules"]
@@ -154,25 +154,15 @@ def convert(
 
 
 def _convert_one(old: nn.MultiheadAttention, family, prior, path: str):
-    ref = old.in_proj_weight if old.in_proj_weight is not None else old.q_proj_weight
+    args = mha_constructor_args(old)  # same shapes, device and dtype
     new = BayesianMultiheadAttention(
-        old.embed_dim,
-        old.num_heads,
-        dropout=old.dropout,
-        bias=old.in_proj_bias is not None,
-        add_bias_kv=old.bias_k is not None,
-        add_zero_attn=old.add_zero_attn,
-        kdim=old.kdim,
-        vdim=old.vdim,
-        batch_first=old.batch_first,
-        device=ref.device,
-        dtype=ref.dtype,
+        **args,
         prior=_build(prior, "prior", path, old),
         family=_build(family, "family", path, old),
     )
     new.load_state_dict(old.state_dict())  # exact copies of every parameter
     if new.family is not None:
-        new.family.to(device=ref.device)
+        new.family.to(device=args["device"])
     new.train(old.training)
     return new
 

@@ -19,6 +19,7 @@ Shape glossary: ``S`` samples (leftmost), ``B`` batch, ``H`` heads, ``Tq``/``Tk`
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pyro
 import torch
@@ -41,7 +42,7 @@ from .kernels import AttentionKernel, KernelName, finish, get_kernel, kernel_att
 from .modes import AttentionMode, current_kl_collector, current_mode
 from .sampling import current_num_samples
 
-__all__ = ["BayesianMultiheadAttention", "linear"]
+__all__ = ["BayesianMultiheadAttention", "linear", "mha_constructor_args"]
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -122,6 +123,31 @@ def _lengths_to_padding_mask(lengths: list[int], T: int, device) -> Tensor:
     """``(B, T)`` bool, True where a position is padding."""
     ar = torch.arange(T, device=device)  # (T,)
     return ar.unsqueeze(0) >= torch.tensor(lengths, device=device).unsqueeze(1)  # (B, T)
+
+
+def mha_constructor_args(m: nn.Module) -> dict[str, Any]:
+    """The constructor arguments that rebuild ``m`` (a ``torch.nn.MultiheadAttention`` or a
+    :class:`BayesianMultiheadAttention`: they share these attributes) with the same shapes, on
+    the same device and dtype; used to convert between the two."""
+    if not isinstance(m, (nn.MultiheadAttention, BayesianMultiheadAttention)):
+        raise TypeError(
+            f"m must be a torch.nn.MultiheadAttention or a BayesianMultiheadAttention; got "
+            f"{type(m).__name__}"
+        )
+    ref = m.in_proj_weight if m.in_proj_weight is not None else m.q_proj_weight
+    return {
+        "embed_dim": m.embed_dim,
+        "num_heads": m.num_heads,
+        "dropout": m.dropout,
+        "bias": m.in_proj_bias is not None,
+        "add_bias_kv": m.bias_k is not None,
+        "add_zero_attn": m.add_zero_attn,
+        "kdim": m.kdim,
+        "vdim": m.vdim,
+        "batch_first": m.batch_first,
+        "device": ref.device,
+        "dtype": ref.dtype,
+    }
 
 
 def _causal_hint(
@@ -352,20 +378,7 @@ class BayesianMultiheadAttention(PyroModule):
                 f"to_torch: a layer with prior {type(self.prior).__name__} has no "
                 "torch.nn.MultiheadAttention equivalent (only UniformPrior)"
             )
-        ref = self.in_proj_weight if self.in_proj_weight is not None else self.q_proj_weight
-        m = nn.MultiheadAttention(
-            self.embed_dim,
-            self.num_heads,
-            dropout=self.dropout,
-            bias=self.in_proj_bias is not None,
-            add_bias_kv=self.bias_k is not None,
-            add_zero_attn=self.add_zero_attn,
-            kdim=self.kdim,
-            vdim=self.vdim,
-            batch_first=self.batch_first,
-            device=ref.device,
-            dtype=ref.dtype,
-        )
+        m = nn.MultiheadAttention(**mha_constructor_args(self))
         sd = {k: v for k, v in self.state_dict().items() if not _PRIOR_FAMILY_KEY.search(k)}
         m.load_state_dict(sd)
         m.train(self.training)

@@ -537,6 +537,17 @@ def _block_kwargs(kw: dict) -> dict:
     return kw
 
 
+def _self_attention_layer(
+    cfg: AttentionConfig, d_model: int, nhead: int, i: int, num_layers: int, kw: dict[str, Any]
+) -> EncoderLayer:
+    """Layer ``i`` of ``num_layers``: an :class:`EncoderLayer` whose self-attention ``cfg``
+    builds (batch-first, as every block of ours)."""
+    a = cfg.build(d_model, nhead, i, num_layers, "self")
+    return EncoderLayer(
+        d_model, nhead, batch_first=True, prior=a.prior, family=a.family, kernel=a.kernel, **kw
+    )
+
+
 class Encoder(PyroModule):
     """A stack of :class:`EncoderLayer` (each built separately: distinct Pyro sites and
     family parameters), with a final LayerNorm when ``norm_first`` (pre-norm).
@@ -560,18 +571,7 @@ class Encoder(PyroModule):
         kw = _block_kwargs(block_kwargs)
         layers = []
         for i in range(num_layers):
-            a = cfg.build(d_model, nhead, i, num_layers, "self")
-            layers.append(
-                EncoderLayer(
-                    d_model,
-                    nhead,
-                    batch_first=True,
-                    prior=a.prior,
-                    family=a.family,
-                    kernel=a.kernel,
-                    **kw,
-                )
-            )
+            layers.append(_self_attention_layer(cfg, d_model, nhead, i, num_layers, kw))
         self.layers = _pyro_module_list(layers)
         self.norm = nn.LayerNorm(d_model) if kw.get("norm_first", False) else None
 
@@ -611,8 +611,8 @@ class Decoder(PyroModule):
         self.cross_attention = cross_attention
         layers: list[nn.Module] = []
         for i in range(num_layers):
-            sa = cfg.build(d_model, nhead, i, num_layers, "self")
             if cross_attention:
+                sa = cfg.build(d_model, nhead, i, num_layers, "self")
                 ca = cfg.build(d_model, nhead, i, num_layers, "cross")
                 layers.append(
                     DecoderLayer(
@@ -628,17 +628,7 @@ class Decoder(PyroModule):
                     )
                 )
             else:
-                layers.append(
-                    EncoderLayer(
-                        d_model,
-                        nhead,
-                        batch_first=True,
-                        prior=sa.prior,
-                        family=sa.family,
-                        kernel=sa.kernel,
-                        **kw,
-                    )
-                )
+                layers.append(_self_attention_layer(cfg, d_model, nhead, i, num_layers, kw))
         self.layers = _pyro_module_list(layers)
         self.norm = nn.LayerNorm(d_model) if kw.get("norm_first", False) else None
 
