@@ -36,14 +36,13 @@ def run(
 
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
+    from tasks import contains3  # tests/ is the script's directory
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
     from bayesattn import AttentionConfig, TransformerClassifier, bayesian_projections
     from bayesattn.lightning import BayesianLightningModule
 
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(1, 10, (N, 6), generator=g)
-    y = (x == 3).any(1).long()
+    x, y = contains3(N, 0, T=6)
     torch.manual_seed(0)
     net = TransformerClassifier(
         2,
