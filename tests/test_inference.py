@@ -575,6 +575,46 @@ def test_checkpoint_with_other_architecture_names_the_keys(tmp_path):
         fit(classifier(), contains3(32, 0), checkpoint_path=tmp_path / "nope.pt", resume=True)
 
 
+@pytest.mark.parametrize("method", ["hybrid", "svi"])
+def test_check_state_fits_names_each_mismatch(method):
+    """Every way a state can fail to fit a run is a CheckpointError naming what differs; the
+    trainer's own state fits (checked directly, as :meth:`Trainer.load_state_dict` does)."""
+    from bayesattn.training.checkpoint import check_state_fits
+
+    trainer = Trainer(classifier(), method=method, epochs=1, batch_size=16, progress=False)
+    trainer.fit(contains3(32, 0))
+    st = trainer.state_dict()
+    fits = dict(
+        where="'here'",
+        config=trainer.config,
+        data={"kind": "tensors", "batch_size": 16},
+        num_data=32,
+        network=trainer.network,
+        optimizer=trainer.optimizer,
+        param_names=trainer._param_names,
+    )
+    check_state_fits(st, **fits)  # its own state fits
+    cases = [
+        ({"method": "svi" if method == "hybrid" else "hybrid"}, {}, "made with method"),
+        ({}, {"data": {"kind": "stream", "batch_size": 16}}, "train_data of kind 'tensors'"),
+        ({"data": {"kind": "stream", "batch_size": 8}}, {"data": {"kind": "stream",
+         "batch_size": 16}}, "stream with batch_size=8; got 16"),
+        ({"config": {**st["config"], "drop_last": True}}, {}, "drop_last=True"),
+        ({"num_data": 31}, {}, "31 training examples; got 32"),
+        ({"network": {**st["network"], "extra": torch.zeros(1)}}, {}, r"unexpected keys \['extra'\]"),
+    ]
+    if method == "hybrid":
+        groups = [{**g, "params": g["params"][1:]} for g in st["optimizer"]["param_groups"]]
+        bad_opt = {**st["optimizer"], "param_groups": groups}
+        cases.append(({"optimizer": bad_opt}, {}, "optimiser holds"))
+    else:
+        cases.append(({"optimizer": {**st["optimizer"], "nope": {}}}, {}, r"unknown .*'nope'"))
+    for change, fit_change, message in cases:
+        with pytest.raises(CheckpointError, match=message) as err:
+            check_state_fits({**st, **change}, **{**fits, **fit_change})
+        assert "'here'" in str(err.value)
+
+
 def test_stale_param_store_does_not_hijack_svi_training():
     """Two networks with the same Pyro names in one process: SVI must optimise the one being
     trained (the global param store holds the first one's tensors under those names)."""

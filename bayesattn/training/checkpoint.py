@@ -24,6 +24,9 @@ from .._validation import atomic_write_bytes
 from .config import _upgrade_config_dict
 
 if TYPE_CHECKING:
+    from torch import nn
+
+    from .config import TrainConfig
     from .trainer import Trainer
 
 __all__ = [
@@ -32,6 +35,7 @@ __all__ = [
     "load_checkpoint",
     "prepare_checkpoint_path",
     "upgrade_state",
+    "check_state_fits",
 ]
 
 _FORMAT = "bayesattn.checkpoint"
@@ -201,6 +205,98 @@ def upgrade_state(
             ren = renamed_state_keys(opt, "posterior", "family", set(param_names))
             state["optimizer"] = {ren.get(k, k): v for k, v in opt.items()}
     return state
+
+
+def check_state_fits(
+    state: dict[str, Any],
+    *,
+    where: str,
+    config: TrainConfig,
+    data: dict[str, Any] | None,
+    num_data: int | None,
+    network: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    param_names: Any,
+) -> None:
+    """Raise :class:`CheckpointError` unless a (current-spelling) trainer ``state`` can be
+    restored into a run with this ``config``, data source (``data``: its ``describe()``,
+    ``None`` before any), ``num_data``, ``network`` and optimiser (``optimizer`` for the hybrid
+    method; ``param_names``, the Pyro parameter names, for SVI). Nothing is modified."""
+    _check_run_fits(state, where, config, data, num_data)
+    _check_network_fits(state["network"], where, network)
+    if config.method == "hybrid":
+        if optimizer is None:
+            raise ValueError("optimizer is required to check a checkpoint of the hybrid method")
+        n_own = sum(len(g["params"]) for g in optimizer.param_groups)
+        n_ckpt = sum(len(g["params"]) for g in state["optimizer"].get("param_groups", []))
+        if n_own != n_ckpt:
+            raise CheckpointError(
+                f"checkpoint {where} optimiser holds {n_ckpt} parameters; the network has {n_own}"
+            )
+    else:
+        unknown = sorted(set(state["optimizer"]) - set(param_names))
+        if unknown:
+            raise CheckpointError(
+                f"checkpoint {where} has optimiser state for unknown parameters {unknown}"
+            )
+
+
+def _check_run_fits(
+    state: dict[str, Any],
+    where: str,
+    config: TrainConfig,
+    data: dict[str, Any] | None,
+    num_data: int | None,
+) -> None:
+    """The method, the data source and the settings that define the saved position in the data."""
+    if state["method"] != config.method:
+        raise CheckpointError(
+            f"checkpoint {where} was made with method {state['method']!r}; the trainer uses "
+            f"method {config.method!r}"
+        )
+    saved = state.get("data") or {"kind": "tensors"}
+    if data is not None and saved.get("kind") != data["kind"]:
+        raise CheckpointError(
+            f"checkpoint {where} was made on train_data of kind {saved.get('kind')!r}; "
+            f"got {data['kind']!r}"
+        )
+    if data is not None and data["kind"] == "stream":
+        if saved.get("batch_size") != data["batch_size"]:  # position counted in batches
+            raise CheckpointError(
+                f"checkpoint {where} was made on a stream with batch_size="
+                f"{saved.get('batch_size')!r}; got {data['batch_size']!r}"
+            )
+    keys = ("batch_size", "drop_last") if saved.get("kind") in ("tensors", "dataset") else ()
+    for key in keys:  # they define the saved position in the data
+        if state["config"].get(key) != getattr(config, key):
+            raise CheckpointError(
+                f"checkpoint {where} was made with {key}={state['config'].get(key)!r}; "
+                f"the trainer has {key}={getattr(config, key)!r}"
+            )
+    if state.get("num_data") != num_data:
+        raise CheckpointError(
+            f"checkpoint {where} was made with {state.get('num_data')} training examples; "
+            f"got {num_data}"
+        )
+
+
+def _check_network_fits(sd: dict[str, Any], where: str, network: nn.Module) -> None:
+    """The saved network state has the network's keys and shapes."""
+    own = network.state_dict()
+    missing = sorted(set(own) - set(sd))
+    unexpected = sorted(set(sd) - set(own))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint {where} does not match {type(network).__name__}: "
+            f"missing keys {missing}, unexpected keys {unexpected}"
+        )
+    bad = [
+        f"{k}: checkpoint {tuple(sd[k].shape)} vs network {tuple(v.shape)}"
+        for k, v in own.items()
+        if tuple(sd[k].shape) != tuple(v.shape)
+    ]
+    if bad:
+        raise CheckpointError(f"checkpoint {where} has mismatched shapes: {bad}")
 
 
 def _rng_state(gen: torch.Generator) -> dict[str, Any]:

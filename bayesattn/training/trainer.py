@@ -27,6 +27,7 @@ from .checkpoint import (
     CheckpointError,
     _rng_state,
     _set_rng_state,
+    check_state_fits,
     load_checkpoint,
     prepare_checkpoint_path,
     save_checkpoint,
@@ -485,67 +486,16 @@ class Trainer:
 
     def _check_state(self, state: dict[str, Any], where: str) -> None:
         """Verify a checkpoint fits this trainer and network before anything is modified."""
-        if state["method"] != self.config.method:
-            raise CheckpointError(
-                f"checkpoint {where} was made with method {state['method']!r}; the trainer uses "
-                f"method {self.config.method!r}"
-            )
-        data = state.get("data") or {"kind": "tensors"}
-        if self._data is not None and data.get("kind") != self._data.kind:
-            raise CheckpointError(
-                f"checkpoint {where} was made on train_data of kind {data.get('kind')!r}; "
-                f"got {self._data.kind!r}"
-            )
-        if self._data is not None and self._data.kind == "stream":
-            if data.get("batch_size") != self._data.batch_size:  # position counted in batches
-                raise CheckpointError(
-                    f"checkpoint {where} was made on a stream with batch_size="
-                    f"{data.get('batch_size')!r}; got {self._data.batch_size!r}"
-                )
-        keys = ("batch_size", "drop_last") if data.get("kind") in ("tensors", "dataset") else ()
-        for key in keys:  # they define the saved position in the data
-            if state["config"].get(key) != getattr(self.config, key):
-                raise CheckpointError(
-                    f"checkpoint {where} was made with {key}={state['config'].get(key)!r}; "
-                    f"the trainer has {key}={getattr(self.config, key)!r}"
-                )
-        if state.get("num_data") != self._num_data:
-            raise CheckpointError(
-                f"checkpoint {where} was made with {state.get('num_data')} training examples; "
-                f"got {self._num_data}"
-            )
-        own = self.network.state_dict()
-        sd = state["network"]
-        missing = sorted(set(own) - set(sd))
-        unexpected = sorted(set(sd) - set(own))
-        if missing or unexpected:
-            raise CheckpointError(
-                f"checkpoint {where} does not match {type(self.network).__name__}: "
-                f"missing keys {missing}, unexpected keys {unexpected}"
-            )
-        bad = [
-            f"{k}: checkpoint {tuple(sd[k].shape)} vs network {tuple(v.shape)}"
-            for k, v in own.items()
-            if tuple(sd[k].shape) != tuple(v.shape)
-        ]
-        if bad:
-            raise CheckpointError(f"checkpoint {where} has mismatched shapes: {bad}")
-        if self.config.method == "hybrid":
-            assert self.optimizer is not None
-            n_own = sum(len(g["params"]) for g in self.optimizer.param_groups)
-            groups = state["optimizer"].get("param_groups", [])
-            n_ckpt = sum(len(g["params"]) for g in groups)
-            if n_own != n_ckpt:
-                raise CheckpointError(
-                    f"checkpoint {where} optimiser holds {n_ckpt} parameters; the network has "
-                    f"{n_own}"
-                )
-        else:
-            unknown = sorted(set(state["optimizer"]) - set(self._param_names))
-            if unknown:
-                raise CheckpointError(
-                    f"checkpoint {where} has optimiser state for unknown parameters {unknown}"
-                )
+        check_state_fits(
+            state,
+            where=where,
+            config=self.config,
+            data=None if self._data is None else self._data.describe(),
+            num_data=self._num_data,
+            network=self.network,
+            optimizer=self.optimizer if self.config.method == "hybrid" else None,
+            param_names=self._param_names,
+        )
 
     def load_state_dict(self, state: dict[str, Any], where: str = "state") -> None:
         """Restore a state from :meth:`state_dict` / :func:`load_checkpoint` (after set-up)."""
