@@ -71,11 +71,12 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from ._deprecation import renamed_kwargs
 from ._validation import check_bool, check_int
-from .inference import ScaleLatents, TrainConfig, _resolve_config, kl_beta, sync_param_store
+from .inference import TrainConfig, _resolve_config, kl_beta, sync_param_store
 from .nn.modes import attention_mode
 from .nn.networks import BayesianNetwork, CausalLM, Seq2Seq, TransformerClassifier
 from .training.config import _upgrade_config_dict
 from .training.data import as_batch, fork_rng
+from .training.kl import AnnealedPair
 from .training.schedules import lr_scheduler
 from .uncertainty import _draw_weights, predict
 
@@ -209,8 +210,7 @@ class BayesianLightningModule(L.LightningModule):
                 max_plate_nesting=1,
             )
         self._beta = 1.0
-        self._anneal = ScaleLatents(lambda: self._beta)
-        self._stash: list[Tensor] = []
+        self._pair = AnnealedPair(network, lambda: self._beta)
         self._synced = False
         self.train_acc = MulticlassAccuracy(num_classes=C, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes=C, average="micro")
@@ -282,16 +282,6 @@ class BayesianLightningModule(L.LightningModule):
             )
 
     # ---- training -----------------------------------------------------------------------------
-    def _model(self, *args, **kwargs):
-        with self._anneal:
-            logits = self.network.model(*args, **kwargs)
-        self._stash.append(logits.detach())
-        return logits
-
-    def _guide(self, *args, **kwargs):
-        with self._anneal:
-            return self.network.guide(*args, **kwargs)
-
     def elbo_per_example(self, xb: Tensor, yb: Tensor | None, n: int) -> tuple[Tensor, Tensor]:
         """The β-weighted negative ELBO per training example (differentiable) and the logits of
         the sampled pass ``(*P, B, ...)``; β at the current ``global_step``."""
@@ -309,11 +299,9 @@ class BayesianLightningModule(L.LightningModule):
                 losses.append(loss)
                 outs.append(logits.detach())
             return torch.stack(losses).mean() / n, torch.stack(outs)
-        self._stash = []
-        loss = self._elbo.differentiable_loss(self._model, self._guide, xb, yb, n)
-        logits = self._stash[0] if len(self._stash) == 1 else torch.stack(self._stash)
-        self._stash = []
-        return loss / n, logits
+        self._pair.clear()
+        loss = self._elbo.differentiable_loss(self._pair.model, self._pair.guide, xb, yb, n)
+        return loss / n, self._pair.pop_logits()
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         xb, yb = as_batch(batch, "train batch")

@@ -314,6 +314,36 @@ def test_scale_latents_touches_only_latent_sites():
         poutine.trace(net.guide).get_trace(x, y, N)
 
 
+def test_annealed_pair_scales_latents_and_keeps_each_particles_logits():
+    from pyro.infer import TraceMeanField_ELBO
+
+    from bayesattn.training.kl import AnnealedPair
+
+    net = classifier()
+    x, y = contains3(4, seed=0, T=5)
+    beta = [0.5]
+    pair = AnnealedPair(net, lambda: beta[0])  # β read at every site
+    with pytest.raises(RuntimeError, match="has not run"):
+        pair.pop_logits()
+    gtr = poutine.trace(pair.guide).get_trace(x, y, 8)
+    mtr = poutine.trace(poutine.replay(pair.model, trace=gtr)).get_trace(x, y, 8)
+    latent = next(n for n in gtr.nodes if n.endswith(".latent"))
+    assert gtr.nodes[latent]["scale"] == mtr.nodes[latent]["scale"] == pytest.approx(8 / 4 * 0.5)
+    assert mtr.nodes["obs"]["scale"] == pytest.approx(8 / 4)
+    torch.testing.assert_close(pair.pop_logits(), mtr.nodes["_RETURN"]["value"].detach())
+    beta[0] = 1.0  # β = 1: the pair's ELBO is the network's own
+    elbo = TraceMeanField_ELBO(num_particles=3, max_plate_nesting=1)
+    pyro.set_rng_seed(0)
+    ours = elbo.differentiable_loss(pair.model, pair.guide, x, y, 8)
+    assert pair.pop_logits().shape == (3, 4, 2)  # three sequential particles, stacked
+    pyro.set_rng_seed(0)
+    torch.testing.assert_close(ours, elbo.differentiable_loss(net.model, net.guide, x, y, 8))
+    pair.model(x, y, 8)
+    pair.clear()
+    with pytest.raises(RuntimeError):
+        pair.pop_logits()
+
+
 @pytest.mark.parametrize("method", ["svi", "hybrid"])
 def test_kl_annealing_in_training(method):
     net = classifier()

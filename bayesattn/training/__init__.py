@@ -6,9 +6,10 @@
   datasets, ``DataLoader`` objects) and the epoch order that makes resume exact.
 * :mod:`bayesattn.training.config`: :class:`~bayesattn.training.config.TrainConfig`, the
   validated training options.
-* :mod:`bayesattn.training.kl`: KL annealing (``kl_beta``, ``ScaleLatents``).
+* :mod:`bayesattn.training.kl`: KL annealing (``kl_beta``, ``ScaleLatents``, ``AnnealedPair``).
 * :mod:`bayesattn.training.history`: the per-epoch record ``History``.
-* :mod:`bayesattn.training.checkpoint`: atomic, verified, exact-resume checkpoints.
+* :mod:`bayesattn.training.checkpoint`: atomic, verified, exact-resume checkpoints, and
+  ``check_state_fits``, whether a saved state fits a run.
 * :mod:`bayesattn.training.trainer`: the loop, ``Trainer`` and ``fit`` (all of these are
   re-exported by :mod:`bayesattn.inference`, the place to import them from).
 """

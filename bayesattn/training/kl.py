@@ -1,14 +1,18 @@
 r"""KL annealing: the weight :math:`\beta` of the KL term (:func:`kl_beta`) and
-:class:`ScaleLatents`, the messenger that applies it to every latent sample site with the SVI method."""
+:class:`ScaleLatents`, the messenger that applies it to every latent sample site with the SVI method,
+and :class:`AnnealedPair`, a network's model and guide under it (what SVI steps on)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+import torch
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
+from torch import Tensor
 
-__all__ = ["kl_beta", "ScaleLatents"]
+__all__ = ["kl_beta", "ScaleLatents", "AnnealedPair"]
 
 
 def kl_beta(step: int, anneal_steps: int, start: float = 1e-3, final: float = 1.0) -> float:
@@ -50,3 +54,40 @@ class ScaleLatents(Messenger):
         if beta <= 0:
             raise ValueError(f"ScaleLatents needs beta > 0; got {beta}")
         msg["scale"] = beta * msg["scale"]
+
+
+class AnnealedPair:
+    r"""A network's ``model`` and ``guide``, both under one :class:`ScaleLatents` (so the ELBO
+    they define is KL-annealed by ``beta``), keeping the logits each model call returns.
+
+    ``pair.model``/``pair.guide`` go to a Pyro ELBO in place of the network's own;
+    :meth:`pop_logits` then gives the logits of the particles just run. ``network`` is any
+    object with the contract's ``model``/``guide`` (:mod:`bayesattn.nn.contract`).
+    """
+
+    def __init__(self, network: Any, beta: float | Callable[[], float] = 1.0) -> None:
+        self.network = network
+        self.anneal = ScaleLatents(beta)
+        self._logits: list[Tensor] = []
+
+    def model(self, *args: Any, **kwargs: Any) -> Tensor:
+        with self.anneal:
+            logits = self.network.model(*args, **kwargs)
+        self._logits.append(logits.detach())
+        return logits
+
+    def guide(self, *args: Any, **kwargs: Any) -> Any:
+        with self.anneal:
+            return self.network.guide(*args, **kwargs)
+
+    def pop_logits(self) -> Tensor:
+        """The (detached) logits of the model calls since the last pop: as returned for one
+        call, stacked ``(P, ...)`` for ``P`` sequential particles; then forgets them."""
+        logits, self._logits = self._logits, []
+        if not logits:
+            raise RuntimeError("pop_logits: the model has not run since the last pop")
+        return logits[0] if len(logits) == 1 else torch.stack(logits)
+
+    def clear(self) -> None:
+        """Forget logits left by a step that did not finish."""
+        self._logits = []

@@ -43,7 +43,7 @@ from .data import (
 )
 from .data import fork_rng as _fork_rng
 from .history import History
-from .kl import ScaleLatents, kl_beta
+from .kl import AnnealedPair, kl_beta
 from .schedules import lr_factor, lr_scheduler
 
 __all__ = ["Trainer", "fit", "sync_param_store"]
@@ -157,9 +157,8 @@ class Trainer:
         self._best_state: dict[str, Tensor] | None = None
         self._bad_evals = 0
         self._param_names: list[str] = []
-        self._anneal = ScaleLatents(lambda: self._beta)
+        self._pair = AnnealedPair(self.network, lambda: self._beta)
         self._beta = 1.0
-        self._stash: list[Tensor] = []
         self._elbo: Trace_ELBO | None = None
         self._set_up = False
 
@@ -251,17 +250,6 @@ class Trainer:
             )
         self._set_up = True
 
-    # ---- model/guide wrappers (svi) ----------------------------------------------------------
-    def _model(self, *args, **kwargs):
-        with self._anneal:
-            logits = self.network.model(*args, **kwargs)
-        self._stash.append(logits.detach())
-        return logits
-
-    def _guide(self, *args, **kwargs):
-        with self._anneal:
-            return self.network.guide(*args, **kwargs)
-
     # ---- one step -----------------------------------------------------------------------------
     def _check_step(self, loss: float, params: list[Tensor]) -> None:
         """Before the optimiser step: a non-finite loss or gradient stops training with the
@@ -351,9 +339,9 @@ class Trainer:
             return total / N, logits
         # svi: pyro.infer.SVI.step, with gradients in per-example units and a global-norm clip
         assert self.pyro_optim is not None and self._elbo is not None
-        self._stash = []
+        self._pair.clear()
         with poutine.trace(param_only=True) as capture:
-            loss = self._elbo.loss_and_grads(self._model, self._guide, xb, yb, N)
+            loss = self._elbo.loss_and_grads(self._pair.model, self._pair.guide, xb, yb, N)
         params, seen = [], set()
         for name, site in capture.trace.nodes.items():
             if site["value"] is None:  # pragma: no cover - Pyro records every param's value
@@ -370,9 +358,7 @@ class Trainer:
         self.pyro_optim(params)
         pyro.infer.util.zero_grads(set(params))
         self.pyro_optim.step()
-        logits = self._stash[0] if len(self._stash) == 1 else torch.stack(self._stash)
-        self._stash = []
-        return float(loss) / N, logits
+        return float(loss) / N, self._pair.pop_logits()
 
     # ---- metrics ------------------------------------------------------------------------------
     def _correct(self, logits: Tensor, xb: Tensor, yb: Tensor | None) -> tuple[float, float]:
