@@ -341,8 +341,8 @@ class LoaderSource(DatasetSource):
 
     def plan(self, generator, epoch):
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        sampler = getattr(self.batch_sampler, "sampler", None)
-        if hasattr(sampler, "set_epoch"):  # DistributedSampler and friends
+        sampler: Any = getattr(self.batch_sampler, "sampler", None)
+        if sampler is not None and hasattr(sampler, "set_epoch"):  # DistributedSampler & co
             sampler.set_epoch(epoch)
         own = getattr(sampler, "generator", None)
         if isinstance(own, torch.Generator):  # a sampler with its own generator: reseed it
