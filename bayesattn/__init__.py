@@ -14,6 +14,7 @@ Heavy optional pieces (ArviZ, matplotlib, scikit-learn) are imported only when u
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from . import functional
 from .families import (
@@ -106,7 +107,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """Submodules are imported on first use (``bayesattn.diagnostics`` etc.)."""
     if name in _SUBMODULES or name == "posteriors":  # posteriors: deprecated, warns on import
         return importlib.import_module(f".{name}", __name__)

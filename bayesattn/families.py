@@ -373,7 +373,9 @@ def kl_weibull_gamma(k: Tensor, lam: Tensor, alpha: Tensor, beta: Tensor) -> Ten
 
 
 @register_kl(torch.distributions.Weibull, torch.distributions.Gamma)
-def _kl_weibull_gamma_torch(p, q) -> Tensor:
+def _kl_weibull_gamma_torch(
+    p: torch.distributions.Weibull, q: torch.distributions.Gamma
+) -> Tensor:
     return kl_weibull_gamma(p.concentration, p.scale, q.concentration, q.rate)
 
 
@@ -443,7 +445,7 @@ class MaskedConcrete(_Masked):
 # --------------------------------------------------------------------------------------------
 
 
-def _check_kl_shapes(p, q) -> None:
+def _check_kl_shapes(p: Distribution, q: Distribution) -> None:
     """Both distributions must be over the same keys (``event_shape (Tk,)``) and broadcast."""
     if p.event_shape != q.event_shape:
         raise ValueError(

@@ -500,7 +500,7 @@ def geometry_report(
     return report
 
 
-def _geometry_figures(report: dict[str, Any], out, num_content: int) -> list[str]:
+def _geometry_figures(report: dict[str, Any], out: str | Path, num_content: int) -> list[str]:
     from . import plots
 
     names = report["layers"]

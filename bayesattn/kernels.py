@@ -39,7 +39,7 @@ query/key length, ``K`` support size, ``D`` head dim.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -293,7 +293,9 @@ def _local_chunk(c: int | None, window: int) -> int:
     return c if c is not None else max(256, 2 * window)
 
 
-def _local_blocks(q: Tensor, k: Tensor, window: int, chunk_size: int | None):
+def _local_blocks(
+    q: Tensor, k: Tensor, window: int, chunk_size: int | None
+) -> Iterator[tuple[int, int, int, Tensor, Tensor]]:
     """Yield ``(start, stop, L, key_index (L,), valid (L,))`` for each query chunk: its keys are
     rows ``start : start + L`` of ``k`` padded by ``window`` zeros before (and enough after),
     i.e. key positions ``start - window ...``; ``valid`` marks those inside ``[0, Tk)``."""
@@ -313,7 +315,13 @@ def _pad_keys(x: Tensor, window: int, Tq: int) -> Tensor:
 
 
 def _chunk_prior(
-    lp_fn: ChunkLogPrior | None, s: int, e: int, kidx: Tensor, valid: Tensor, Tk: int, dtype
+    lp_fn: ChunkLogPrior | None,
+    s: int,
+    e: int,
+    kidx: Tensor,
+    valid: Tensor,
+    Tk: int,
+    dtype: torch.dtype,
 ) -> Tensor:
     """Log-prior of queries ``s:e`` on the block's keys: ``-inf`` on keys outside ``[0, Tk)``."""
     lp = torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill(~valid, _NEG_INF)

@@ -271,7 +271,10 @@ class BayesianLightningModule(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def configure_gradient_clipping(
-        self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
     ) -> None:
         clip = gradient_clip_val if gradient_clip_val is not None else self.config.clip_norm
         if clip:

@@ -10,6 +10,7 @@ is given the figure is written as a PNG (``dpi=120``, ``bbox_inches="tight"``).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -543,7 +544,7 @@ def plot_history(history: History, path: PathLike | None = None) -> Figure:
     ax_loss, ax_acc, ax_lr = fig.subplots(1, 3)
     ep = history.epoch
 
-    def plot_opt(ax, values, label, **kw):
+    def plot_opt(ax: Axes, values: Sequence[float | None], label: str, **kw: Any) -> None:
         pts = [(e, v) for e, v in zip(ep, values, strict=True) if v is not None]
         if pts:
             xs, ys = zip(*pts, strict=True)

@@ -33,10 +33,10 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import pyro
 import torch
@@ -50,6 +50,9 @@ from .nn.blocks import AttentionConfig
 from .nn.networks import BayesianNetwork, VisionTransformer
 from .nn.weights import bayesian_projections
 from .uncertainty import PredictionResult, predict, predict_ensemble, predict_mc_dropout
+
+if TYPE_CHECKING:
+    from .data import DigitsData
 
 __all__ = ["StudyConfig", "METHODS", "DEFAULT_METHODS", "run_study", "format_table"]
 
@@ -171,7 +174,12 @@ def _vit(
 
 
 def _train(
-    net: VisionTransformer, data, cfg: StudyConfig, seed: int, bayes: bool, kl_weight: float = 1.0
+    net: VisionTransformer,
+    data: DigitsData,
+    cfg: StudyConfig,
+    seed: int,
+    bayes: bool,
+    kl_weight: float = 1.0,
 ) -> float:
     steps_per_epoch = math.ceil(len(data.x_train) / cfg.batch_size)
     t0 = time.perf_counter()
@@ -195,7 +203,9 @@ def _train(
     return time.perf_counter() - t0
 
 
-def _predictor(method: str, nets: list[BayesianNetwork], cfg: StudyConfig):
+def _predictor(
+    method: str, nets: list[BayesianNetwork], cfg: StudyConfig
+) -> Callable[[Tensor], PredictionResult]:
     """The method's posterior predictive, all through :mod:`bayesattn.uncertainty`'s one path."""
     if method == "mc_dropout":
         return lambda x: predict_mc_dropout(nets[0], x, cfg.num_samples, batch_size=512)
@@ -226,7 +236,9 @@ def _ood(res_in: PredictionResult, res_out: PredictionResult) -> dict[str, float
     }
 
 
-def _figures(out: Path, method: str, res: PredictionResult, y: Tensor, res_ood) -> list[str]:
+def _figures(
+    out: Path, method: str, res: PredictionResult, y: Tensor, res_ood: PredictionResult
+) -> list[str]:
     from . import plots
 
     files = []
@@ -245,7 +257,9 @@ def _figures(out: Path, method: str, res: PredictionResult, y: Tensor, res_ood) 
     return files
 
 
-def _attention_outputs(out: Path, method: str, net, x: Tensor, cfg: StudyConfig) -> dict[str, Any]:
+def _attention_outputs(
+    out: Path, method: str, net: BayesianNetwork, x: Tensor, cfg: StudyConfig
+) -> dict[str, Any]:
     """Attention map with uncertainty (PNG) and the attention posterior as ArviZ netCDF."""
     from . import plots
     from .diagnostics import to_arviz
@@ -271,7 +285,9 @@ def _attention_outputs(out: Path, method: str, net, x: Tensor, cfg: StudyConfig)
     return {"figure": png.name, "netcdf": nc.name, "layer": layer, **att.summary()}
 
 
-def _train_method(method: str, cfg: StudyConfig, data, seed: int, trained: dict):
+def _train_method(
+    method: str, cfg: StudyConfig, data: DigitsData, seed: int, trained: dict
+) -> tuple[list[BayesianNetwork], float]:
     """Trained networks of ``method`` and their training seconds (the ensemble's members are the
     deterministic network and ``ensemble_size - 1`` more seeds, trained once and shared)."""
     C_in = data.num_classes
@@ -301,7 +317,7 @@ def _train_method(method: str, cfg: StudyConfig, data, seed: int, trained: dict)
     return [net], _train(net, data, cfg, seed, bayes=True, kl_weight=klw)
 
 
-def _timing(pred, x: Tensor) -> float:
+def _timing(pred: Callable[[Tensor], Any], x: Tensor) -> float:
     """ms per example of one prediction call."""
     t0 = time.perf_counter()
     pred(x)
@@ -312,7 +328,7 @@ def _predictive_cost(net: BayesianNetwork, x: Tensor, cfg: StudyConfig) -> dict[
     """ms/example of the recommended network for each ``timing_samples`` S, and of one
     deterministic forward pass of the same network (median of 3)."""
 
-    def med(fn) -> float:
+    def med(fn: Callable[..., Any]) -> float:  # ...: mypy cannot type the lambda (default arg)
         return sorted(_timing(fn, x) for _ in range(3))[1]
 
     def forward(xb: Tensor) -> Tensor:
@@ -325,7 +341,14 @@ def _predictive_cost(net: BayesianNetwork, x: Tensor, cfg: StudyConfig) -> dict[
     return out
 
 
-def _evaluate(method: str, nets, cfg: StudyConfig, data, corrupted, seed: int) -> tuple[dict, Any]:
+def _evaluate(
+    method: str,
+    nets: list[BayesianNetwork],
+    cfg: StudyConfig,
+    data: DigitsData,
+    corrupted: dict[tuple[str, int], Tensor],
+    seed: int,
+) -> tuple[dict, Any]:
     pred = _predictor(method, nets, cfg)
     pred(data.x_test[:8])  # warm-up: the first call pays one-off allocation costs
     # time: median of 3 calls on the test set; the last call, seeded, gives the numbers

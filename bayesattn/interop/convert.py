@@ -153,7 +153,12 @@ def convert(
     return model
 
 
-def _convert_one(old: nn.MultiheadAttention, family, prior, path: str):
+def _convert_one(
+    old: nn.MultiheadAttention,
+    family: str | AttentionFamily | Callable | None,
+    prior: KeyRelevancePrior | Callable | None,
+    path: str,
+) -> BayesianMultiheadAttention:
     args = mha_constructor_args(old)  # same shapes, device and dtype
     new = BayesianMultiheadAttention(
         **args,

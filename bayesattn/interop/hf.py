@@ -109,7 +109,7 @@ def bayesian_attention_forward(
     attention_mask: Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
-    **kwargs,
+    **kwargs: Any,
 ) -> tuple[Tensor, Tensor]:
     """transformers attention-interface function.
 
@@ -204,7 +204,7 @@ def convert_hf(
     model: nn.Module,
     family: FamilyName | AttentionFamily | None = "dirichlet",
     layers: str | list[int] | list[str] = "all",
-    **family_kwargs,
+    **family_kwargs: Any,
 ) -> nn.Module:
     """Make the attention of a transformers ``PreTrainedModel`` Bayesian, in place.
 

@@ -107,7 +107,7 @@ class PosthocCalibration:
     def temperature(self) -> float:
         return float(self.log_temperature.exp())
 
-    def sample_probs(self, x: Inputs, num_samples: int = 32, **kw) -> Tensor:
+    def sample_probs(self, x: Inputs, num_samples: int = 32, **kw: Any) -> Tensor:
         """Posterior-predictive probability samples ``(S, B, C)`` (see :func:`sample_probs`)."""
         return sample_probs(
             self.model, x, num_samples, forward=self.forward, temperature=self.temperature, **kw

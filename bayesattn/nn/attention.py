@@ -19,7 +19,7 @@ Shape glossary: ``S`` samples (leftmost), ``B`` batch, ``H`` heads, ``Tq``/``Tk`
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyro
 import torch
@@ -41,6 +41,9 @@ from ..priors import KeyRelevancePrior, UniformPrior
 from .kernels import AttentionKernel, KernelName, finish, get_kernel, kernel_attention
 from .modes import AttentionMode, current_kl_collector, current_mode
 from .sampling import current_num_samples
+
+if TYPE_CHECKING:
+    from ..kernels import SupportWeights
 
 __all__ = ["BayesianMultiheadAttention", "linear", "mha_constructor_args"]
 
@@ -73,9 +76,10 @@ def _check_dim(name: str, x: Tensor, expected: int) -> None:
         raise ValueError(f"{name} last dim must be {expected}; got shape {tuple(x.shape)}")
 
 
-def _allow_missing_prior_family(module: nn.Module, incompatible) -> None:
+def _allow_missing_prior_family(module: nn.Module, incompatible: Any) -> None:
     """Loading a ``torch.nn.MultiheadAttention`` state_dict leaves the prior's and the
     family's own parameters at their initial values instead of failing as missing keys."""
+    # incompatible: torch's _IncompatibleKeys (Any: private, see tests/test_private_apis.py)
     keep = [k for k in incompatible.missing_keys if not _PRIOR_FAMILY_KEY.search(k)]
     incompatible.missing_keys[:] = keep
 
@@ -96,7 +100,7 @@ _CAUSAL_HINT_ERROR = (
 )  # torch's own message, raised in the same case
 
 
-def _own_forward_guard(module: nn.Module, args) -> None:
+def _own_forward_guard(module: nn.Module, args: tuple[Any, ...]) -> None:
     """Forward pre-hook that does nothing. Its presence keeps ``torch.nn.TransformerEncoderLayer``
     off its fused fast path (which reads the projections and never calls our ``forward``) while
     the layer is Bayesian, has a non-uniform prior or records its weights."""
@@ -119,7 +123,7 @@ def _nested_lengths(x: Tensor) -> list[int]:
     return [int(t.shape[0]) for t in x.unbind()]
 
 
-def _lengths_to_padding_mask(lengths: list[int], T: int, device) -> Tensor:
+def _lengths_to_padding_mask(lengths: list[int], T: int, device: torch.device) -> Tensor:
     """``(B, T)`` bool, True where a position is padding."""
     ar = torch.arange(T, device=device)  # (T,)
     return ar.unsqueeze(0) >= torch.tensor(lengths, device=device).unsqueeze(1)  # (B, T)
@@ -228,8 +232,8 @@ class BayesianMultiheadAttention(PyroModule):
         kdim: int | None = None,
         vdim: int | None = None,
         batch_first: bool = False,
-        device=None,
-        dtype=None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
         *,
         prior: KeyRelevancePrior | None = None,
         family: AttentionFamily | FamilyName | None = None,
@@ -248,7 +252,7 @@ class BayesianMultiheadAttention(PyroModule):
         if prior is not None and not isinstance(prior, KeyRelevancePrior):
             raise TypeError(f"prior must be a KeyRelevancePrior; got {type(prior).__name__}")
         super().__init__()
-        fk = {"device": device, "dtype": dtype}
+        fk: dict[str, Any] = {"device": device, "dtype": dtype}
         self.embed_dim = embed_dim
         self.kdim = kdim if kdim is not None else embed_dim
         self.vdim = vdim if vdim is not None else embed_dim
@@ -305,7 +309,7 @@ class BayesianMultiheadAttention(PyroModule):
         self.register_load_state_dict_post_hook(_allow_missing_prior_family)
         self._sync_fastpath_guard()
 
-    def __setattr__(self, name: str, value) -> None:
+    def __setattr__(self, name: str, value: Any) -> None:
         if name == "posterior":  # deprecated spelling; nn.Module would register a submodule
             warn_renamed("BayesianMultiheadAttention.posterior", "family", "attribute")
             name = "family"
@@ -331,7 +335,7 @@ class BayesianMultiheadAttention(PyroModule):
         elif not present:
             self.register_forward_pre_hook(_own_forward_guard)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # PyroModule.__call__ enters a Pyro context manager that torch.compile cannot trace;
         # a layer without Pyro parameters/samples needs none of it.
         if (
@@ -419,7 +423,9 @@ class BayesianMultiheadAttention(PyroModule):
         return "guide" if m is None else m
 
     # ------------------------------------------------------------------------------------------
-    def _projections(self, query: Tensor, key: Tensor, value: Tensor, self_attn: bool):
+    def _projections(
+        self, query: Tensor, key: Tensor, value: Tensor, self_attn: bool
+    ) -> tuple[Tensor, Tensor, Tensor]:
         E = self.embed_dim
         b: Tensor | None = self.in_proj_bias
         bq, bk, bv = (None, None, None) if b is None else (b[:E], b[E : 2 * E], b[2 * E :])
@@ -443,7 +449,12 @@ class BayesianMultiheadAttention(PyroModule):
         return x.reshape(*lead, T, self.num_heads, self.head_dim).transpose(-3, -2)  # (…, H, T, Dh)
 
     def _validate(
-        self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask, attn_mask
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None,
+        attn_mask: Tensor | None,
     ) -> None:
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, Tensor):
@@ -497,7 +508,7 @@ class BayesianMultiheadAttention(PyroModule):
         num_samples: int | None = None,
         q_pos: Tensor | None = None,
         k_pos: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
+    ) -> tuple[Tensor, Tensor | SupportWeights | None]:
         """See the class docstring. ``num_samples`` draws that many weight samples in one pass
         (in ``"mean"`` mode, or without a family, the ``S`` draws are identical: a view,
         so shapes do not depend on the mode); ``q_pos``/``k_pos`` are positions passed to
@@ -685,9 +696,19 @@ class BayesianMultiheadAttention(PyroModule):
         return out, w
 
     def _forward_nested(
-        self, query, key, value, key_padding_mask, need_weights, attn_mask,
-        average_attn_weights, is_causal, num_samples, q_pos, k_pos,
-    ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None,
+        need_weights: bool,
+        attn_mask: Tensor | None,
+        average_attn_weights: bool,
+        is_causal: bool,
+        num_samples: int | None,
+        q_pos: Tensor | None,
+        k_pos: Tensor | None,
+    ) -> tuple[Tensor, Tensor | SupportWeights | None]:
         """NestedTensor inputs ``(B, T_b, E)``: pad, mask the padding, run, re-nest the output."""
         if not self.batch_first:
             raise ValueError("NestedTensor inputs need batch_first=True (they are batch-first)")
@@ -718,7 +739,14 @@ class BayesianMultiheadAttention(PyroModule):
         pieces = [out[..., b, : q_len[b], :] for b in range(len(q_len))]
         return torch.nested.as_nested_tensor(pieces, layout=query.layout), w
 
-    def _add_prior(self, log_prior: Tensor | None, q: Tensor, k: Tensor, q_pos, k_pos) -> Tensor:
+    def _add_prior(
+        self,
+        log_prior: Tensor | None,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor | None,
+        k_pos: Tensor | None,
+    ) -> Tensor:
         """Add the key-relevance prior; leading sample dims are folded into the batch for it."""
         lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3])  # (…, B)
         pq = q.expand(lead + q.shape[-3:]).reshape((-1,) + q.shape[-3:])  # (N, H, Tq, Dh)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast, get_args
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,10 @@ from .._validation import check_int, check_real
 from ..families import FamilyName, get_family
 from .attention import BayesianMultiheadAttention, linear
 from .kernels import KernelName, get_kernel
+
+if TYPE_CHECKING:
+    from ..families import AttentionFamily
+    from .kernels import AttentionKernel
 
 __all__ = ["AttentionConfig", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder"]
 
@@ -146,7 +150,7 @@ class AttentionConfig:
 
     @classmethod
     @renamed_kwargs(posterior="family", posterior_kwargs="family_kwargs")
-    def recommended(cls, **overrides) -> AttentionConfig:
+    def recommended(cls, **overrides: Any) -> AttentionConfig:
         r"""The library's recommended Bayesian attention (the study's ``recommended`` method).
 
         Logistic-normal weights in the **last** layer only, with an input-dependent scale and a
@@ -270,7 +274,13 @@ class _FeedForward(PyroModule):
     """Shared parts of a block: self-attention sub-block and feed-forward half
     (``linear1 → act → dropout → linear2``)."""
 
-    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal) -> Tensor:
+    def _sa_block(
+        self,
+        x: Tensor,
+        attn_mask: Tensor | None,
+        key_padding_mask: Tensor | None,
+        is_causal: bool,
+    ) -> Tensor:
         y = self.self_attn(
             x,
             x,
@@ -289,7 +299,15 @@ class _FeedForward(PyroModule):
         out = linear(h, self.linear2.weight, self.linear2.bias)
         return getattr(self, self._ff_dropout)(out)
 
-    def _init_ff(self, d_model, dim_feedforward, dropout, activation, bias, fk) -> None:
+    def _init_ff(
+        self,
+        d_model: int,
+        dim_feedforward: int,
+        dropout: float,
+        activation: str | Callable[[Tensor], Tensor],
+        bias: bool,
+        fk: dict[str, Any],
+    ) -> None:
         self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias, **fk)
         self.dropout = nn.Dropout(dropout)
         self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias, **fk)
@@ -325,17 +343,17 @@ class EncoderLayer(_FeedForward):
         batch_first: bool = False,
         norm_first: bool = False,
         bias: bool = True,
-        device=None,
-        dtype=None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
         *,
         attn_dropout: float | None = None,
         prior: P.KeyRelevancePrior | None = None,
-        family=None,
-        kernel=None,
+        family: AttentionFamily | FamilyName | None = None,
+        kernel: AttentionKernel | KernelName | None = None,
     ) -> None:
         _check_block_args(d_model, nhead, dim_feedforward, dropout)
         super().__init__()
-        fk = {"device": device, "dtype": dtype}
+        fk: dict[str, Any] = {"device": device, "dtype": dtype}
         self.self_attn = BayesianMultiheadAttention(
             d_model,
             nhead,
@@ -439,19 +457,19 @@ class DecoderLayer(_FeedForward):
         batch_first: bool = False,
         norm_first: bool = False,
         bias: bool = True,
-        device=None,
-        dtype=None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
         *,
         attn_dropout: float | None = None,
         self_prior: P.KeyRelevancePrior | None = None,
-        self_family=None,
+        self_family: AttentionFamily | FamilyName | None = None,
         cross_prior: P.KeyRelevancePrior | None = None,
-        cross_family=None,
-        self_kernel=None,
+        cross_family: AttentionFamily | FamilyName | None = None,
+        self_kernel: AttentionKernel | KernelName | None = None,
     ) -> None:
         _check_block_args(d_model, nhead, dim_feedforward, dropout)
         super().__init__()
-        fk = {"device": device, "dtype": dtype}
+        fk: dict[str, Any] = {"device": device, "dtype": dtype}
         ad = dropout if attn_dropout is None else attn_dropout
         self.self_attn = BayesianMultiheadAttention(
             d_model,
@@ -481,7 +499,14 @@ class DecoderLayer(_FeedForward):
         self.norm3 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
         self.dropout3 = nn.Dropout(dropout)
 
-    def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal) -> Tensor:
+    def _mha_block(
+        self,
+        x: Tensor,
+        mem: Tensor,
+        attn_mask: Tensor | None,
+        key_padding_mask: Tensor | None,
+        is_causal: bool,
+    ) -> Tensor:
         y = self.multihead_attn(
             x,
             mem,
@@ -562,7 +587,7 @@ class Encoder(PyroModule):
         nhead: int,
         num_layers: int,
         attention: AttentionConfig | None = None,
-        **block_kwargs,
+        **block_kwargs: Any,
     ) -> None:
         check_int("num_layers", num_layers, 1)
         super().__init__()
@@ -576,7 +601,11 @@ class Encoder(PyroModule):
         self.norm = nn.LayerNorm(d_model) if kw.get("norm_first", False) else None
 
     def forward(
-        self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask=None, is_causal=False
+        self,
+        src: Tensor,
+        mask: Tensor | None = None,
+        src_key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
     ) -> Tensor:
         x = src
         for layer in self.layers:
@@ -601,7 +630,7 @@ class Decoder(PyroModule):
         num_layers: int,
         attention: AttentionConfig | None = None,
         cross_attention: bool = True,
-        **block_kwargs,
+        **block_kwargs: Any,
     ) -> None:
         check_int("num_layers", num_layers, 1)
         super().__init__()

@@ -27,7 +27,7 @@ be expressed on mixtures of keys) and at most ``max_len`` keys.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,9 @@ from torch import Tensor, nn
 from .. import kernels as K
 from .._validation import check_int
 from ..priors import UniformPrior
+
+if TYPE_CHECKING:
+    from .attention import BayesianMultiheadAttention
 
 __all__ = [
     "AttentionKernel",
@@ -54,13 +57,24 @@ class AttentionKernel(nn.Module):
     supports_masks = True  # attn_mask, is_causal and key-relevance priors
 
     def support(
-        self, q: Tensor, k: Tensor, v: Tensor, log_prior, key_padding_mask: Tensor | None
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        log_prior: K.ChunkLogPrior | None,
+        key_padding_mask: Tensor | None,
     ) -> tuple[K.ReducedSupport, Tensor]:
         """``(support, values to read)``."""
         raise NotImplementedError
 
     def mean_output(
-        self, q: Tensor, k: Tensor, v: Tensor, log_prior, key_padding_mask, dropout_p: float
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        log_prior: K.ChunkLogPrior | None,
+        key_padding_mask: Tensor | None,
+        dropout_p: float,
     ) -> Tensor | None:
         """Posterior-mean output without weights (a faster path), or ``None`` to use the
         support."""
@@ -81,11 +95,26 @@ class LocalKernel(AttentionKernel):
         self.window = check_int("window", window, 0)
         self.chunk_size = check_int("chunk_size", chunk_size, 1, allow_none=True)
 
-    def support(self, q, k, v, log_prior, key_padding_mask):
+    def support(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        log_prior: K.ChunkLogPrior | None,
+        key_padding_mask: Tensor | None,
+    ) -> tuple[K.ReducedSupport, Tensor]:
         s = K.local_support(q, k, self.window, log_prior, chunk_size=self.chunk_size)
         return s, v
 
-    def mean_output(self, q, k, v, log_prior, key_padding_mask, dropout_p):
+    def mean_output(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        log_prior: K.ChunkLogPrior | None,
+        key_padding_mask: Tensor | None,
+        dropout_p: float,
+    ) -> Tensor:
         return K.local_attention(
             q,
             k,
@@ -114,7 +143,14 @@ class TopKKernel(AttentionKernel):
         self.chunk_size = check_int("chunk_size", chunk_size, 1)
         self.last_dropped_mass: Tensor | None = None
 
-    def support(self, q, k, v, log_prior, key_padding_mask):
+    def support(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        log_prior: K.ChunkLogPrior | None,
+        key_padding_mask: Tensor | None,
+    ) -> tuple[K.ReducedSupport, Tensor]:
         s = K.topk_support(q, k, self.k, log_prior, chunk_size=self.chunk_size)
         self.last_dropped_mass = s.dropped_mass
         return s, v
@@ -141,11 +177,26 @@ class LowRankKernel(AttentionKernel):
         self.proj_k = nn.Parameter(torch.empty(rank, max_len).uniform_(-bound, bound))
         self.proj_v = nn.Parameter(torch.empty(rank, max_len).uniform_(-bound, bound))
 
-    def support(self, q, k, v, log_prior, key_padding_mask):
+    def support(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        log_prior: K.ChunkLogPrior | None,
+        key_padding_mask: Tensor | None,
+    ) -> tuple[K.ReducedSupport, Tensor]:
         k_r, v_r = K.lowrank_project(k, v, self.proj_k, self.proj_v, key_padding_mask)
         return K.lowrank_support(q, k_r), v_r
 
-    def mean_output(self, q, k, v, log_prior, key_padding_mask, dropout_p):
+    def mean_output(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        log_prior: K.ChunkLogPrior | None,
+        key_padding_mask: Tensor | None,
+        dropout_p: float,
+    ) -> Tensor:
         k_r, v_r = K.lowrank_project(k, v, self.proj_k, self.proj_v, key_padding_mask)
         return F.scaled_dot_product_attention(q, k_r, v_r, dropout_p=dropout_p)
 
@@ -174,7 +225,8 @@ def get_kernel(name: KernelName | None, **kwargs: Any) -> AttentionKernel | None
     return _KERNELS[name](**kwargs)
 
 
-def _check_layer(layer, attn_mask, is_causal) -> None:
+def _check_layer(layer: Any, attn_mask: Tensor | None, is_causal: bool) -> None:
+    # layer: a BayesianMultiheadAttention whose ``kernel`` is set (Any: that attribute is Optional)
     kern = layer.kernel
     if layer.bias_k is not None or layer.add_zero_attn:
         raise ValueError(
@@ -197,7 +249,7 @@ def _check_layer(layer, attn_mask, is_causal) -> None:
 
 
 def kernel_attention(
-    layer,
+    layer: Any,  # a BayesianMultiheadAttention whose ``kernel`` is set
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -265,7 +317,9 @@ def kernel_attention(
     return out, (sw if need_weights else None)
 
 
-def finish(layer, out: Tensor, w: K.SupportWeights | None, unbatched: bool):
+def finish(
+    layer: BayesianMultiheadAttention, out: Tensor, w: K.SupportWeights | None, unbatched: bool
+) -> tuple[Tensor, K.SupportWeights | None]:
     """Merge heads, project out and restore the layer's batch layout (the tail of
     ``BayesianMultiheadAttention.forward`` for kernel outputs)."""
     from .attention import linear

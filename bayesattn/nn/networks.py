@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -94,7 +94,7 @@ class BayesianNetwork(PyroModule):
     either spelling.
     """
 
-    def __init_subclass__(cls, **kwargs) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # keep each (public, private) pair one function in every class that defines one of them,
         # so old subclasses overriding ``_forward_logits`` and old callers of ``_targets`` work
@@ -222,7 +222,7 @@ class BayesianNetwork(PyroModule):
     def _touch_weight_sites(self) -> dict[str, Tensor]:
         return {full: getattr(mod, attr) for mod, attr, full in self._weight_sites}
 
-    def weight_prior_model(self, *args, **kwargs) -> dict[str, Tensor]:
+    def weight_prior_model(self, *args: Any, **kwargs: Any) -> dict[str, Tensor]:
         """The global (weight-space) part of the model alone: draws every Bayesian weight from
         its prior and returns ``{site name: value}`` (the model of the weight autoguide; ignores
         its arguments)."""
@@ -230,7 +230,7 @@ class BayesianNetwork(PyroModule):
             return self._touch_weight_sites()
 
     @contextlib.contextmanager
-    def weights_from(self, values: dict[str, Tensor] | None):
+    def weights_from(self, values: dict[str, Tensor] | None) -> Iterator[None]:
         """Context manager: use the given ``{site name: value}`` for the Bayesian weights (e.g.
         ``(S, *shape)`` draws that broadcast over particles), hidden from the current trace;
         ``None`` or ``{}`` changes nothing."""
@@ -350,7 +350,14 @@ class _Embedding(nn.Module):
     Shape: ``(B, T)`` int or ``(B, T, D)`` float → ``(B, T, E)``.
     """
 
-    def __init__(self, d_model, vocab_size, input_dim, max_len, dropout) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        vocab_size: int | None,
+        input_dim: int | None,
+        max_len: int,
+        dropout: float,
+    ) -> None:
         super().__init__()
         if (vocab_size is None) == (input_dim is None):
             raise ValueError("give exactly one of vocab_size (tokens) or input_dim (vectors)")
@@ -552,7 +559,7 @@ class TransformerClassifier(BayesianNetwork):
                 return i, True
         return n, False
 
-    def forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
+    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
         # the last layer's other rows are only computed when its attention map is being recorded
         recording = self._encoder_layers()[-1].self_attn.record_weights
         h, pad = self.encode(x, num_particles, cls_only=self.cls is not None and not recording)
@@ -567,7 +574,7 @@ class TransformerClassifier(BayesianNetwork):
         out = linear(pooled.unsqueeze(-2), self.head.weight, self.head.bias)  # (*P, B, 1, C)
         return out.squeeze(-2)  # (*P, B, C)
 
-    def targets(self, x, y):
+    def targets(self, x: Tensor, y: Tensor | None) -> tuple[Tensor | None, Tensor | None, int]:
         return y, None, 0
 
 
@@ -585,7 +592,7 @@ class VisionTransformer(TransformerClassifier):
         image_size: int = 8,
         patch_size: int = 2,
         in_channels: int = 1,
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         check_int("image_size", image_size, 1)
         check_int("patch_size", patch_size, 1)
@@ -618,7 +625,7 @@ class VisionTransformer(TransformerClassifier):
             )
         super().check_batch(self.patchify(x), y)
 
-    def forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
+    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
         return super().forward_logits(self.patchify(x), y, num_particles)
 
 
@@ -649,10 +656,10 @@ class _Generative(BayesianNetwork):
     bos_id: int
     eos_id: int
 
-    def _step_logits(self, prefix: Tensor, state, num_samples: int) -> Tensor:
+    def _step_logits(self, prefix: Tensor, state: Any, num_samples: int) -> Tensor:
         raise NotImplementedError
 
-    def _start(self, x: Tensor, num_samples: int):
+    def _start(self, x: Tensor, num_samples: int) -> tuple[Any, int, torch.device]:
         raise NotImplementedError
 
     def _check_special_ids(self, vocab_size: int, which: str) -> None:
@@ -790,22 +797,23 @@ class Seq2Seq(_Generative):
         )
         return linear(h, self.head.weight, self.head.bias)  # (*P, B, T, V)
 
-    def forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
+    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
         if y is None:
             raise ValueError("Seq2Seq needs tgt (teacher forcing) for logits; use generate()")
         mem, pad = self.encode(x, num_particles)
         return self.decode(y[:, :-1], mem, pad, num_particles)
 
-    def targets(self, x, y):
+    # y: Any, not Tensor | None (the base's type): tgt is required here, None raises on indexing
+    def targets(self, x: Tensor, y: Any) -> tuple[Tensor | None, Tensor | None, int]:
         tgt_out = y[:, 1:]
         return tgt_out, tgt_out != self.pad_id, 1
 
-    def _start(self, x: Tensor, num_samples: int):
+    def _start(self, x: Tensor, num_samples: int) -> tuple[Any, int, torch.device]:
         _check_tokens("src", x, self.src_vocab_size)
         mem, pad = self.encode(x, num_samples)
         return (mem, pad), x.shape[0], x.device
 
-    def _step_logits(self, prefix: Tensor, state, num_samples: int) -> Tensor:
+    def _step_logits(self, prefix: Tensor, state: Any, num_samples: int) -> Tensor:
         mem, pad = state
         return self.decode(prefix, mem, pad, num_samples)
 
@@ -864,16 +872,16 @@ class CausalLM(_Generative):
         h = self.decoder(h, tgt_key_padding_mask=None)
         return linear(h, self.head.weight, self.head.bias)  # (*P, B, T, V)
 
-    def forward_logits(self, x, y=None, num_particles: int = 1) -> Tensor:
+    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
         return self._logits_of(x[:, :-1], num_particles)
 
-    def targets(self, x, y):
+    def targets(self, x: Tensor, y: Tensor | None) -> tuple[Tensor | None, Tensor | None, int]:
         t = x[:, 1:]
         return t, t != self.pad_id, 1
 
-    def _start(self, x: Tensor, num_samples: int):
+    def _start(self, x: Tensor, num_samples: int) -> tuple[Any, int, torch.device]:
         _check_tokens("prompt", x, self.vocab_size)
         return x, x.shape[0], x.device
 
-    def _step_logits(self, prefix: Tensor, state, num_samples: int) -> Tensor:
+    def _step_logits(self, prefix: Tensor, state: Any, num_samples: int) -> Tensor:
         return self._logits_of(torch.cat([state, prefix[:, 1:]], dim=1), num_samples)

@@ -142,7 +142,7 @@ class TrainConfig:
             self.device = str(self.device)
 
     @classmethod
-    def tiny(cls, **overrides) -> TrainConfig:
+    def tiny(cls, **overrides: Any) -> TrainConfig:
         """A small preset for tests, notebooks and smoke runs (2 epochs, batch 16, no bar)."""
         kw: dict[str, Any] = dict(epochs=2, batch_size=16, lr=3e-3, progress=False)
         kw.update(overrides)

@@ -211,10 +211,10 @@ class TensorSource(DataSource):
         bs = min(self.num_data, self.batch_size)
         return self.x[:bs], None if self.y is None else self.y[:bs]
 
-    def plan(self, generator, epoch):
+    def plan(self, generator: torch.Generator, epoch: int) -> tuple[Tensor, Tensor | None]:
         return torch.randperm(self.num_data, generator=generator), None
 
-    def batches(self, plan, start):
+    def batches(self, plan: Any, start: int) -> Iterator[Batch]:  # plan: what plan() returned
         order, _ = plan
         bs, nb = self.batch_size, self.batches_per_epoch()
         for i in range(start, nb):
@@ -228,7 +228,7 @@ class _FixedBatches(torch.utils.data.Sampler):
     def __init__(self, batches: list[Tensor]) -> None:
         self.batches_ = batches
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[list[int]]:
         for b in self.batches_:
             yield b.tolist()
 
@@ -301,10 +301,10 @@ class DatasetSource(DataSource):
             bs = min(self.num_data, self.batch_size or self.num_data)
             return next(iter(self._load([torch.arange(bs)], 0)))
 
-    def plan(self, generator, epoch):
+    def plan(self, generator: torch.Generator, epoch: int) -> tuple[Tensor, Tensor | None]:
         return torch.randperm(self.num_data, generator=generator), None
 
-    def batches(self, plan, start):
+    def batches(self, plan: Any, start: int) -> Iterator[Batch]:  # plan: what plan() returned
         order, sizes = plan
         chunks = _chunks(order, sizes, self.batch_size or 1, self.drop_last)
         seed = int(order[:8].sum())  # worker seeds: a function of the epoch plan
@@ -339,7 +339,7 @@ class LoaderSource(DatasetSource):
                 raise ValueError(f"{self.name}: the DataLoader yields no batch")
             return next(iter(self._load([torch.as_tensor(list(first), dtype=torch.int64)], 0)))
 
-    def plan(self, generator, epoch):
+    def plan(self, generator: torch.Generator, epoch: int) -> tuple[Tensor, Tensor | None]:
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         sampler: Any = getattr(self.batch_sampler, "sampler", None)
         if sampler is not None and hasattr(sampler, "set_epoch"):  # DistributedSampler & co
@@ -417,13 +417,13 @@ class StreamSource(DataSource):
                 raise ValueError(f"{self.name}: the stream yields no batch") from None
             return as_batch(batch, f"{self.name} (batch 0)")
 
-    def plan(self, generator, epoch):
+    def plan(self, generator: torch.Generator, epoch: int) -> None:
         ds = self.loader.dataset
         if hasattr(ds, "set_epoch"):
             ds.set_epoch(epoch)
         return None
 
-    def batches(self, plan, start):
+    def batches(self, plan: tuple[Tensor, Tensor | None] | None, start: int) -> Iterator[Batch]:
         it = self._iter()
         with fork_rng():  # batches already trained on: fetched, not used, RNG untouched
             for _ in range(start):

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["History"]
 
@@ -77,7 +80,7 @@ class History:
         h.best_val_loss = d.get("best_val_loss")
         return h
 
-    def plot(self, path: str | os.PathLike | None = None):
+    def plot(self, path: str | os.PathLike | None = None) -> Figure:
         """Loss, accuracy and LR/β curves as a :class:`matplotlib.figure.Figure` (saved as an
         image, e.g. PNG, when ``path`` is given): :func:`bayesattn.plots.plot_history`.
         matplotlib is imported lazily."""

@@ -5,12 +5,15 @@ and :class:`AnnealedPair`, a network's model and guide under it (what SVI steps 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from pyro.poutine.runtime import Message
 
 __all__ = ["kl_beta", "ScaleLatents", "AnnealedPair"]
 
@@ -47,7 +50,7 @@ class ScaleLatents(Messenger):
         super().__init__()
         self.beta = beta
 
-    def _process_message(self, msg) -> None:
+    def _process_message(self, msg: Message) -> None:
         if msg["type"] != "sample" or msg["is_observed"] or site_is_subsample(msg):
             return
         beta = self.beta() if callable(self.beta) else self.beta

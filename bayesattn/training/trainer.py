@@ -129,8 +129,11 @@ class Trainer:
 
     @renamed_kwargs(mode="method")
     def __init__(
-        self, network: BayesianNetwork, config: TrainConfig | dict | None = None, **overrides
-    ):
+        self,
+        network: BayesianNetwork,
+        config: TrainConfig | dict | None = None,
+        **overrides: Any,
+    ) -> None:
         if not isinstance(network, BayesianNetwork):
             raise TypeError(
                 f"network must be a bayesattn BayesianNetwork; got {type(network).__name__}"
