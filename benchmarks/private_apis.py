@@ -3,7 +3,7 @@
 Prints ratios (private / public, lower is better; < 1 means the private call is faster):
   * ``torch._softmax(x, -1, False, out=x)`` (in-place softmax over fresh scores, the inference
     path of ``BayesianMultiheadAttention`` and ``kernels``) vs ``torch.softmax(x, -1)``;
-  * ``torch._standard_gamma(c)`` (the Dirichlet/Gamma draws in ``posteriors``) vs the public
+  * ``torch._standard_gamma(c)`` (the Dirichlet/Gamma draws in ``families``) vs the public
     ``torch.distributions.Gamma(c, 1).rsample()``, forward and forward+backward.
 
 ``tests/test_private_apis.py`` checks that both private functions still exist with the signature
