@@ -342,7 +342,7 @@ class LoaderSource(DatasetSource):
     def plan(self, generator: torch.Generator, epoch: int) -> tuple[Tensor, Tensor | None]:
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         sampler: Any = getattr(self.batch_sampler, "sampler", None)
-        if sampler is not None and hasattr(sampler, "set_epoch"):  # DistributedSampler & co
+        if hasattr(sampler, "set_epoch"):  # DistributedSampler and friends
             sampler.set_epoch(epoch)
         own = getattr(sampler, "generator", None)
         if isinstance(own, torch.Generator):  # a sampler with its own generator: reseed it
