@@ -342,6 +342,8 @@ def test_annealed_pair_scales_latents_and_keeps_each_particles_logits():
     pair.clear()
     with pytest.raises(RuntimeError):
         pair.pop_logits()
+    with pytest.raises(TypeError, match=r"Linear lacks \['model', 'guide'\]"):
+        AnnealedPair(torch.nn.Linear(2, 2))
 
 
 @pytest.mark.parametrize("method", ["svi", "hybrid"])
@@ -643,6 +645,9 @@ def test_check_state_fits_names_each_mismatch(method):
         with pytest.raises(CheckpointError, match=message) as err:
             check_state_fits({**st, **change}, **{**fits, **fit_change})
         assert "'here'" in str(err.value)
+    if method == "hybrid":
+        with pytest.raises(ValueError, match="optimizer is required"):
+            check_state_fits(st, **{**fits, "optimizer": None})
 
 
 def test_stale_param_store_does_not_hijack_svi_training():

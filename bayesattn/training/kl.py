@@ -69,6 +69,12 @@ class AnnealedPair:
     """
 
     def __init__(self, network: Any, beta: float | Callable[[], float] = 1.0) -> None:
+        missing = [m for m in ("model", "guide") if not callable(getattr(network, m, None))]
+        if missing:
+            raise TypeError(
+                f"network must have callable model and guide methods; "
+                f"{type(network).__name__} lacks {missing}"
+            )
         self.network = network
         self.anneal = ScaleLatents(beta)
         self._logits: list[Tensor] = []

@@ -473,9 +473,12 @@ class Trainer:
             "rng": _rng_state(self._generator),
         }
 
-    def _check_state(self, state: dict[str, Any], where: str) -> None:
-        """Verify a checkpoint fits this trainer and network before anything is modified."""
-        check_state_fits(
+    def load_state_dict(self, state: dict[str, Any], where: str = "state") -> None:
+        """Restore a state from :meth:`state_dict` / :func:`load_checkpoint` (after set-up)."""
+        if not self._set_up:
+            raise RuntimeError("call load_state_dict after set-up (fit(resume=True) does this)")
+        state = upgrade_state(state, self.network.state_dict().keys(), self._param_names)
+        check_state_fits(  # before anything is modified
             state,
             where=where,
             config=self.config,
@@ -485,13 +488,6 @@ class Trainer:
             optimizer=self.optimizer if self.config.method == "hybrid" else None,
             param_names=self._param_names,
         )
-
-    def load_state_dict(self, state: dict[str, Any], where: str = "state") -> None:
-        """Restore a state from :meth:`state_dict` / :func:`load_checkpoint` (after set-up)."""
-        if not self._set_up:
-            raise RuntimeError("call load_state_dict after set-up (fit(resume=True) does this)")
-        state = upgrade_state(state, self.network.state_dict().keys(), self._param_names)
-        self._check_state(state, where)
         try:
             self.network.load_state_dict(state["network"], strict=True)
             if self.config.method == "hybrid":
