@@ -37,7 +37,7 @@ def machine_meta() -> dict[str, Any]:
     import bayesattn
 
     return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
