@@ -127,15 +127,22 @@ def renamed_state_keys(
     return out
 
 
+def _rename_submodule_keys(
+    old: str, new: str, module: Any, state_dict: Any, prefix: str, *args: Any
+) -> None:
+    """The hook of :func:`renamed_submodule_hook` (top level, so modules holding it pickle)."""
+    head, to = f"{prefix}{old}.", f"{prefix}{new}."
+    for k in [k for k in state_dict if isinstance(k, str) and k.startswith(head)]:
+        nk = to + k[len(head) :]
+        if nk not in state_dict:
+            state_dict[nk] = state_dict.pop(k)
+
+
 def renamed_submodule_hook(old: str, new: str) -> Callable[..., None]:
     """A ``register_load_state_dict_pre_hook`` hook: keys ``<prefix><old>.*`` of the
-    ``state_dict`` being loaded are read as ``<prefix><new>.*`` (a submodule renamed)."""
+    ``state_dict`` being loaded are read as ``<prefix><new>.*`` (a submodule renamed).
 
-    def hook(module: Any, state_dict: Any, prefix: str, *args: Any) -> None:
-        head, to = f"{prefix}{old}.", f"{prefix}{new}."
-        for k in [k for k in state_dict if isinstance(k, str) and k.startswith(head)]:
-            nk = to + k[len(head) :]
-            if nk not in state_dict:
-                state_dict[nk] = state_dict.pop(k)
-
-    return hook
+    A ``functools.partial`` of a top-level function, not a closure: a module that registered
+    it can still be pickled (``torch.save(model)``, ``torch.multiprocessing`` spawn, DDP).
+    """
+    return functools.partial(_rename_submodule_keys, old, new)

@@ -210,7 +210,7 @@ class BayesianLightningModule(L.LightningModule):
                 max_plate_nesting=1,
             )
         self._beta = 1.0
-        self._pair = AnnealedPair(network, lambda: self._beta)
+        self._pair = AnnealedPair(network, self._current_beta)  # a method: the module pickles
         self._synced = False
         self.train_acc = MulticlassAccuracy(num_classes=C, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes=C, average="micro")
@@ -218,6 +218,10 @@ class BayesianLightningModule(L.LightningModule):
         self.val_ece = MulticlassCalibrationError(num_classes=C, n_bins=n_bins, norm="l1")
 
     # ---- set-up -------------------------------------------------------------------------------
+    def _current_beta(self) -> float:
+        """The KL weight of the step in progress (read by the annealed model/guide pair)."""
+        return self._beta
+
     def _resolve_num_data(self) -> int:
         if self.num_data is None:
             loader = self.trainer.train_dataloader

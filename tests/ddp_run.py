@@ -3,6 +3,10 @@
 Run as a script (Lightning's ``strategy="ddp"`` re-launches this file for every further rank)::
 
     python tests/ddp_run.py --devices 2 --out OUT [--epochs 2] [--resume CKPT] [--method hybrid]
+        [--strategy ddp|ddp_spawn]
+
+With ``--strategy ddp_spawn`` Lightning pickles the module into 2 fresh (spawned) processes and
+copies rank 0's weights back into this one.
 
 The network has Bayesian projection weights (global latents, whose KL the data plate's scale
 weighs against the likelihood) and deterministic attention without dropout, so that every draw is
@@ -19,6 +23,7 @@ import json
 import os
 from pathlib import Path
 
+import lightning as L
 import torch
 from torch import Tensor
 
@@ -26,15 +31,42 @@ GLOBAL_BATCH = 8
 N = 32
 
 
+def _write_rank_info(trainer, module, loader, out: Path) -> None:
+    info = {
+        "rank": trainer.global_rank,
+        "world_size": trainer.world_size,
+        "num_data": module.num_data,
+        "batch_size": loader.batch_size,
+        "global_step": trainer.global_step,
+        "pid": os.getpid(),
+    }
+    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(info))
+
+
+class RankInfo(L.Callback):
+    """Every rank writes ``OUT/rank{r}.json`` when training ends (in the spawned processes too,
+    under ``ddp_spawn``; top level, so the trainer holding it pickles)."""
+
+    def __init__(self, out: Path, loader) -> None:
+        self.out, self.loader = out, loader
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        _write_rank_info(trainer, pl_module, self.loader, self.out)
+
+
 def run(
-    devices: int, out: Path, epochs: int = 2, resume: Path | None = None, method: str = "hybrid"
+    devices: int,
+    out: Path,
+    epochs: int = 2,
+    resume: Path | None = None,
+    method: str = "hybrid",
+    strategy: str = "ddp",
 ) -> dict[str, Tensor]:
     """Train; returns the final network state (every rank)."""
     args = argparse.Namespace(
         devices=devices, out=Path(out), epochs=epochs, resume=resume, method=method
     )
 
-    import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from tasks import contains3  # tests/ is the script's directory
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -83,24 +115,15 @@ def run(
         max_epochs=args.epochs,
         accelerator="cpu",
         devices=args.devices,
-        strategy="ddp" if args.devices > 1 else "auto",
+        strategy=strategy if args.devices > 1 else "auto",
         logger=False,
-        callbacks=[ckpt],
+        callbacks=[ckpt, RankInfo(args.out, loader)],
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
         precision="64-true",
     )
     trainer.fit(module, loader, ckpt_path=args.resume)
-    info = {
-        "rank": trainer.global_rank,
-        "world_size": trainer.world_size,
-        "num_data": module.num_data,
-        "batch_size": loader.batch_size,
-        "global_step": trainer.global_step,
-        "pid": os.getpid(),
-    }
-    (args.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(info))
     state = {k: v.detach().clone() for k, v in module.network.state_dict().items()}
     if trainer.global_rank == 0:
         torch.save(state, args.out / "params.pt")
@@ -114,9 +137,10 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--resume", type=Path, default=None)
     ap.add_argument("--method", default="hybrid")
+    ap.add_argument("--strategy", default="ddp", choices=["ddp", "ddp_spawn"])
     a = ap.parse_args()
     torch.set_num_threads(1)
-    run(a.devices, a.out, a.epochs, a.resume, a.method)
+    run(a.devices, a.out, a.epochs, a.resume, a.method, a.strategy)
 
 
 if __name__ == "__main__":

@@ -161,6 +161,40 @@ def test_ddp_two_processes_equal_one_process_and_resume(tmp_path):
     assert _max_diff(ddp, resumed) < TOL
 
 
+def test_ddp_spawn_pickles_the_module_into_two_processes(tmp_path):
+    """``strategy="ddp_spawn"`` pickles the module (network, Pyro sites, load-state hooks, the
+    KL-annealed pair) into 2 fresh processes; they train as 2-process DDP does, and rank 0's
+    weights come back equal to a 1-process run with the same global batch."""
+    out = tmp_path / "spawn"
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        PYTHONPATH=str(ROOT) + os.pathsep + str(ROOT / "tests") + os.pathsep
+        + os.environ.get("PYTHONPATH", ""),
+    )
+    for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "SLURM_NTASKS", "SLURM_JOB_ID"):
+        env.pop(k, None)
+    proc = subprocess.run(
+        [sys.executable, str(HELPER), "--devices", "2", "--out", str(out), "--epochs", "1",
+         "--strategy", "ddp_spawn"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"ddp_spawn failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    infos = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert len({i["pid"] for i in infos}) == 2  # two spawned workers
+    assert all(i["world_size"] == 2 and i["global_step"] == 4 for i in infos)
+    spawned = torch.load(out / "params.pt", weights_only=True)  # main process, after fit
+    one = _load_helper().run(1, tmp_path / "one", epochs=1)
+    assert _max_diff(spawned, one) < TOL
+
+
 # ---------------------------------------------------------------------------------------------
 # the module under Lightning's Trainer (one process)
 # ---------------------------------------------------------------------------------------------

@@ -160,12 +160,16 @@ class Trainer:
         self._best_state: dict[str, Tensor] | None = None
         self._bad_evals = 0
         self._param_names: list[str] = []
-        self._pair = AnnealedPair(self.network, lambda: self._beta)
         self._beta = 1.0
+        self._pair = AnnealedPair(self.network, self._current_beta)  # a method: picklable
         self._elbo: Trace_ELBO | None = None
         self._set_up = False
 
     # ---- schedules ----------------------------------------------------------------------------
+    def _current_beta(self) -> float:
+        """The KL weight of the step in progress (read by the annealed model/guide pair)."""
+        return self._beta
+
     def beta(self, step: int | None = None) -> float:
         """KL weight β used at (0-based) step ``step`` (default: the next step)."""
         c = self.config
