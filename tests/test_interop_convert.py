@@ -191,3 +191,63 @@ def test_mha_constructor_args_rebuild_the_same_layer_both_ways(kw):
     }
     with pytest.raises(TypeError, match="MultiheadAttention; got Linear"):
         mha_constructor_args(torch.nn.Linear(2, 2))
+
+
+def test_shared_attention_module_stays_shared_through_convert_and_unconvert():
+    """ALBERT-style sharing: one module at two paths is converted once, put at both paths (its
+    parameters stay one set), and unconverted back to one module."""
+    mha = nn.MultiheadAttention(E, H, batch_first=True)
+    model = nn.ModuleList([mha, mha, nn.MultiheadAttention(E, H, batch_first=True)])
+    want = [m.in_proj_weight.detach().clone() for m in model]
+    convert(model, family="dirichlet")
+    assert isinstance(model[0], BayesianMultiheadAttention) and model[0] is model[1]
+    assert isinstance(model[2], BayesianMultiheadAttention) and model[2] is not model[0]
+    assert torch.equal(model[1].in_proj_weight, want[1])
+    n_params = sum(p.numel() for p in model.parameters())  # shared ones counted once
+    assert n_params == sum(p.numel() for m in (model[0], model[2]) for p in m.parameters())
+    assert sorted(bayesian_attention_modules(model)) == ["0", "2"]
+    unconvert(model)
+    assert type(model[0]) is nn.MultiheadAttention and model[0] is model[1]
+    assert model[2] is not model[0]
+
+
+class _SameForward(nn.MultiheadAttention):
+    """A subclass that only adds an attribute: torch's computation."""
+
+    tag = "same"
+
+
+class _OwnForward(nn.MultiheadAttention):
+    """A subclass with its own computation: not ours to replace."""
+
+    def forward(self, query, key, value, **kw):  # type: ignore[override]
+        return super().forward(query * 2, key, value, **kw)
+
+
+def test_subclasses_of_torch_attention_are_converted_or_named():
+    model = nn.ModuleDict(
+        {"a": _SameForward(E, H, batch_first=True), "b": _OwnForward(E, H, batch_first=True)}
+    )
+    x = torch.randn(2, 3, E)
+    want = model["a"](x, x, x)[0]
+    with pytest.warns(UserWarning, match=r"b \(_OwnForward\)"):
+        convert(model, family="dirichlet")
+    assert isinstance(model["a"], BayesianMultiheadAttention)
+    assert type(model["b"]) is _OwnForward  # left alone, and said so
+    with attention_mode("mean"):
+        torch.testing.assert_close(model["a"](x, x, x)[0], want, atol=1e-6, rtol=0)
+    with pytest.raises(TypeError, match="_OwnForward.*own forward"):
+        convert(nn.ModuleDict({"b": _OwnForward(E, H)}), layers=["b"])
+
+
+def test_to_torch_returns_torchs_class_after_the_drop_in_swap(monkeypatch):
+    """The drop-in recipe replaces ``torch.nn.MultiheadAttention`` by ours; ``to_torch`` (and so
+    TorchScript) still builds torch's own layer."""
+    torch_cls = nn.MultiheadAttention
+    layer = BayesianMultiheadAttention(E, H, batch_first=True)
+    monkeypatch.setattr(torch.nn, "MultiheadAttention", BayesianMultiheadAttention)
+    back = layer.to_torch()
+    assert type(back) is torch_cls
+    x = torch.randn(2, 3, E)
+    scripted = torch.jit.script(layer)
+    torch.testing.assert_close(scripted(x, x, x)[0], layer(x, x, x)[0], atol=1e-6, rtol=0)

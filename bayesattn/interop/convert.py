@@ -12,6 +12,12 @@ prior, torch's encoder layers keep their fused fast path for deterministic layer
 :func:`unconvert` turns every Bayesian layer back into a ``torch.nn.MultiheadAttention`` with the
 posterior-mean weights (uniform prior only).
 
+A module used at several paths (``ModuleList([mha, mha])``, ALBERT-style sharing) is converted
+once and the one new layer put at every path, so its parameters stay shared (its Pyro site is
+named by its first path). Subclasses of ``nn.MultiheadAttention`` that keep torch's ``forward``
+are converted like it; a subclass with its own ``forward`` is left alone with a warning naming it
+(and refused when named in ``layers``).
+
 Example:
     >>> model = torch.nn.TransformerEncoder(
     ...     torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True), 2,
@@ -24,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -31,7 +38,11 @@ from torch import nn
 
 from .._deprecation import renamed_kwargs
 from ..families import AttentionFamily, FamilyName, get_family
-from ..nn.attention import BayesianMultiheadAttention, mha_constructor_args
+from ..nn.attention import (
+    BayesianMultiheadAttention,
+    TorchMultiheadAttention,
+    mha_constructor_args,
+)
 from ..priors import KeyRelevancePrior
 
 __all__ = ["convert", "unconvert", "bayesian_attention_modules"]
@@ -70,7 +81,7 @@ def _build(
     spec: Any,
     kind: str,
     path: str,
-    mha: BayesianMultiheadAttention | nn.MultiheadAttention,
+    mha: BayesianMultiheadAttention | TorchMultiheadAttention,
 ) -> Any:
     """A fresh family/prior for the layer at ``path`` (never shared between layers)."""
     if spec is None:
@@ -124,16 +135,18 @@ def convert(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
-    if type(model) is nn.MultiheadAttention:
-        return _convert_one(model, family, prior, "")
-    names = [
-        n
-        for n, m in model.named_modules()
-        if type(m) is nn.MultiheadAttention or isinstance(m, BayesianMultiheadAttention)
-    ]
+    if _convertible(model):
+        return _convert_one(cast(TorchMultiheadAttention, model), family, prior, "")
+    _warn_foreign_subclasses(model, layers)
+    names = [n for n, m in model.named_modules() if _convertible(m) or _is_bayesian(m)]
     if not names:
         raise ValueError("model has no torch.nn.MultiheadAttention (or Bayesian) modules")
     chosen = _select(layers, names, model)
+    # every path of each module (a shared module appears once in ``names``, at its first path)
+    paths: dict[int, list[str]] = {}
+    for n, m in model.named_modules(remove_duplicate=False):
+        if _convertible(m) or _is_bayesian(m):
+            paths.setdefault(id(m), []).append(n)
     for path in names:
         if path not in chosen:
             continue
@@ -144,17 +157,53 @@ def convert(
                 old.prior = _build(prior, "prior", path, old)
             _name_sites(old, path)
             continue
-        if not isinstance(old, nn.MultiheadAttention):  # pragma: no cover - names has only MHAs
-            raise TypeError(f"{path} is not an attention module; got {type(old).__name__}")
-        new = _convert_one(old, family, prior, path)
-        parent, last = _parent(model, path)
-        setattr(parent, last, new)
+        new = _convert_one(cast(TorchMultiheadAttention, old), family, prior, path)
+        for p in paths[id(old)]:  # shared modules stay shared
+            parent, last = _parent(model, p)
+            setattr(parent, last, new)
         _name_sites(new, path)
     return model
 
 
+def _is_bayesian(m: nn.Module) -> bool:
+    return isinstance(m, BayesianMultiheadAttention)
+
+
+def _convertible(m: nn.Module) -> bool:
+    """torch's attention module, or a subclass that keeps torch's ``forward``."""
+    return isinstance(m, TorchMultiheadAttention) and (
+        type(m).forward is TorchMultiheadAttention.forward
+    )
+
+
+def _warn_foreign_subclasses(model: nn.Module, layers: LayerSelector) -> None:
+    """Subclasses of ``nn.MultiheadAttention`` with their own ``forward`` are not converted:
+    refused when ``layers`` names one, else a warning names them."""
+    foreign = {
+        n: type(m).__qualname__
+        for n, m in model.named_modules()
+        if isinstance(m, TorchMultiheadAttention) and not _convertible(m)
+    }
+    if not foreign:
+        return
+    if not isinstance(layers, str) and not callable(layers):
+        named = [p for p in layers if isinstance(p, str) and p in foreign]
+        if named:
+            raise TypeError(
+                f"convert: {named[0]!r} is a {foreign[named[0]]}, a subclass of "
+                "torch.nn.MultiheadAttention with its own forward; it cannot be converted"
+            )
+    listed = ", ".join(f"{p} ({c})" for p, c in foreign.items())
+    warnings.warn(
+        f"convert: left unchanged {len(foreign)} subclass(es) of torch.nn.MultiheadAttention "
+        f"with their own forward (their computation is not torch's): {listed}",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
 def _convert_one(
-    old: nn.MultiheadAttention,
+    old: TorchMultiheadAttention,
     family: str | AttentionFamily | Callable | None,
     prior: KeyRelevancePrior | Callable | None,
     path: str,
@@ -180,12 +229,13 @@ def unconvert(model: nn.Module) -> nn.Module:
     """
     if isinstance(model, BayesianMultiheadAttention):
         return model.to_torch()
-    layers = [
-        (n, m) for n, m in model.named_modules() if isinstance(m, BayesianMultiheadAttention)
-    ]
-    for path, layer in layers:
-        parent, last = _parent(model, path)
-        setattr(parent, last, layer.to_torch())
+    done: dict[int, TorchMultiheadAttention] = {}  # a shared layer stays shared
+    for path, layer in list(model.named_modules(remove_duplicate=False)):
+        if isinstance(layer, BayesianMultiheadAttention):
+            if id(layer) not in done:
+                done[id(layer)] = layer.to_torch()
+            parent, last = _parent(model, path)
+            setattr(parent, last, done[id(layer)])
     return model
 
 

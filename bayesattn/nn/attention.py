@@ -45,7 +45,16 @@ from .sampling import current_num_samples
 if TYPE_CHECKING:
     from ..kernels import SupportWeights
 
-__all__ = ["BayesianMultiheadAttention", "linear", "mha_constructor_args"]
+__all__ = [
+    "BayesianMultiheadAttention",
+    "linear",
+    "mha_constructor_args",
+    "TorchMultiheadAttention",
+]
+
+#: torch's own class, bound at import: code that swaps ``torch.nn.MultiheadAttention`` for ours
+#: (the drop-in recipe) still gets torch's layer from :meth:`BayesianMultiheadAttention.to_torch`
+TorchMultiheadAttention = nn.MultiheadAttention
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -133,7 +142,7 @@ def mha_constructor_args(m: nn.Module) -> dict[str, Any]:
     """The constructor arguments that rebuild ``m`` (a ``torch.nn.MultiheadAttention`` or a
     :class:`BayesianMultiheadAttention`: they share these attributes) with the same shapes, on
     the same device and dtype; used to convert between the two."""
-    if not isinstance(m, (nn.MultiheadAttention, BayesianMultiheadAttention)):
+    if not isinstance(m, (TorchMultiheadAttention, BayesianMultiheadAttention)):
         raise TypeError(
             f"m must be a torch.nn.MultiheadAttention or a BayesianMultiheadAttention; got "
             f"{type(m).__name__}"
@@ -374,7 +383,7 @@ class BayesianMultiheadAttention(PyroModule):
                 merged = am + kp
         return merged, mask_type
 
-    def to_torch(self) -> nn.MultiheadAttention:
+    def to_torch(self) -> TorchMultiheadAttention:
         """The deterministic (posterior-mean) layer as a plain ``torch.nn.MultiheadAttention``
         with copies of the same parameters. Only a uniform prior has one."""
         if not isinstance(self.prior, UniformPrior):
@@ -382,13 +391,13 @@ class BayesianMultiheadAttention(PyroModule):
                 f"to_torch: a layer with prior {type(self.prior).__name__} has no "
                 "torch.nn.MultiheadAttention equivalent (only UniformPrior)"
             )
-        m = nn.MultiheadAttention(**mha_constructor_args(self))
+        m = TorchMultiheadAttention(**mha_constructor_args(self))
         sd = {k: v for k, v in self.state_dict().items() if not _PRIOR_FAMILY_KEY.search(k)}
         m.load_state_dict(sd)
         m.train(self.training)
         return m
 
-    def __prepare_scriptable__(self) -> nn.MultiheadAttention:
+    def __prepare_scriptable__(self) -> TorchMultiheadAttention:
         """``torch.jit.script`` scripts the posterior-mean layer (:meth:`to_torch`): TorchScript
         cannot compile Pyro sample sites, so a scripted layer is always deterministic."""
         return self.to_torch()
