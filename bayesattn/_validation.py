@@ -226,6 +226,26 @@ def check_finite(name: str, x: Tensor) -> None:
 
 
 @contextlib.contextmanager
+def check_simplex(name: str, p: Tensor) -> None:
+    """``p`` holds probability vectors on its last dim: entries ``>= 0`` summing to 1 (within
+    float round-off of its dtype); rows with NaN are left to the NaN checks."""
+    t = p.detach()
+    if bool((t < 0).any()):
+        raise ValueError(
+            f"{name} must be probabilities (non-negative); got minimum {float(t.min()):.4g} "
+            f"(shape {tuple(p.shape)})"
+        )
+    tol = max(1e-4, 64 * torch.finfo(p.dtype).eps) * max(1, p.shape[-1] // 1000 + 1)
+    dev = (t.sum(-1, dtype=torch.float64) - 1.0).abs()  # (...,), NaN rows compare False
+    if bool((dev > tol).any()):
+        worst = float(dev.nan_to_num(0.0).max())
+        raise ValueError(
+            f"{name} must be probabilities summing to 1 over the last dim (within {tol:.1e}); "
+            f"a row is off by {worst:.4g} (shape {tuple(p.shape)}): pass softmax(logits), "
+            "not logits"
+        )
+
+
 def seeded(seed: int | None) -> Iterator[None]:
     """Run a block under a fork of torch's global CPU RNG seeded with ``seed``: the same seed gives
     the same draws, and the global RNG state is restored afterwards. ``None``: a no-op (the block

@@ -90,6 +90,15 @@ def _tiny(x: Tensor) -> float:
     return torch.finfo(x.dtype).tiny
 
 
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _sampling_dtype(x: Tensor) -> torch.dtype:
+    """float32 for half/bfloat16 (torch has no half Gamma sampler on CPU, and their few mantissa
+    bits would leave normalised draws visibly off the simplex), else ``x``'s dtype."""
+    return torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
+
+
 class _Masked(TorchDistribution):
     """Base: factors over allowed keys; ``allowed`` is a bool tensor broadcastable to the params."""
 
@@ -181,11 +190,12 @@ class MaskedDirichlet(_Masked):
 
     def rsample(self, sample_shape: _Shape = torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
-        g = torch._standard_gamma(self._safe_conc.expand(shape))  # (*S, ..., Tq, Tk)
+        conc = self._safe_conc
+        g = torch._standard_gamma(conc.to(_sampling_dtype(conc)).expand(shape))  # (*S,…,Tq,Tk)
         g = self._keep(g, 0.0)
         tot = g.sum(-1, keepdim=True)
         w = g / tot.clamp_min(_tiny(g))
-        return w.clamp_min(0.0)
+        return w.clamp_min(0.0).to(conc.dtype)
 
     @property
     def _safe_total(self) -> Tensor:
@@ -336,8 +346,9 @@ class MaskedGamma(_Masked):
 
     def rsample(self, sample_shape: _Shape = torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
-        g = torch._standard_gamma(self.concentration.expand(shape)) / self.rate
-        return g.clamp_min(_tiny(g))
+        a, dt = self.concentration, _sampling_dtype(self.concentration)
+        g = torch._standard_gamma(a.to(dt).expand(shape)) / self.rate.to(dt)
+        return g.clamp_min(_tiny(a)).to(a.dtype)
 
     def log_prob(self, value: Tensor) -> Tensor:
         a, b = self.concentration, self.rate
@@ -909,6 +920,9 @@ class ConcreteWeights(AttentionFamily):
         )
 
     def to_weights(self, latent: Tensor, allowed: Tensor | None) -> Tensor:
+        if latent.dtype in _LOW_PRECISION:  # log-weights rounded to a few bits: renormalise
+            w = self.to_weights(latent.float(), allowed)
+            return (w / w.sum(-1, keepdim=True).clamp_min(_tiny(w))).to(latent.dtype)
         return latent.exp() if allowed is None else torch.where(allowed, latent.exp(), 0.0)
 
 

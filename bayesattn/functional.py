@@ -34,6 +34,7 @@ from ._validation import (
     check_int,
     check_no_nan,
     check_real,
+    check_simplex,
     check_tensor,
 )
 
@@ -85,6 +86,9 @@ def uncertainty_decomposition(probs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         raise TypeError(f"probs must be a torch.Tensor; got {type(probs).__name__}")
     if probs.dim() < 2:
         raise ValueError(f"probs must be (S, ..., C); got shape {tuple(probs.shape)}")
+    if not probs.is_floating_point():
+        raise TypeError(f"probs must be floating point; got dtype {probs.dtype}")
+    check_simplex("probs", probs)
     p = probs.double()
     total = entropy(p.mean(0))
     expected = entropy(p).mean(0)

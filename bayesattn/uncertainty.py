@@ -49,7 +49,7 @@ from pyro import poutine
 from torch import Tensor, nn
 
 from ._deprecation import renamed_kwargs, warn_renamed
-from ._validation import check_int, check_real
+from ._validation import check_int, check_real, check_simplex
 from .functional import entropy, uncertainty_decomposition
 from .nn.attention import BayesianMultiheadAttention
 from .nn.modes import AttentionMode, attention_mode, check_mode
@@ -252,6 +252,8 @@ class PredictionResult:
             raise ValueError(
                 f"probs must be (S, B, C) or (S, B, T, V); got shape {tuple(self.probs.shape)}"
             )
+        if self.probs.is_floating_point():
+            check_simplex("probs", self.probs)
         if self.mask is not None and self.mask.shape != self.probs.shape[1:-1]:
             raise ValueError(
                 f"mask must have shape {tuple(self.probs.shape[1:-1])} (probs without S and C); "
@@ -294,7 +296,17 @@ class PredictionResult:
                 f"y must have shape {tuple(self.probs.shape[1:-1])} (probs without S and C); "
                 f"got {tuple(y.shape)}"
             )
-        idx = y.long().clamp(0, self.probs.shape[-1] - 1)
+        C = self.probs.shape[-1]
+        bad = (y < 0) | (y >= C)  # (B, ...)
+        if self.mask is not None:
+            bad = bad & self.mask  # labels at padded positions are never read
+        if bool(bad.any()):
+            seen = y[bad]
+            raise ValueError(
+                f"y must hold labels in [0, {C}) (the probs have {C} classes); got "
+                f"{int(seen.min())}..{int(seen.max())} at {int(bad.sum())} position(s)"
+            )
+        idx = y.long().clamp(0, C - 1)  # only padded positions move (their terms are zeroed)
         p = self.probs.gather(-1, idx.expand(self.probs.shape[:-1]).unsqueeze(-1)).squeeze(-1)
         lp = p.double().clamp_min(torch.finfo(torch.float64).tiny).log()  # (S, B, ...)
         if self.mask is not None:
@@ -341,12 +353,43 @@ Inputs = Tensor | Mapping[str, Tensor]  # a model's inputs: a tensor or a dict (
 
 
 def _default_forward(model: nn.Module, x: Inputs) -> Tensor:
-    """``model(x)`` (``model(**x)`` for a dict); a transformers output's ``.logits``."""
+    """``model(x)`` (``model(**x)`` for a dict); a transformers output's ``.logits``, the first
+    element of a tuple. A base model's output (``last_hidden_state``, no ``.logits``) is refused:
+    which token and head give class logits is the caller's choice (``forward=``)."""
     out = model(**x) if isinstance(x, Mapping) else model(x)
     if hasattr(out, "logits"):
         out = out.logits
+    elif hasattr(out, "last_hidden_state"):
+        raise ValueError(
+            f"{type(model).__name__} returned a {type(out).__name__} without .logits (a base "
+            "model: hidden states, not class scores); use a model with a head (e.g. "
+            "...ForSequenceClassification) or pass forward=, e.g. forward=lambda m, x: "
+            "head(m(**x).last_hidden_state[:, 0])"
+        )
     elif isinstance(out, tuple):
         out = out[0]
+    return out
+
+
+def _check_logits(out: Any, rows: int, b: int, x: Inputs) -> Tensor:
+    """``out``: the forward's logits for ``rows`` input rows ``(rows, ..., C)``, or a clear
+    error (the common mistakes: not a tensor; a sequence-first model)."""
+    if not isinstance(out, Tensor) or not out.is_floating_point():
+        raise TypeError(
+            f"forward must return floating-point logits (B, C); got {type(out).__name__}"
+            f"{'' if not isinstance(out, Tensor) else f' of dtype {out.dtype}'}"
+        )
+    if out.dim() != 2 or out.shape[0] != rows:
+        xs = {k: tuple(v.shape) for k, v in x.items()} if isinstance(x, Mapping) else tuple(
+            x.shape
+        )
+        raise ValueError(
+            f"forward must return class logits (B, C) with the batch first: got shape "
+            f"{tuple(out.shape)} for {rows} input rows ({b} examples, x {xs}). predict reads "
+            "dim 0 of x as the batch; for a sequence-first model (batch_first=False) pass x "
+            "batch-first and forward=lambda m, x: m(x.transpose(0, 1)) (with the output's batch "
+            "moved first)"
+        )
     return out
 
 
@@ -388,8 +431,8 @@ def _sample_foreign(
     :func:`bayesattn.convert` or :func:`bayesattn.interop.hf.convert_hf`): ``S`` draws of
     ``softmax(f(x, w_s) / T)``. ``vectorised``: one pass under :func:`bayesattn.num_samples`
     (the model must broadcast a leading sample dim and return ``(S, B, C)``); otherwise batched
-    repetition: every example ``S`` times in the batch (any model), at most ``batch_size`` rows
-    per pass."""
+    repetition: every example ``S`` times in the batch (any model). Either way at most
+    ``batch_size`` rows (example × sample) go through the model per pass."""
     from .nn.sampling import num_samples as num_samples_ctx
 
     fwd = forward or _default_forward
@@ -404,24 +447,35 @@ def _sample_foreign(
     model.eval()
     try:
         with torch.no_grad(), poutine.block(), attention_mode(mode):
-            if vectorised and S > 1:
-                with num_samples_ctx(S):
-                    logits = fwd(model, x)  # (S, B, C)
-                if logits.dim() < 3 or tuple(logits.shape[:2]) != (S, B):
-                    raise ValueError(
-                        f"vectorised sampling needs a model that returns (S, B, C) = ({S}, {B}, "
-                        f"C); got {tuple(logits.shape)}: use batched repetition (vectorised=False; "
-                        "method='repeat' in sample_probs)"
-                    )
-            else:
-                per = max(1, (batch_size or 4096) // S)  # examples per pass
-                chunks = []
-                for i in range(0, B, per):
-                    xb = _take(x, slice(i, i + per))
-                    b = _batch_size(xb)
-                    out = fwd(model, _repeat(xb, S) if S > 1 else xb)  # (S*b, C)
+            per = max(1, (batch_size or 4096) // S)  # examples per pass (S rows each)
+            chunks = []
+            for i in range(0, B, per):
+                xb = _take(x, slice(i, i + per))
+                b = _batch_size(xb)
+                if vectorised and S > 1:
+                    with num_samples_ctx(S):
+                        out = fwd(model, xb)  # (S, b, C)
+                    if not isinstance(out, Tensor) or out.dim() != 3 or (
+                        tuple(out.shape[:2]) != (S, b)
+                    ):
+                        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+                        raise ValueError(
+                            f"vectorised sampling needs a model that returns (S, B, C) = ({S}, "
+                            f"{b}, C); got {got}: use batched repetition (vectorised=False; "
+                            "method='repeat' in sample_probs)"
+                        )
+                    chunks.append(out)
+                else:  # S*b rows, at most batch_size per pass (S > batch_size: split S too)
+                    rows = _repeat(xb, S) if S > 1 else xb  # (S*b, ...)
+                    step = batch_size or S * b
+                    outs = [
+                        _check_logits(fwd(model, _take(rows, slice(j, j + step))),
+                                      min(step, S * b - j), b, xb)
+                        for j in range(0, S * b, step)
+                    ]  # fmt: skip
+                    out = torch.cat(outs)  # (S*b, C)
                     chunks.append(out.reshape((S, b) + out.shape[1:]))  # (S, b, C)
-                logits = torch.cat(chunks, dim=1)  # (S, B, C)
+            logits = torch.cat(chunks, dim=1)  # (S, B, C)
     finally:
         for m, flag in saved:
             m.training = flag
@@ -656,8 +710,11 @@ def predict(
             logits ``(B, C)`` (default ``model(x)``/``model(**x)``, a transformers output's
             ``.logits``), divided by ``temperature``; ``vectorised=True`` draws the samples in
             one pass under :func:`bayesattn.num_samples` (the model must broadcast a leading
-            sample dim), otherwise by batched repetition (every example ``S`` times in the batch,
-            at most ``batch_size`` rows per pass; any model). Attention maps are not kept.
+            sample dim), otherwise by batched repetition (every example ``S`` times in the batch;
+            any model); either way at most ``batch_size`` rows (example × sample) per pass
+            (vectorised: at least one example's ``S``). A base model's output (no ``.logits``)
+            or logits whose dim 0 is not the batch (a sequence-first model) are refused with
+            the ``forward=`` to pass. Attention maps are not kept.
 
     Shape:
         x ``(B, T)`` tokens, ``(B, T, D)`` vectors or ``(B, [C,] H, W)`` images →
@@ -730,5 +787,11 @@ def predict_ensemble(
     results = [
         _sample_predictive(n, x, y, num_samples, batch_size, False, mode, False) for n in networks
     ]
+    shapes = {tuple(r.probs.shape[1:]) for r in results}
+    if len(shapes) > 1:
+        raise ValueError(
+            "ensemble members must predict the same classes for the same inputs; got "
+            f"per-member probs (B, ..., C) of shapes {[tuple(r.probs.shape[1:]) for r in results]}"
+        )
     probs = torch.cat([r.probs[: (num_samples if mode != "mean" else 1)] for r in results])
     return PredictionResult(probs=probs, kind=f"ensemble/{mode}", mask=results[0].mask)

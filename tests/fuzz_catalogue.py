@@ -818,7 +818,250 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
                                            "--samples", "-1"))
     add("cli/threads 0", lambda: cli_case("study", "--out", str(Path(tmpdir) / "s3"), "--threads",
                                           "-2", "--epochs", "0"))
+    _new_surfaces(add, tmpdir)
     return cases
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """``n`` examples of a tiny classification task, without ``__len__``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        for _ in range(self.n):
+            yield torch.randint(1, 6, (4,), generator=g), torch.randint(0, 2, (), generator=g)
+
+
+class _SizedStream(_Stream):
+    def __len__(self) -> int:
+        return self.n
+
+
+class _RowCounter(torch.nn.Module):
+    """A foreign classifier that records how many rows each forward pass got."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 3)
+        self.rows: list[int] = []
+
+    def forward(self, x):
+        self.rows.append(int(x.shape[0]))
+        return self.lin(x.mean(-2))
+
+
+def _new_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
+    """Cases for the surfaces added since the first catalogue (issue 19): models we did not write
+    (convert, predict on them, post-hoc calibration, pickling), data sources, the ensemble and
+    predictive-result checks, half precision."""
+    import io
+
+    import bayesattn as ba
+    from bayesattn import families as PO
+    from bayesattn import functional as F
+    from bayesattn import inference as I
+    from bayesattn import uncertainty as U
+    from bayesattn.interop import convert, posthoc, unconvert
+
+    nan = float("nan")
+    small = dict(d_model=8, nhead=2, num_layers=1, dim_feedforward=16)
+    TC = ba.TransformerClassifier
+    xt = torch.randint(1, 6, (3, 4))
+
+    # ---- predict: results, ensembles, foreign models ------------------------------------------
+    p3 = torch.softmax(torch.randn(4, 5, 3), -1)
+    res = U.PredictionResult(p3)
+    add("log_likelihood/label out of range", lambda: res.log_likelihood(torch.tensor([5, 0, 1, 2, 0])))
+    add("log_likelihood/label negative", lambda: res.log_likelihood(torch.tensor([-1, 0, 1, 2, 0])))
+    add("log_likelihood/ok", lambda: res.log_likelihood(torch.tensor([2, 0, 1, 2, 0])), "ok",
+        lambda o: bool(torch.allclose(o[:, 0], p3[:, 0, 2].log())))
+    seq = U.PredictionResult(torch.softmax(torch.randn(2, 2, 3, 4), -1),
+                             mask=torch.tensor([[True, True, False], [True, False, False]]))
+    add("log_likelihood/padded label ignored", lambda: seq.log_likelihood(
+        torch.tensor([[1, 2, -100], [3, -100, -100]])), "ok")
+    add("PredictionResult/unnormalised", lambda: U.PredictionResult(torch.rand(4, 5, 3) + 1))
+    add("PredictionResult/logits", lambda: U.PredictionResult(torch.randn(4, 5, 3)))
+    add("PredictionResult/int probs", lambda: U.PredictionResult(torch.ones(4, 5, 1,
+                                                                         dtype=torch.long)),
+        "either")
+    add("uncertainty_decomposition/unnormalised",
+        lambda: F.uncertainty_decomposition(torch.rand(4, 5, 3) * 3))
+    add("uncertainty_decomposition/ok", lambda: F.uncertainty_decomposition(p3), "ok",
+        lambda o: bool((o[2] >= 0).all()))
+    a2 = TC(2, vocab_size=6, **small)
+    a3 = TC(3, vocab_size=6, **small)
+    add("predict_ensemble/class counts differ", lambda: U.predict_ensemble([a2, a3], xt))
+    add("predict_ensemble/ok", lambda: U.predict_ensemble([a2, TC(2, vocab_size=6, **small)], xt),
+        "ok", lambda r: r.probs.shape == (2, 3, 2))
+
+    counter = _RowCounter()
+    add("predict foreign/batch_size respected", lambda: (counter.rows.clear(), U.predict(
+        counter, torch.randn(10, 4, 8), num_samples=4, batch_size=6, mode="guide"),
+        max(counter.rows))[2], "ok", lambda m: m <= 6)
+    add("predict foreign/batch_size S > rows", lambda: (counter.rows.clear(), U.predict(
+        counter, torch.randn(3, 4, 8), num_samples=8, batch_size=3, mode="guide"),
+        max(counter.rows))[2], "ok", lambda m: m <= 3)
+    add("predict foreign/vectorised batch_size", lambda: (counter.rows.clear(), U.predict(
+        counter, torch.randn(10, 4, 8), num_samples=1, batch_size=4, vectorised=True),
+        max(counter.rows))[2], "ok", lambda m: m <= 4)
+    enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0), 1,
+                                      enable_nested_tensor=False)
+
+    class SeqFirst(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc, self.head = enc, torch.nn.Linear(8, 3)
+
+        def forward(self, x):  # x (T, B, E)
+            return self.head(self.enc(x))  # (T, B, 3): per-token logits, sequence first
+
+    class SeqFirstPooled(SeqFirst):
+        def forward(self, x):  # x (T, B, E)
+            return self.head(self.enc(x).mean(0))  # (B, 3)
+
+    sf = convert(SeqFirst(), family="dirichlet")
+    sfp = convert(SeqFirstPooled(), family="dirichlet")
+    add("predict foreign/sequence-first", lambda: U.predict(sf, torch.randn(10, 8, 8),
+                                                             num_samples=3))
+    add("predict foreign/sequence-first pooled", lambda: U.predict(sfp, torch.randn(10, 8, 8),
+                                                                    num_samples=3))
+    add("predict foreign/returns str", lambda: U.predict(counter, torch.randn(2, 4, 8),
+                                                          forward=lambda m, x: "logits"))
+    add("predict foreign/returns int", lambda: U.predict(
+        counter, torch.randn(2, 4, 8), forward=lambda m, x: m(x).long()))
+
+    try:
+        import transformers
+    except ImportError:  # pragma: no cover - the hf extra is installed in CI
+        transformers = None
+    if transformers is not None:
+        from bayesattn.interop.hf import convert_hf
+
+        cfg = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=32, vocab_size=20,
+                                      attn_implementation="eager")
+        base = convert_hf(transformers.BertModel(cfg).eval())
+        ids = {"input_ids": torch.randint(0, 20, (2, 5))}
+        add("predict foreign/hf base model", lambda: U.predict(base, ids, num_samples=2))
+
+    # ---- convert: sharing, subclasses, the swapped class ---------------------------------------
+    def shared():
+        mha = torch.nn.MultiheadAttention(8, 2)
+        m = convert(torch.nn.ModuleList([mha, mha]), family="dirichlet")
+        return m[0] is m[1] and isinstance(m[1], ba.BayesianMultiheadAttention)
+
+    add("convert/shared module", shared, "ok", lambda o: o is True)
+
+    def unconvert_shared():
+        m = ba.BayesianMultiheadAttention(8, 2)
+        out = unconvert(torch.nn.ModuleList([m, m]))
+        return out[0] is out[1] and type(out[0]) is torch.nn.MultiheadAttention
+
+    add("unconvert/shared module", unconvert_shared, "ok", lambda o: o is True)
+
+    class OwnForward(torch.nn.MultiheadAttention):
+        def forward(self, *a, **k):  # type: ignore[override]
+            return super().forward(*a, **k)
+
+    def own_forward():
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return convert(torch.nn.ModuleList([OwnForward(8, 2)]), family="dirichlet")
+
+    add("convert/only a subclass with its own forward", own_forward)
+    add("convert/subclass named in layers", lambda: convert(
+        torch.nn.ModuleDict({"a": OwnForward(8, 2)}), layers=["a"]))
+
+    def swapped():
+        torch_cls = torch.nn.MultiheadAttention
+        try:
+            torch.nn.MultiheadAttention = ba.BayesianMultiheadAttention
+            return type(ba.BayesianMultiheadAttention(8, 2).to_torch()) is torch_cls
+        finally:
+            torch.nn.MultiheadAttention = torch_cls
+
+    add("to_torch/after the drop-in swap", swapped, "ok", lambda o: o is True)
+
+    def pickled():
+        net = TC(2, vocab_size=6, attention="dirichlet", **small)
+        buf = io.BytesIO()
+        torch.save(net, buf)
+        buf.seek(0)
+        return torch.load(buf, weights_only=False)
+
+    add("torch.save/whole network", pickled, "ok")
+
+    # ---- post-hoc calibration -------------------------------------------------------------------
+    class Clf(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(6, 8)
+            self.enc = torch.nn.TransformerEncoder(
+                torch.nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True), 1,
+                enable_nested_tensor=False)
+            self.head = torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(self.enc(self.emb(x)).mean(-2))
+
+    pc = convert(Clf(), family="dirichlet")
+    px, py = torch.randint(0, 6, (8, 4)), torch.randint(0, 3, (8,))
+
+    def nan_model():
+        m = convert(Clf(), family="dirichlet")
+        with torch.no_grad():
+            m.head.weight.fill_(nan)
+        return posthoc.fit_posthoc(m, px, py, steps=2, batch_size=4)
+
+    add("fit_posthoc/nan logits", nan_model)
+    add("fit_posthoc/label 3 of 3", lambda: posthoc.fit_posthoc(pc, px, torch.full_like(py, 3),
+                                                                steps=1))
+    add("fit_posthoc/label -1", lambda: posthoc.fit_posthoc(pc, px, torch.full_like(py, -1),
+                                                            steps=1))
+    add("fit_posthoc/float labels", lambda: posthoc.fit_posthoc(pc, px, py.float(), steps=1))
+    add("fit_posthoc/bool labels", lambda: posthoc.fit_posthoc(pc, px, py > 0, steps=1))
+    add("fit_posthoc/empty", lambda: posthoc.fit_posthoc(pc, px[:0], py[:0], steps=1))
+    add("fit_posthoc/seed neg", lambda: posthoc.fit_posthoc(pc, px, py, steps=1, seed=-3))
+    add("fit_posthoc/seed str", lambda: posthoc.fit_posthoc(pc, px, py, steps=1, seed="0"))
+    add("fit_posthoc/x list", lambda: posthoc.fit_posthoc(pc, [[1, 2]], py, steps=1))
+    add("fit_posthoc/lr nan", lambda: posthoc.fit_posthoc(pc, px, py, steps=1, lr=nan))
+    add("fit_posthoc/ok", lambda: posthoc.fit_posthoc(pc, px, py, steps=2, batch_size=4).history,
+        "ok")
+
+    # ---- training data ------------------------------------------------------------------------
+    def fit_stream(n, num_data, **kw):
+        net = TC(2, vocab_size=6, **small)
+        return I.fit(net, _Stream(n), num_data=num_data, epochs=1, batch_size=4, progress=False,
+                     **kw)
+
+    add("fit/stream num_data too small", lambda: fit_stream(12, 4))
+    add("fit/stream num_data above one pass", lambda: fit_stream(12, 40), "ok")  # a subsample
+    add("fit/stream num_data ok", lambda: fit_stream(12, 12), "ok")
+    add("fit/stream drop_last remainder", lambda: fit_stream(14, 14, drop_last=True), "ok")
+    add("fit/sized stream num_data differs", lambda: I.fit(
+        TC(2, vocab_size=6, **small), _SizedStream(12), num_data=30, epochs=1, batch_size=4,
+        progress=False))
+    add("fit/early stopping without val_data", lambda: I.fit(
+        TC(2, vocab_size=6, **small), (xt, torch.tensor([0, 1, 0])), epochs=1,
+        early_stopping_patience=2, progress=False))
+
+    # ---- half precision -----------------------------------------------------------------------
+    logits = torch.randn(2, 2, 3, 5)
+    for fname in ("dirichlet", "logistic_normal", "weibull", "concrete"):
+        for dt in (torch.float16, torch.bfloat16):
+            def half(fname=fname, dt=dt):
+                fam = PO.get_family(fname, num_heads=2).to(dt)
+                d = fam.guide(logits.to(dt))
+                w = fam.to_weights(d.rsample(), None)
+                return w, fam.kl(d, fam.model(None, logits.to(dt)))
+
+            add(f"{fname}/guide {dt}", half, "either",
+                lambda o: o[0].dtype in (torch.float16, torch.bfloat16)
+                and bool(torch.allclose(o[0].float().sum(-1), torch.ones(()), atol=1e-2)))
 
 
 def _in_mode(mode, fn):

@@ -731,3 +731,29 @@ def test_allowed_mask_must_be_bool(dtype):
     ):
         with pytest.raises(TypeError, match="bool"):
             make()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["dirichlet", "logistic_normal", "weibull", "concrete"])
+def test_every_family_samples_in_half_precision(name, dtype):
+    """Half and bfloat16 layers draw (the samplers run in float32 where torch has no half
+    kernel) weights on the simplex in the layer's dtype, with finite KL and gradients."""
+    torch.manual_seed(0)
+    from bayesattn import BayesianMultiheadAttention
+    from bayesattn.nn import attention_mode, collect_kl
+
+    mha = BayesianMultiheadAttention(8, 2, batch_first=True, family=name).to(dtype)
+    x = torch.randn(3, 5, 8, dtype=dtype)
+    kpm = torch.zeros(3, 5, dtype=torch.bool)
+    kpm[0, 3:] = True
+    with attention_mode("elbo"), collect_kl() as col:
+        out, w = mha(x, x, x, key_padding_mask=kpm, average_attn_weights=False)
+        kl = col.total()
+    assert out.dtype == dtype and w.dtype == dtype
+    torch.testing.assert_close(w.float().sum(-1), torch.ones(3, 2, 5), atol=1e-2, rtol=0)
+    assert bool((w[0, ..., 3:] == 0).all())  # padded keys get no weight
+    assert bool(torch.isfinite(kl).all())
+    (out.float().sum() + kl.float().sum()).backward()
+    grads = [p.grad for p in mha.parameters() if p.requires_grad]
+    assert mha.in_proj_weight.grad is not None
+    assert all(g is not None and bool(torch.isfinite(g).all()) for g in grads)

@@ -121,3 +121,32 @@ def test_dict_inputs_for_transformers_models():
     assert probs.shape == (6, 10, 2)
     with pytest.raises(ValueError, match="batch size"):
         posthoc.sample_probs(model, {"input_ids": ids, "attention_mask": ids[:3]}, 2, forward=fwd)
+
+
+def test_fit_refuses_nan_logits_and_bad_labels_and_keeps_parameters_finite():
+    """A model with NaN logits stops with FloatingPointError before any step (T and the family
+    parameters stay finite and unchanged); bad labels, dtypes, empty sets and seeds are named."""
+    model = bayesattn.convert(Classifier(), family="dirichlet")
+    x, y = _data(16)
+    fams = [m.family for m in bayesattn.interop.bayesian_attention_modules(model).values()]
+    before = [f.log_concentration.detach().clone() for f in fams]
+    with torch.no_grad():
+        model.head.bias.fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match="logits are not finite"):
+        posthoc.fit_posthoc(model, x, y, steps=3, batch_size=8)
+    for f, b in zip(fams, before, strict=True):
+        assert torch.equal(f.log_concentration, b)
+    assert all(p.requires_grad for p in model.parameters())  # flags restored on the error path
+    model = bayesattn.convert(Classifier(), family="dirichlet")
+    with pytest.raises(ValueError, match=r"labels in \[0, 3\)"):
+        posthoc.fit_posthoc(model, x, torch.full_like(y, 5), steps=1)
+    with pytest.raises(ValueError, match=r"labels in \[0, 3\)"):
+        posthoc.fit_posthoc(model, x, torch.full_like(y, -1), steps=1)
+    with pytest.raises(TypeError, match="integer class labels"):
+        posthoc.fit_posthoc(model, x, y.float(), steps=1)
+    with pytest.raises(ValueError, match="empty"):
+        posthoc.fit_posthoc(model, x[:0], y[:0], steps=1)
+    with pytest.raises(ValueError, match="seed"):
+        posthoc.fit_posthoc(model, x, y, steps=1, seed=-1)
+    with pytest.raises(ValueError, match="logits"):
+        posthoc.fit_posthoc(model, x, y, steps=1, forward=lambda m, xb: m(xb)[0])

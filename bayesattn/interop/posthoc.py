@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from .. import calibration as C
 from .._deprecation import module_getattr
-from .._validation import check_int, check_real, torch_generator
+from .._validation import check_bool, check_int, check_real, check_seed, torch_generator
 from ..nn.attention import BayesianMultiheadAttention
 from ..nn.modes import collect_kl
 from ..uncertainty import Inputs, _batch_size, _default_forward, _take, predict
@@ -94,6 +94,47 @@ def freeze_for_posthoc(model: nn.Module) -> list[nn.Parameter]:
     return keep
 
 
+def _check_labels(y: Any, n: int) -> None:
+    if not isinstance(y, Tensor):
+        raise TypeError(f"y must be a 1-D integer label tensor; got {type(y).__name__}")
+    if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
+        raise TypeError(f"y must hold integer class labels; got dtype {y.dtype}")
+    if y.dim() != 1 or y.shape[0] != n:
+        raise ValueError(f"y must be a 1-D label tensor of length {n}; got shape {tuple(y.shape)}")
+    if n == 0:
+        raise ValueError("the calibration split is empty (x and y hold 0 examples)")
+
+
+def _check_logits_labels(logits: Any, y: Tensor, step: int) -> None:
+    """The forward's logits ``(B, C)`` are finite and the labels lie in ``[0, C)``."""
+    if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != y.shape[0]:
+        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(f"forward must return logits (B, C) = ({y.shape[0]}, C); got {got}")
+    C = logits.shape[1]
+    if bool(((y < 0) | (y >= C)).any()):
+        raise ValueError(
+            f"y must hold labels in [0, {C}) (the model has {C} classes); got "
+            f"{int(y.min())}..{int(y.max())}"
+        )
+    if not bool(torch.isfinite(logits).all()):
+        raise FloatingPointError(
+            f"fit_posthoc: the model's logits are not finite (NaN or Inf) at step {step}; "
+            "the calibration needs a model whose outputs are finite on the calibration split"
+        )
+
+
+def _check_step(loss: Tensor, params: list[Tensor], step: int) -> None:
+    """The loss and every gradient are finite (as ``fit`` checks): a step is never taken on a
+    NaN, so the family parameters and ``T`` stay at their last finite values."""
+    bad = not bool(torch.isfinite(loss))
+    bad = bad or any(p.grad is not None and not bool(torch.isfinite(p.grad).all()) for p in params)
+    if bad:
+        raise FloatingPointError(
+            f"fit_posthoc diverged at step {step} (loss {float(loss):.4g}, or a gradient, is not "
+            "finite); the parameters keep their last finite values: lower lr"
+        )
+
+
 @dataclass
 class PosthocCalibration:
     """A model with fitted attention posteriors and temperature (see :func:`fit_posthoc`)."""
@@ -136,11 +177,13 @@ def fit_posthoc(
     """
     fwd = forward or _default_forward
     n = _batch_size(x)
-    if not isinstance(y, Tensor) or y.dim() != 1 or y.shape[0] != n:
-        raise ValueError(f"y must be a 1-D label tensor of length {n}; got {getattr(y, 'shape', y)}")
+    _check_labels(y, n)
     for name, v in (("steps", steps), ("batch_size", batch_size)):
         check_int(name, v, 1)
     check_real("lr", lr, gt=0.0)
+    check_seed(seed)
+    check_bool("fit_temperature", fit_temperature)
+    check_bool("progress", progress)
     flags = [(p, p.requires_grad) for p in model.parameters()]
     params = freeze_for_posthoc(model)
     trainable = {id(p) for p in params}
@@ -156,25 +199,29 @@ def fit_posthoc(
         from tqdm.auto import tqdm
 
         it = tqdm(it, desc="post-hoc SVI")
-    for _ in it:
-        idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
-        xb, yb = _take(x, idx), y[idx].to(ref.device)
-        with collect_kl() as col:
-            logits = fwd(model, xb)  # (B, C)
-            kl = col.total()  # (B,) or 0.0
-        nll = nn.functional.cross_entropy(logits / log_t.exp(), yb, reduction="none")  # (B,)
-        loss = (nll + kl).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        history.append(float(loss.detach()))
-    # Pyro's param store turns requires_grad back on for PyroModule parameters it registers:
-    # the frozen weights never reach the optimiser, and their flags and grads are restored here
-    for p, flag in flags:
-        if id(p) not in trainable:
-            p.grad = None
-        p.requires_grad_(flag)
-    model.train(was_training)
+    try:
+        for step in it:
+            idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
+            xb, yb = _take(x, idx), y[idx].to(ref.device)
+            with collect_kl() as col:
+                logits = fwd(model, xb)  # (B, C)
+                kl = col.total()  # (B,) or 0.0
+            _check_logits_labels(logits, yb, step)
+            nll = nn.functional.cross_entropy(logits / log_t.exp(), yb, reduction="none")  # (B,)
+            loss = (nll + kl).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            _check_step(loss, params + [log_t], step)  # before the step: parameters stay finite
+            opt.step()
+            history.append(float(loss.detach()))
+    finally:
+        # Pyro's param store turns requires_grad back on for PyroModule parameters it registers:
+        # the frozen weights never reach the optimiser, and their flags and grads are restored
+        for p, flag in flags:
+            if id(p) not in trainable:
+                p.grad = None
+            p.requires_grad_(flag)
+        model.train(was_training)
     return PosthocCalibration(model, fwd, log_t.detach(), history)
 
 

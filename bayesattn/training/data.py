@@ -385,6 +385,11 @@ class StreamSource(DataSource):
             self.batch_size = batch_size
             dataset = data
         n = _sized(dataset)
+        if num_data is not None and n is not None and num_data != n:
+            raise ValueError(
+                f"num_data={num_data} but {name} holds {n} examples (num_data is for streams "
+                "without __len__)"
+            )
         if num_data is not None:
             n = num_data
         if n is None:
@@ -434,9 +439,17 @@ class StreamSource(DataSource):
                         f"{self.name}: the stream ended after fewer than the {start} batches "
                         f"the checkpoint had trained on in this epoch"
                     ) from None
-        k = start
+        k, seen = start, 0
         for batch in it:
-            yield as_batch(batch, f"{self.name} (batch {k})")
+            b = as_batch(batch, f"{self.name} (batch {k})")
+            seen += int(b[0].shape[0])
+            if start == 0 and seen > self.num_data:
+                raise ValueError(
+                    f"{self.name}: the stream yielded more than num_data={self.num_data} examples "
+                    f"in one epoch ({seen} by batch {k}); num_data is the number of training "
+                    "examples the ELBO is scaled to, at least the examples of one pass"
+                )
+            yield b
             k += 1
 
 

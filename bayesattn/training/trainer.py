@@ -584,7 +584,10 @@ class Trainer:
                 (exact when each pass yields the same items in the same order). ``"auto"``:
                 resume if the checkpoint exists, else start afresh (the restartable-job idiom).
             num_data: the number of training examples :math:`N` the ELBO is scaled to; needed
-                only for a stream without ``__len__`` (default: the length of the data).
+                only for a stream without ``__len__`` (default: the length of the data). A
+                stream that yields more than ``N`` examples in one epoch, or ``num_data`` that
+                differs from the data's length, is a ``ValueError``; so is
+                ``early_stopping_patience`` without ``val_data``.
 
         Raises:
             FloatingPointError: "training diverged at step N": a non-finite loss or gradient.
@@ -633,6 +636,12 @@ class Trainer:
             _check_data(net, *src.first_batch(), "train_data (batch 0)")
         if val_data is not None:
             self._check_val_data(val_data)
+        elif self.config.early_stopping_patience is not None:
+            raise ValueError(
+                f"early_stopping_patience={self.config.early_stopping_patience} needs val_data "
+                "(early stopping watches the validation loss); give val_data= or drop the "
+                "patience"
+            )
         if src.kind in ("tensors", "dataset") and c.drop_last and (src.num_data or 0) < c.batch_size:
             raise ValueError(
                 f"batch_size={c.batch_size} with drop_last=True leaves no batch for "
