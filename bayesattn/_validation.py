@@ -189,10 +189,29 @@ def check_same_dtype(name: str, x: Tensor, dtype: torch.dtype, owner: str) -> No
         )
 
 
+def tracing() -> bool:
+    """True inside ``torch.compile``/``torch.export`` tracing: checks must not branch on data
+    there (they become graph asserts, see :func:`assert_in_graph`)."""
+    return bool(torch.compiler.is_compiling())
+
+
+def assert_in_graph(ok: Tensor, message: str) -> None:
+    """The traceable form of a data check: an assert op in the graph (raises ``RuntimeError``
+    with ``message`` when the compiled or exported program runs on bad data)."""
+    torch._assert_async(ok, message)
+
+
 def check_no_nan(name: str, x: Tensor, allow_neg_inf: bool = True) -> None:
     """Refuse NaN (and +inf; -inf too unless ``allow_neg_inf``). One cheap pass in the common
     case: a sum is finite (or ``-inf`` with only ``-inf`` among the non-finite values)."""
     if not x.is_floating_point() or x.numel() == 0:
+        return
+    if tracing():
+        bad = torch.isnan(x) | (x == float("inf"))
+        if not allow_neg_inf:
+            bad = bad | (x == float("-inf"))
+        what = "NaN or +inf" if allow_neg_inf else "NaN or ±inf"
+        assert_in_graph(~bad.any(), f"{name} must not contain {what}")
         return
     s = x.sum()
     if bool(torch.isfinite(s)) or (allow_neg_inf and bool(s == float("-inf"))):
@@ -214,6 +233,9 @@ def check_finite(name: str, x: Tensor) -> None:
 
     One cheap pass: a sum is finite unless some element is NaN/±Inf (or the sum overflows, which
     the exact count below then clears)."""
+    if x.is_floating_point() and tracing():
+        assert_in_graph(torch.isfinite(x).all(), f"{name} must be finite (NaN or Inf found)")
+        return
     if not x.is_floating_point() or bool(torch.isfinite(x.sum())):
         return
     if not bool(torch.isfinite(x).all()):

@@ -29,6 +29,7 @@ from pyro.infer.util import is_validation_enabled
 from torch import Tensor
 
 from ._validation import (
+    assert_in_graph,
     check_finite,
     check_float_tensor,
     check_int,
@@ -36,6 +37,7 @@ from ._validation import (
     check_real,
     check_simplex,
     check_tensor,
+    tracing,
 )
 
 __all__ = [
@@ -152,7 +154,12 @@ def _as_log_prior(mask: Tensor, name: str, dtype: torch.dtype) -> Tensor:
             mask, float("-inf")
         )
     if mask.is_floating_point():
-        if torch.isnan(mask).any() or (mask == float("inf")).any():
+        if tracing():  # no data-dependent branch in a compiled/exported graph
+            assert_in_graph(
+                ~(torch.isnan(mask) | (mask == float("inf"))).any(),
+                f"{name} (float) must not contain NaN or +inf (use -inf to mask)",
+            )
+        elif torch.isnan(mask).any() or (mask == float("inf")).any():
             raise ValueError(
                 f"{name} (float) must not contain NaN or +inf (use -inf to mask); "
                 f"shape {tuple(mask.shape)}"

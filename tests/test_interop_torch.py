@@ -216,6 +216,61 @@ def test_compile_fullgraph_and_export_in_mean_mode_with_validation_on():
         torch.testing.assert_close(compiled(x), want, atol=1e-5, rtol=0)
 
 
+class _Masked(nn.Module):
+    """``m(x, x, x, **kw)[0]``: the masks and torch's default ``need_weights=True`` go in."""
+
+    def __init__(self, m: nn.Module, **kw) -> None:
+        super().__init__()
+        self.m, self.kw = m, kw
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.m(x, x, x, **{self.kw["as"]: mask})[0]
+
+
+class _Padded(nn.Module):
+    def __init__(self, enc: nn.Module) -> None:
+        super().__init__()
+        self.enc = enc
+
+    def forward(self, x: torch.Tensor, kpm: torch.Tensor) -> torch.Tensor:
+        return self.enc(x, src_key_padding_mask=kpm)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_compile_fullgraph_and_export_with_float_masks_and_weights(grad):
+    """Float masks (and so every padded nn.TransformerEncoder: torch turns its bool padding mask
+    into a float one), torch's default need_weights=True, with and without grad: compiled
+    (fullgraph) and exported as torch's own layer is, same outputs as torch; the mask checks
+    live in the graph."""
+    ref, ours = _twin(family="dirichlet")
+    x = torch.randn(2, 5, E)
+    fmask = torch.randn(5, 5).masked_fill(torch.rand(5, 5) < 0.3, float("-inf"))
+    fmask.fill_diagonal_(0.0)
+    kpm = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    enc = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(E, H, 32, 0.0, batch_first=True), 2, enable_nested_tensor=False
+    ).eval()
+    want_enc = enc(x, src_key_padding_mask=kpm)
+    _swap_attention(enc, family="dirichlet")
+    cases = [
+        (_Masked(ours, **{"as": "attn_mask"}), (x, fmask), ref(x, x, x, attn_mask=fmask)[0]),
+        (_Masked(ours, **{"as": "key_padding_mask"}), (x, kpm),
+         ref(x, x, x, key_padding_mask=kpm)[0]),
+        (_Padded(enc), (x, kpm), want_enc),
+    ]  # fmt: skip
+    with pyro.validation_enabled(True), attention_mode("mean"), torch.set_grad_enabled(grad):
+        for mod, args, want in cases:
+            torch._dynamo.reset()
+            got = torch.compile(mod, fullgraph=True, backend="eager")(*args)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+            ep = torch.export.export(mod, args)
+            torch.testing.assert_close(ep.module()(*args), want, atol=1e-5, rtol=0)
+        bad = fmask.clone()
+        bad[0, 0] = float("nan")
+        with pytest.raises(RuntimeError, match="NaN"):
+            torch.export.export(cases[0][0], (x, fmask)).module()(x, bad)
+
+
 # ------------------------------------------------------------------------------------------
 # blocks: torch's arguments in torch's positional order
 # ------------------------------------------------------------------------------------------
