@@ -247,7 +247,6 @@ def check_finite(name: str, x: Tensor) -> None:
         )
 
 
-@contextlib.contextmanager
 def check_simplex(name: str, p: Tensor) -> None:
     """``p`` holds probability vectors on its last dim: entries ``>= 0`` summing to 1 (within
     float round-off of its dtype); rows with NaN are left to the NaN checks."""
@@ -268,6 +267,7 @@ def check_simplex(name: str, p: Tensor) -> None:
         )
 
 
+@contextlib.contextmanager
 def seeded(seed: int | None) -> Iterator[None]:
     """Run a block under a fork of torch's global CPU RNG seeded with ``seed``: the same seed gives
     the same draws, and the global RNG state is restored afterwards. ``None``: a no-op (the block
