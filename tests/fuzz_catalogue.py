@@ -945,6 +945,21 @@ def _new_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
         base = convert_hf(transformers.BertModel(cfg).eval())
         ids = {"input_ids": torch.randint(0, 20, (2, 5))}
         add("predict foreign/hf base model", lambda: U.predict(base, ids, num_samples=2))
+        from bayesattn.interop.hf import bayesian_attention_forward, unconvert_hf
+
+        attn = base.encoder.layer[0].attention.self
+        qh = torch.randn(1, 2, 3, 8)
+        add("hf/unknown interface argument", lambda: bayesian_attention_forward(
+            attn, qh, qh, qh, None, s_aux=torch.zeros(2)))
+        add("hf/num_samples context", lambda: _with_samples(3, lambda: base(**ids)))
+        add("hf/encoder without its model", lambda: convert_hf(
+            torch.nn.Sequential(transformers.BertModel(cfg).encoder)))
+        add("hf/unconvert never converted", lambda: unconvert_hf(
+            transformers.BertModel(cfg)).config._attn_implementation, "ok",
+            lambda impl: impl == "eager")
+        add("hf/all keys masked", lambda: bayesian_attention_forward(
+            attn, qh, qh, qh, torch.full((1, 1, 3, 3), torch.finfo(torch.float32).min))[1],
+            "ok", lambda w: bool(torch.allclose(w.sum(-1), torch.ones(()))))
 
     # ---- convert: sharing, subclasses, the swapped class ---------------------------------------
     def shared():
@@ -1062,6 +1077,13 @@ def _new_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
             add(f"{fname}/guide {dt}", half, "either",
                 lambda o: o[0].dtype in (torch.float16, torch.bfloat16)
                 and bool(torch.allclose(o[0].float().sum(-1), torch.ones(()), atol=1e-2)))
+
+
+def _with_samples(S, fn):
+    import bayesattn
+
+    with bayesattn.num_samples(S):
+        return fn()
 
 
 def _in_mode(mode, fn):

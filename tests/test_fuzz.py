@@ -3,7 +3,7 @@ answer; never an obscure error from deep inside torch, never a silently wrong re
 
 Three layers:
 
-* the catalogue (``tests/fuzz_catalogue.py``): 630 hand-picked bad and edge inputs, one test each;
+* the catalogue (``tests/fuzz_catalogue.py``): 635 hand-picked bad and edge inputs, one test each;
 * hypothesis strategies over shapes, dtypes, masks, non-finite values and hyper-parameters;
 * regression tests of each fault the fuzzing found (named after the fix).
 """

@@ -157,3 +157,124 @@ def test_default_sdpa_model_round_trip():
         unconvert_hf(model)
         assert model.config._attn_implementation == "sdpa"
         torch.testing.assert_close(model(input_ids=ids)[0], want, atol=0, rtol=0)
+
+
+def _t5():
+    cfg = transformers.T5Config(
+        vocab_size=40, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, dropout_rate=0.0, attn_implementation="eager",
+        decoder_start_token_id=0,
+    )  # fmt: skip
+    ids = torch.randint(0, 40, (2, 6))
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    return transformers.T5Model(cfg), dict(input_ids=ids, attention_mask=mask,
+                                           decoder_input_ids=ids)
+
+
+def _gemma2():  # logit soft-capping, sliding-window layers, grouped-query attention
+    cfg = transformers.Gemma2Config(
+        vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=4, attn_logit_softcapping=2.0,
+        final_logit_softcapping=None, sliding_window=3, attn_implementation="eager",
+    )  # fmt: skip
+    ids = torch.randint(0, 40, (2, 6))
+    return transformers.Gemma2Model(cfg), dict(
+        input_ids=ids, attention_mask=torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    )
+
+
+@pytest.mark.parametrize("build", [_t5, _gemma2], ids=["t5 position_bias", "gemma2 softcap"])
+def test_extra_interface_arguments_are_honoured_like_eager(build):
+    """T5's relative position bias and Gemma-2's soft-capping reach the scores exactly as in the
+    model's own eager attention (they were dropped before: outputs off by ~0.2)."""
+    model, inputs = build()
+    model.eval()
+    with torch.no_grad():
+        want = model(**inputs).last_hidden_state
+        convert_hf(model, family="dirichlet")
+        with attention_mode("mean"):
+            got = model(**inputs).last_hidden_state
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+        assert bool(torch.isfinite(model(**inputs).last_hidden_state).all())  # draws
+
+
+def test_unknown_interface_arguments_are_refused_naming_the_model_type():
+    from bayesattn.interop.hf import bayesian_attention_forward
+
+    model, _ = _gemma2()
+    attn = model.layers[0].self_attn
+    q = torch.randn(1, 4, 3, 4)
+    kv = torch.randn(1, 2, 3, 4)
+    with pytest.raises(TypeError, match=r"\['s_aux'\].*model type 'gemma2'"):
+        bayesian_attention_forward(attn, q, kv, kv, None, s_aux=torch.zeros(4))
+    out, _ = bayesian_attention_forward(attn, q, kv, kv, None, sliding_window=3, s_aux=None)
+    assert out.shape == (1, 3, 4, 4)  # ignored as eager ignores them; None means unused
+
+
+class _Wrapper(torch.nn.Module):
+    def __init__(self, bert: torch.nn.Module) -> None:
+        super().__init__()
+        self.bert = bert
+        self.head = torch.nn.Linear(32, 2)
+
+    def forward(self, **kw):
+        return self.head(self.bert(**kw).last_hidden_state[:, 0])
+
+
+def test_wrapped_models_convert_and_unconvert_or_are_refused_unchanged():
+    bert, inputs = _bert()
+    bert.eval()
+    wrapped = _Wrapper(bert)
+    with torch.no_grad():
+        want = wrapped(**inputs)
+        convert_hf(wrapped, family="dirichlet")
+        assert bert.config._attn_implementation == ATTN_NAME
+        assert all(hasattr(m, "bayesattn_family") for m in hf_attention_modules(wrapped).values())
+        with attention_mode("mean"):
+            torch.testing.assert_close(wrapped(**inputs), want, atol=1e-6, rtol=0)
+        unconvert_hf(wrapped)
+        assert bert.config._attn_implementation == "eager"
+        assert not any(hasattr(m, "bayesattn_family") for m in bert.modules())
+        torch.testing.assert_close(wrapped(**inputs), want, atol=0, rtol=0)
+    encoder_only = torch.nn.Sequential(bert.encoder)  # attention modules, no PreTrainedModel
+    with pytest.raises(TypeError, match="nothing was changed"):
+        convert_hf(encoder_only)
+    assert not any(hasattr(m, "bayesattn_family") for m in bert.modules())
+
+
+def test_all_masked_rows_draw_around_the_uniform_mean():
+    """An all-zero attention_mask: transformers' mean is uniform over every key; the draws
+    follow the same rule (finite, on the simplex, centred on uniform), not all-zero rows."""
+    from bayesattn.interop.hf import bayesian_attention_forward
+
+    model, _ = _bert()
+    convert_hf(model.eval(), family="dirichlet")
+    attn = model.encoder.layer[0].attention.self
+    q, k, v = torch.randn(3, 1, 4, 2, 8).unbind(0)  # (B=1, H=4, T=2, D=8)
+    mask = torch.full((1, 1, 2, 2), torch.finfo(torch.float32).min)
+    with attention_mode("mean"):
+        _, w_mean = bayesian_attention_forward(attn, q, k, v, mask)
+    torch.testing.assert_close(w_mean, torch.full_like(w_mean, 0.5))
+    with torch.no_grad():
+        draws = torch.stack(
+            [bayesian_attention_forward(attn, q, k, v, mask)[1] for _ in range(300)]
+        )
+    torch.testing.assert_close(draws.sum(-1), torch.ones(draws.shape[:-1]), atol=1e-5, rtol=0)
+    assert float((draws.mean(0) - 0.5).abs().max()) < 0.08
+
+
+def test_num_samples_is_refused_on_hf_models_and_unconvert_leaves_unconverted_models():
+    import bayesattn
+
+    model, inputs = _bert()
+    convert_hf(model.eval(), family="dirichlet")
+    with bayesattn.num_samples(4), pytest.raises(ValueError, match="bayesattn.predict"):
+        model(**inputs)
+    cfg = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        vocab_size=50,
+    )  # fmt: skip
+    plain = transformers.BertModel(cfg)
+    assert plain.config._attn_implementation == "sdpa"
+    unconvert_hf(plain)
+    assert plain.config._attn_implementation == "sdpa"  # never converted: unchanged

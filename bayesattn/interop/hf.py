@@ -18,6 +18,17 @@ Per attention module and query :math:`i`, with transformers' own scores
   minimum) getting zero weight, exactly as in :class:`~bayesattn.nn.attention.BayesianMultiheadAttention`.
 
 Grouped-query attention (Llama) repeats key/value heads like transformers' ``repeat_kv``.
+Extra arguments of the interface are honoured as the model's own eager attention does: T5's
+relative ``position_bias`` is added to the scores, Gemma-2's ``softcap`` caps them
+(:math:`c\tanh(\ell/c)`), ``sliding_window`` is carried by the mask; arguments only the fused
+kernels read (``is_causal``, ``position_ids``, ``cu_seq_lens_*``, …) are ignored as eager does.
+Any other non-``None`` argument is refused with an error naming the model type. A query row whose
+keys are all masked (an all-zero ``attention_mask``) is uniform over all keys in the mean, and
+its draws are centred on that uniform mean too. A model holding a transformers model
+(``self.bert = BertModel(cfg)``) converts and unconverts through the models it holds.
+``bayesattn.num_samples(S)`` cannot give a leading sample dim here (transformers reshapes the
+attention output to the input's shape): it is refused; draw ``S`` samples with
+:func:`bayesattn.predict` (batched repetition) instead.
 ``transformers`` is imported only when these functions run.
 
 Example:
@@ -41,8 +52,9 @@ from torch import Tensor, nn
 from .. import functional as BF
 from .._deprecation import renamed_kwargs, renamed_submodule_hook
 from ..families import AttentionFamily, FamilyName, get_family
-from ..nn.attention import _current_mode_at_trace
+from ..nn.attention import _current_mode_at_trace, _num_samples_at_trace
 from ..nn.modes import AttentionMode, current_kl_collector, current_mode
+from ..nn.sampling import current_num_samples
 
 __all__ = [
     "ATTN_NAME",
@@ -101,6 +113,40 @@ def _as_log_prior(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     return mask.masked_fill(mask <= torch.finfo(dtype).min / 2, float("-inf"))
 
 
+#: interface arguments that only the fused kernels read: eager attention ignores them (the mask
+#: already carries causality and sliding windows), so do we
+_IGNORED_KWARGS = frozenset({
+    "sliding_window", "is_causal", "position_ids", "cache_position", "cu_seq_lens_q",
+    "cu_seq_lens_k", "max_length_q", "max_length_k", "output_attentions", "use_cache",
+    "layer_idx", "head_mask", "query_length", "target_dtype", "implementation",
+})  # fmt: skip
+
+
+def _refuse_unknown(module: nn.Module, kwargs: dict[str, Any]) -> None:
+    unknown = sorted(k for k, v in kwargs.items() if v is not None and k not in _IGNORED_KWARGS)
+    if unknown:
+        cfg = getattr(module, "config", None)
+        model_type = getattr(cfg, "model_type", None) or "?"
+        raise TypeError(  # as Python does for an unexpected keyword argument
+            f"bayesattn attention does not implement the argument(s) {unknown} that "
+            f"{type(module).__name__} (model type {model_type!r}) passes to its attention "
+            "function; its output would be wrong, so it is refused: unconvert_hf(model) "
+            "restores the model's own attention"
+        )
+
+
+def _scores(
+    logits: Tensor, position_bias: Tensor | None, softcap: float | None
+) -> Tensor:
+    """The model's own pre-mask scores: ``softcap·tanh(ℓ/softcap)`` (Gemma-2) and ``+ bias``
+    (T5's relative position bias), in eager attention's order."""
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    if position_bias is not None:
+        logits = logits + position_bias
+    return logits
+
+
 def bayesian_attention_forward(
     module: nn.Module,
     query: Tensor,
@@ -109,19 +155,24 @@ def bayesian_attention_forward(
     attention_mask: Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
+    position_bias: Tensor | None = None,
+    softcap: float | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor]:
     """transformers attention-interface function.
 
     Shape:
-        query ``(B, H, Tq, D)``, key/value ``(B, Hkv, Tk, D)``, attention_mask broadcastable to
-        ``(B, H, Tq, Tk)``; returns output ``(B, Tq, H, D)`` and weights ``(B, H, Tq, Tk)``.
+        query ``(B, H, Tq, D)``, key/value ``(B, Hkv, Tk, D)``, attention_mask and
+        position_bias broadcastable to ``(B, H, Tq, Tk)``; returns output ``(B, Tq, H, D)`` and
+        weights ``(B, H, Tq, Tk)``.
     """
+    _refuse_unknown(module, kwargs)
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     n_rep = query.shape[1] // key.shape[1]
     key, value = _repeat_kv(key, n_rep), _repeat_kv(value, n_rep)  # (B, H, Tk, D)
     logits = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, Tq, Tk)
+    logits = _scores(logits, position_bias, softcap)
     fam = getattr(module, _FAMILY_ATTR, None)
     mode = _mode(fam)
     if mode == "mean" or fam is None:  # transformers' eager attention, operation for operation
@@ -132,12 +183,32 @@ def bayesian_attention_forward(
                 logits = logits + attention_mask
         w = nn.functional.softmax(logits, dim=-1).type(value.dtype)
     else:
+        S = _num_samples_at_trace() if torch.compiler.is_compiling() else current_num_samples()
+        if S is not None:
+            raise ValueError(
+                f"bayesattn.num_samples({S}) cannot reach {type(module).__name__}: transformers "
+                "models reshape the attention output to the input's shape, so a leading sample "
+                f"dim cannot pass; draw {S} samples with bayesattn.predict(model, x, "
+                f"num_samples={S}) (batched repetition)"
+            )
         lp = _as_log_prior(attention_mask, logits.dtype)
+        logits, lp = _dead_rows_uniform(logits, lp)
         w = _sample_weights(fam, getattr(module, _SITE_ATTR, "latent"), mode, logits, lp, query,
                             key)  # fmt: skip
     w = nn.functional.dropout(w, p=dropout, training=module.training)
     out = torch.matmul(w, value)  # (B, H, Tq, D)
     return out.transpose(1, 2).contiguous(), w  # (B, Tq, H, D)
+
+
+def _dead_rows_uniform(logits: Tensor, log_prior: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """A query row with every key masked: transformers' mean is uniform over all keys (the
+    dtype's minimum swamps the scores), so its draws are centred on uniform too (zero scores,
+    no mask) — the same rule as the mean."""
+    if log_prior is None:
+        return logits, None
+    lp = log_prior.expand_as(logits)  # (B, H, Tq, Tk)
+    dead = ~(lp > float("-inf")).any(-1, keepdim=True)  # (B, H, Tq, 1)
+    return logits.masked_fill(dead, 0.0), lp.masked_fill(dead, 0.0)
 
 
 def _sample_weights(
@@ -231,32 +302,55 @@ def convert_hf(
             f"{type(model).__name__} has no attention module that dispatches through "
             "transformers' AttentionInterface"
         )
+    roots = _hf_roots(model)  # checked before anything changes
     chosen = _select(layers, list(mods), model)
+    if family is not None and not isinstance(family, (str, AttentionFamily)):
+        raise TypeError(f"family must be a name, an AttentionFamily or None; got {family!r}")
     for path, m in mods.items():
         if path not in chosen or family is None:
             continue
         H, D = _heads(m)
         if isinstance(family, AttentionFamily):
             fam = copy.deepcopy(family)
-        elif isinstance(family, str):
-            fam = get_family(family, num_heads=H, head_dim=D, **family_kwargs)
         else:
-            raise TypeError(f"family must be a name, an AttentionFamily or None; got {family!r}")
+            fam = get_family(family, num_heads=H, head_dim=D, **family_kwargs)
         ref = next(m.parameters())
         setattr(m, _FAMILY_ATTR, fam.to(device=ref.device))
         if not hasattr(m, _HOOK_ATTR):
             setattr(m, _HOOK_ATTR, m.register_load_state_dict_pre_hook(_OLD_FAMILY_KEYS))
         setattr(m, _SITE_ATTR, f"{path}.latent")
-    prev = getattr(model.config, "_attn_implementation", None)
-    if prev != ATTN_NAME:
-        setattr(model, _PREV_ATTR, prev)
-    hf_model: Any = model  # a transformers PreTrainedModel
-    hf_model.set_attn_implementation(ATTN_NAME)
+    for root in roots:
+        prev = getattr(root.config, "_attn_implementation", None)
+        if prev != ATTN_NAME:
+            setattr(root, _PREV_ATTR, prev)
+        root.set_attn_implementation(ATTN_NAME)
     return model
 
 
+def _hf_roots(model: nn.Module) -> list[Any]:
+    """The transformers models whose attention implementation to switch: ``model`` itself, or
+    the outermost transformers models it holds (``self.bert = BertModel(cfg)``)."""
+    if hasattr(model, "set_attn_implementation") and hasattr(model, "config"):
+        return [model]
+    roots: list[Any] = []
+    inside: list[str] = []
+    for name, m in model.named_modules():
+        if any(name.startswith(p + ".") for p in inside):
+            continue
+        if hasattr(m, "set_attn_implementation") and hasattr(m, "config"):
+            roots.append(m)
+            inside.append(name)
+    if not roots:
+        raise TypeError(
+            f"{type(model).__name__} is not a transformers PreTrainedModel and holds none; "
+            "its attention modules cannot be switched (nothing was changed)"
+        )
+    return roots
+
+
 def unconvert_hf(model: nn.Module) -> nn.Module:
-    """Remove the families and restore the model's previous attention implementation."""
+    """Remove the families and restore the model's previous attention implementation. A model
+    that was never converted is returned unchanged."""
     for m in hf_attention_modules(model).values():
         if hasattr(m, _FAMILY_ATTR):
             delattr(m, _FAMILY_ATTR)
@@ -265,9 +359,16 @@ def unconvert_hf(model: nn.Module) -> nn.Module:
             delattr(m, _HOOK_ATTR)
         if hasattr(m, _SITE_ATTR):
             delattr(m, _SITE_ATTR)
-    prev = getattr(model, _PREV_ATTR, None) or "eager"
-    hf_model: Any = model  # a transformers PreTrainedModel
-    hf_model.set_attn_implementation(prev)
-    if hasattr(model, _PREV_ATTR):
-        delattr(model, _PREV_ATTR)
+    try:
+        roots = _hf_roots(model)
+    except TypeError:
+        return model
+    for root in roots:
+        converted = getattr(root.config, "_attn_implementation", None) == ATTN_NAME
+        if not converted and not hasattr(root, _PREV_ATTR):
+            continue  # never converted: nothing to restore
+        prev = getattr(root, _PREV_ATTR, None) or "eager"
+        root.set_attn_implementation(prev)
+        if hasattr(root, _PREV_ATTR):
+            delattr(root, _PREV_ATTR)
     return model
