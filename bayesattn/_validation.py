@@ -180,6 +180,20 @@ class DTypeMismatchError(TypeError, RuntimeError):
     ``RuntimeError`` torch raises in the same case (code written for torch catches that)."""
 
 
+class ShapeAssertionError(ValueError, AssertionError):
+    """A bad shape where ``torch.nn.MultiheadAttention`` fails an ``assert``: a ``ValueError``
+    here, and the ``AssertionError`` torch raises (``except`` clauses written for torch work)."""
+
+
+class ShapeRuntimeError(ValueError, RuntimeError):
+    """A bad shape where torch raises ``RuntimeError`` (e.g. a mask of the wrong size): a
+    ``ValueError`` here, and torch's ``RuntimeError``."""
+
+
+class MaskDTypeError(TypeError, AssertionError):
+    """A mask of an unsupported dtype: a ``TypeError`` here, and torch's ``AssertionError``."""
+
+
 def check_same_dtype(name: str, x: Tensor, dtype: torch.dtype, owner: str) -> None:
     """``x`` must have the parameters' dtype (torch would fail deep inside a matmul)."""
     if x.dtype != dtype:

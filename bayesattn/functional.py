@@ -29,6 +29,9 @@ from pyro.infer.util import is_validation_enabled
 from torch import Tensor
 
 from ._validation import (
+    MaskDTypeError,
+    ShapeAssertionError,
+    ShapeRuntimeError,
     assert_in_graph,
     check_finite,
     check_float_tensor,
@@ -165,7 +168,7 @@ def _as_log_prior(mask: Tensor, name: str, dtype: torch.dtype) -> Tensor:
                 f"shape {tuple(mask.shape)}"
             )
         return mask.to(dtype)
-    raise TypeError(f"{name} must be a bool or floating-point tensor; got dtype {mask.dtype}")
+    raise MaskDTypeError(f"{name} must be a bool or floating-point tensor; got dtype {mask.dtype}")
 
 
 def mask_to_log_prior(
@@ -198,7 +201,7 @@ def mask_to_log_prior(
         lp = _as_log_prior(attn_mask, "attn_mask", dtype)
         if lp.dim() == 2:
             if tuple(lp.shape) != (tgt_len, src_len):
-                raise ValueError(
+                raise ShapeRuntimeError(  # torch: RuntimeError
                     f"attn_mask 2-D shape must be (Tq, Tk) = {(tgt_len, src_len)}; "
                     f"got {tuple(lp.shape)}"
                 )
@@ -206,20 +209,20 @@ def mask_to_log_prior(
         elif lp.dim() == 3:
             want = (batch_size * num_heads, tgt_len, src_len)
             if tuple(lp.shape) != want:
-                raise ValueError(
+                raise ShapeRuntimeError(
                     f"attn_mask 3-D shape must be (B*H, Tq, Tk) = {want}; got {tuple(lp.shape)}"
                 )
             out = lp.view(batch_size, num_heads, tgt_len, src_len)  # (B, H, Tq, Tk)
         elif lp.dim() == 4:
             full = (batch_size, num_heads, tgt_len, src_len)
             if any(s not in (1, f) for s, f in zip(lp.shape, full, strict=True)):
-                raise ValueError(
+                raise ShapeRuntimeError(
                     f"attn_mask 4-D shape must broadcast to (B, H, Tq, Tk) = {full}; "
                     f"got {tuple(lp.shape)}"
                 )
             out = lp
         else:
-            raise ValueError(
+            raise ShapeAssertionError(  # torch: AssertionError
                 f"attn_mask must be 2-D (Tq, Tk), 3-D (B*H, Tq, Tk) or 4-D (B, H, Tq, Tk); "
                 f"got shape {tuple(lp.shape)}"
             )
@@ -230,7 +233,7 @@ def mask_to_log_prior(
     if key_padding_mask is not None:
         kp = _as_log_prior(key_padding_mask, "key_padding_mask", dtype)
         if tuple(kp.shape) != (batch_size, src_len):
-            raise ValueError(
+            raise ShapeAssertionError(  # torch: AssertionError
                 f"key_padding_mask shape must be (B, Tk) = {(batch_size, src_len)}; "
                 f"got {tuple(kp.shape)}"
             )

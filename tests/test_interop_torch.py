@@ -271,6 +271,42 @@ def test_compile_fullgraph_and_export_with_float_masks_and_weights(grad):
             torch.export.export(cases[0][0], (x, fmask)).module()(x, bad)
 
 
+_X = torch.randn(2, 5, E)
+_BAD_CALLS = {
+    "query last dim": lambda m: m(_X[..., :4], _X, _X),
+    "key last dim": lambda m: m(_X, _X[..., :4], _X[..., :4]),
+    "batch mismatch": lambda m: m(_X, _X[:1], _X[:1]),
+    "key/value lengths": lambda m: m(_X, _X, _X[:, :4]),
+    "key_padding_mask shape": lambda m: m(
+        _X, _X, _X, key_padding_mask=torch.zeros(2, 4, dtype=torch.bool)),
+    "attn_mask 2-D shape": lambda m: m(_X, _X, _X, attn_mask=torch.zeros(4, 5)),
+    "attn_mask 3-D shape": lambda m: m(_X, _X, _X, attn_mask=torch.zeros(3, 5, 5)),
+    "attn_mask 1-D": lambda m: m(_X, _X, _X, attn_mask=torch.zeros(5)),
+    "attn_mask int": lambda m: m(_X, _X, _X, attn_mask=torch.zeros(5, 5, dtype=torch.int32)),
+    "key_padding_mask int": lambda m: m(
+        _X, _X, _X, key_padding_mask=torch.zeros(2, 5, dtype=torch.int32)),
+    "query 1-D": lambda m: m(torch.randn(E), torch.randn(E), torch.randn(E)),
+    "query 2-D, key 3-D": lambda m: m(_X[0], _X, _X),
+    "dtype": lambda m: m(_X.double(), _X.double(), _X.double()),
+    "unbatched 2-D key_padding_mask": lambda m: m(
+        _X[0], _X[0], _X[0], key_padding_mask=torch.zeros(2, 5, dtype=torch.bool)),
+    "is_causal without a mask": lambda m: m(_X, _X, _X, is_causal=True),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_CALLS))
+def test_errors_are_also_the_class_torch_raises(case):
+    """Each bad call fails in torch and in ours; ours is also an instance of torch's error class
+    (AssertionError/RuntimeError), so ``except`` clauses written for torch still work, and a
+    ValueError/TypeError naming the argument."""
+    ref, ours = _twin()
+    with pytest.raises(Exception) as theirs:  # noqa: PT011 - any: we read its class
+        _BAD_CALLS[case](ref)
+    with pytest.raises(type(theirs.value)) as mine:
+        _BAD_CALLS[case](ours)
+    assert isinstance(mine.value, (ValueError, TypeError))
+
+
 # ------------------------------------------------------------------------------------------
 # blocks: torch's arguments in torch's positional order
 # ------------------------------------------------------------------------------------------

@@ -35,7 +35,14 @@ from .._deprecation import (
     renamed_submodule_hook,
     warn_renamed,
 )
-from .._validation import check_finite, check_int, check_real, check_same_dtype
+from .._validation import (
+    ShapeAssertionError,
+    ShapeRuntimeError,
+    check_finite,
+    check_int,
+    check_real,
+    check_same_dtype,
+)
 from ..families import AttentionFamily, FamilyName, get_family
 from ..priors import KeyRelevancePrior, UniformPrior
 from .kernels import AttentionKernel, KernelName, finish, get_kernel, kernel_attention
@@ -82,7 +89,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 def _check_dim(name: str, x: Tensor, expected: int) -> None:
     if x.shape[-1] != expected:
-        raise ValueError(f"{name} last dim must be {expected}; got shape {tuple(x.shape)}")
+        # torch: an assert for the query, a RuntimeError from the key/value projection
+        cls = ShapeAssertionError if name == "query" else ShapeRuntimeError
+        raise cls(f"{name} last dim must be {expected}; got shape {tuple(x.shape)}")
 
 
 def _allow_missing_prior_family(module: nn.Module, incompatible: Any) -> None:
@@ -471,7 +480,7 @@ class BayesianMultiheadAttention(PyroModule):
             if not t.is_floating_point():
                 raise TypeError(f"{name} must be floating point; got dtype {t.dtype}")
             if t.dim() < 2:
-                raise ValueError(
+                raise ShapeAssertionError(
                     f"{name} must be 2-D (unbatched) or 3-D (batched); got shape {tuple(t.shape)}"
                 )
             check_same_dtype(name, t, self.out_proj.weight.dtype, "BayesianMultiheadAttention")
@@ -479,7 +488,7 @@ class BayesianMultiheadAttention(PyroModule):
         _check_dim("key", key, self.kdim)
         _check_dim("value", value, self.vdim)
         if not (query.dim() == key.dim() == value.dim()):
-            raise ValueError(
+            raise ShapeAssertionError(
                 f"query, key and value must have the same number of dims; got "
                 f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
             )
@@ -489,7 +498,7 @@ class BayesianMultiheadAttention(PyroModule):
                 f"shape {tuple(query.shape)}"
             )
         if key.shape[:-1] != value.shape[:-1]:
-            raise ValueError(
+            raise ShapeAssertionError(
                 f"key and value must share all but the last dim; got key {tuple(key.shape)}, "
                 f"value {tuple(value.shape)}"
             )
@@ -577,7 +586,7 @@ class BayesianMultiheadAttention(PyroModule):
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
             if key_padding_mask is not None:
                 if key_padding_mask.dim() != 1:
-                    raise ValueError(
+                    raise ShapeAssertionError(
                         f"key_padding_mask must be 1-D (Tk,) for unbatched input; got shape "
                         f"{tuple(key_padding_mask.shape)}"
                     )
@@ -585,7 +594,7 @@ class BayesianMultiheadAttention(PyroModule):
         elif not self.batch_first:  # (*S, T, B, E) → (*S, B, T, E)
             query, key, value = (x.transpose(-3, -2) for x in (query, key, value))
         if key.shape[-3] != query.shape[-3]:
-            raise ValueError(
+            raise ShapeRuntimeError(
                 f"query and key must have the same batch size; got query {tuple(query.shape)}, "
                 f"key {tuple(key.shape)} (batch_first={self.batch_first})"
             )
