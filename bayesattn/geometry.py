@@ -259,7 +259,7 @@ def head_projection_weights(
             raise ValueError(f"weight for 'o' must be (E, E) = {(E, E)}; got {tuple(weight.shape)}")
         return weight.detach().reshape(E, H, Dh).permute(1, 0, 2)  # (H, E, Dh)
     if weight is None:
-        packed = mha._qkv_same_embed_dim
+        packed = mha.kdim == mha.embed_dim and mha.vdim == mha.embed_dim  # one in_proj_weight
         name = "in_proj_weight" if packed else f"{which}_proj_weight"
         if name in samples:
             raise ValueError(
@@ -416,7 +416,8 @@ def spread_by_distance(
 
 def _layer_weight(network: nn.Module, name: str, mha: BayesianMultiheadAttention) -> Tensor | None:
     """The in-projection to analyse: stored, or the weight guide's median for a Bayesian one."""
-    site = "in_proj_weight" if mha._qkv_same_embed_dim else "q_proj_weight"
+    packed = mha.kdim == mha.embed_dim and mha.vdim == mha.embed_dim
+    site = "in_proj_weight" if packed else "q_proj_weight"
     if site in getattr(mha, "_pyro_samples", {}):
         guide = getattr(network, "weight_guide", None)
         return None if guide is None else guide.median()[f"{name}.{site}"].detach()

@@ -12,7 +12,6 @@ from torch import nn
 
 from bayesattn import BayesianMultiheadAttention as BMHA
 from bayesattn import DecoderLayer, EncoderLayer, attention_mode
-from bayesattn.nn.attention import _own_forward_guard
 from bayesattn.priors import DistanceDecayPrior
 
 E, H = 16, 4
@@ -79,19 +78,68 @@ def test_inside_torch_encoder_layer_on_and_off_the_fast_path(norm_first):
 def test_bayesian_layer_keeps_torch_layer_off_its_fast_path():
     layer = _swap_attention(nn.TransformerEncoderLayer(E, H, 32, 0.0, batch_first=True)).eval()
     attn = layer.self_attn
-    assert _own_forward_guard not in attn._forward_pre_hooks.values()  # plain: fast path allowed
+    assert attn._qkv_same_embed_dim  # plain: torch's fast path allowed
     x = torch.randn(2, 5, E)
     with torch.no_grad():
         det = layer(x)
         attn.family = "dirichlet" and __import__("bayesattn").DirichletWeights(num_heads=H)
-        assert _own_forward_guard in attn._forward_pre_hooks.values()
+        assert not attn._qkv_same_embed_dim  # draws weights: fast path off
         with attention_mode("mean"):
+            assert attn._qkv_same_embed_dim  # torch's computation exactly: fast path on
             torch.testing.assert_close(layer(x), det, atol=1e-5, rtol=0)
         assert (layer(x) - det).abs().max() > 1e-3  # sampled: our forward ran
         attn.family = None
-        assert _own_forward_guard not in attn._forward_pre_hooks.values()
+        assert attn._qkv_same_embed_dim
         attn.prior = DistanceDecayPrior(H)  # a prior torch's kernel cannot compute
+        assert not attn._qkv_same_embed_dim
         assert (layer(x) - det).abs().max() > 1e-4
+    assert not attn._forward_pre_hooks  # no hook attached: users' hooks are torch's business
+
+
+def test_bayesian_layer_in_mean_mode_keeps_torchs_fast_path():
+    """In "mean" mode a Bayesian layer computes exactly torch's attention, so torch's encoder
+    layer keeps its fused fast path (our forward is not called) in eval under no_grad, with and
+    without padding; in "guide" mode, with a prior, recording weights, or with a user's hook,
+    our forward runs."""
+    layer = _swap_attention(
+        nn.TransformerEncoderLayer(E, H, 32, 0.0, batch_first=True), family="dirichlet"
+    ).eval()
+    attn = layer.self_attn
+    calls = []
+    orig = type(attn).forward
+
+    def spy(self, *a, **k):
+        calls.append(1)
+        return orig(self, *a, **k)
+
+    x = torch.randn(2, 5, E)
+    kpm = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    with torch.no_grad():
+        with attention_mode("mean"):
+            want = [layer(x), layer(x, src_key_padding_mask=kpm)]
+        type(attn).forward = spy
+        try:
+            with attention_mode("mean"):
+                torch.testing.assert_close(layer(x), want[0], atol=0, rtol=0)
+                layer(x, src_key_padding_mask=kpm)
+                assert calls == []  # fused path both times
+                attn.record_weights = True
+                torch.testing.assert_close(layer(x), want[0], atol=1e-5, rtol=0)
+                assert len(calls) == 1
+                attn.record_weights = False
+                h = attn.register_forward_pre_hook(lambda m, a: None)
+                layer(x)
+                assert len(calls) == 2  # a user's hook must run: torch's rule
+                h.remove()
+                layer(x)
+                assert len(calls) == 2
+            layer(x)  # "guide": drawn weights need our forward
+            assert len(calls) == 3
+        finally:
+            type(attn).forward = orig
+        ref = nn.TransformerEncoderLayer(E, H, 32, 0.0, batch_first=True).eval()
+        ref.load_state_dict(layer.state_dict(), strict=False)
+        torch.testing.assert_close(ref(x, src_key_padding_mask=kpm), want[1], atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("family", [None, "dirichlet"])

@@ -119,9 +119,8 @@ _CAUSAL_HINT_ERROR = (
 
 
 def _own_forward_guard(module: nn.Module, args: tuple[Any, ...]) -> None:
-    """Forward pre-hook that does nothing. Its presence keeps ``torch.nn.TransformerEncoderLayer``
-    off its fused fast path (which reads the projections and never calls our ``forward``) while
-    the layer is Bayesian, has a non-uniform prior or records its weights."""
+    """Forward pre-hook that does nothing (kept for code that imported it; no longer attached:
+    the fast path is now chosen by :attr:`BayesianMultiheadAttention._qkv_same_embed_dim`)."""
     return None
 
 
@@ -274,13 +273,13 @@ class BayesianMultiheadAttention(PyroModule):
         self.embed_dim = embed_dim
         self.kdim = kdim if kdim is not None else embed_dim
         self.vdim = vdim if vdim is not None else embed_dim
-        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self._same_embed = self.kdim == embed_dim and self.vdim == embed_dim  # packed in_proj
         self.num_heads = num_heads
         self.dropout = float(dropout)
         self.batch_first = batch_first
         self.head_dim = embed_dim // num_heads
 
-        if not self._qkv_same_embed_dim:
+        if not self._same_embed:
             self.q_proj_weight = nn.Parameter(torch.empty((embed_dim, embed_dim), **fk))
             self.k_proj_weight = nn.Parameter(torch.empty((embed_dim, self.kdim), **fk))
             self.v_proj_weight = nn.Parameter(torch.empty((embed_dim, self.vdim), **fk))
@@ -336,22 +335,37 @@ class BayesianMultiheadAttention(PyroModule):
             self._sync_fastpath_guard()
 
     def _matches_torch(self) -> bool:
-        """True when torch's fused kernels compute exactly this layer (deterministic, uniform
-        prior, weights not recorded): the only case torch's layers may skip our ``forward``."""
-        return (
-            self.family is None
-            and isinstance(self.prior, UniformPrior)
-            and not self.record_weights
-        )
+        """True when torch's fused kernels compute exactly this layer *now*: uniform prior, no
+        kernel, weights not recorded, no sampled projections, and deterministic (no family) or
+        in ``"mean"`` mode. Only then may torch's layers skip our ``forward``."""
+        if (
+            self.kernel is not None
+            or self.record_weights
+            or not isinstance(self.prior, UniformPrior)
+            or self._pyro_samples
+        ):
+            return False
+        if self.family is None:
+            return True
+        # the mode is read from a context variable: inside torch.compile stay on our forward
+        return not torch.compiler.is_compiling() and self.mode() == "mean"
+
+    @property
+    def _qkv_same_embed_dim(self) -> bool:
+        """torch's attribute, read by ``torch.nn.TransformerEncoderLayer``/``TransformerEncoder``
+        to choose their fused fast path (which reads the projections and never calls our
+        ``forward``): True only when the projections are packed and :meth:`_matches_torch`.
+        So a Bayesian layer in ``"mean"`` mode keeps torch's fast path, and one that draws
+        weights (or has a prior, a kernel, recorded weights) turns it off. The layout itself
+        is ``_same_embed``."""
+        return bool(self._same_embed) and self._matches_torch()
 
     def _sync_fastpath_guard(self) -> None:
+        """Nothing to do (the fast path is decided by :attr:`_qkv_same_embed_dim` at call time);
+        removes the guard hook of layers built before that."""
         hooks = self._forward_pre_hooks
-        present = [k for k, h in hooks.items() if h is _own_forward_guard]
-        if self._matches_torch():
-            for k in present:
-                del hooks[k]
-        elif not present:
-            self.register_forward_pre_hook(_own_forward_guard)
+        for k in [k for k, h in hooks.items() if h is _own_forward_guard]:
+            del hooks[k]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # PyroModule.__call__ enters a Pyro context manager that torch.compile cannot trace;
@@ -413,7 +427,7 @@ class BayesianMultiheadAttention(PyroModule):
 
     def _reset_parameters(self) -> None:
         """Same initialisation as ``torch.nn.MultiheadAttention``."""
-        if self._qkv_same_embed_dim:
+        if self._same_embed:
             nn.init.xavier_uniform_(self.in_proj_weight)
         else:
             nn.init.xavier_uniform_(self.q_proj_weight)
@@ -447,7 +461,7 @@ class BayesianMultiheadAttention(PyroModule):
         E = self.embed_dim
         b: Tensor | None = self.in_proj_bias
         bq, bk, bv = (None, None, None) if b is None else (b[:E], b[E : 2 * E], b[2 * E :])
-        if self._qkv_same_embed_dim:
+        if self._same_embed:
             w = self.in_proj_weight
             wq, wk, wv = w[..., :E, :], w[..., E : 2 * E, :], w[..., 2 * E :, :]
         else:
@@ -457,7 +471,7 @@ class BayesianMultiheadAttention(PyroModule):
             bq, bk, bv = b[:E], b[E : 2 * E], b[2 * E :]
         if b is not None and b.dim() > 1:  # sampled biases (*S, 3E)
             bq, bk, bv = b[..., :E], b[..., E : 2 * E], b[..., 2 * E :]
-        if self._qkv_same_embed_dim and self_attn and w.dim() == 2 and (b is None or b.dim() == 1):
+        if self._same_embed and self_attn and w.dim() == 2 and (b is None or b.dim() == 1):
             q, k, v = F.linear(query, w, b).chunk(3, dim=-1)  # one matmul for self-attention
             return q, k, v
         return linear(query, wq, bq), linear(key, wk, bk), linear(value, wv, bv)
