@@ -337,18 +337,22 @@ class BayesianMultiheadAttention(PyroModule):
     def _matches_torch(self) -> bool:
         """True when torch's fused kernels compute exactly this layer *now*: uniform prior, no
         kernel, weights not recorded, no sampled projections, and deterministic (no family) or
-        in ``"mean"`` mode. Only then may torch's layers skip our ``forward``."""
+        in ``"mean"`` mode. Only then may torch's layers skip our ``forward``. (Read straight
+        from the instance dicts: torch asks on every call, and ``PyroModule.__getattr__`` is
+        slow.)"""
+        d = self.__dict__
+        mods = d["_modules"]
         if (
-            self.kernel is not None
-            or self.record_weights
-            or not isinstance(self.prior, UniformPrior)
-            or self._pyro_samples
+            d.get("record_weights")
+            or d["_pyro_samples"]
+            or mods.get("kernel", d.get("kernel")) is not None
+            or not isinstance(mods.get("prior"), UniformPrior)
         ):
             return False
-        if self.family is None:
+        if mods.get("family", d.get("family")) is None:
             return True
         # the mode is read from a context variable: inside torch.compile stay on our forward
-        return not torch.compiler.is_compiling() and self.mode() == "mean"
+        return not torch.compiler.is_compiling() and current_mode() == "mean"
 
     @property
     def _qkv_same_embed_dim(self) -> bool:
