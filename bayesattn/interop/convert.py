@@ -6,8 +6,8 @@ with the same configuration and the same parameter values, and names the layer's
 module path (``"encoder.layers.3.self_attn.latent"``), so twelve converted layers give twelve
 distinct sites even when the root is a plain ``nn.Module``. In ``"mean"`` mode (and for layers
 left deterministic) the converted model computes exactly what the original did; with a uniform
-prior, torch's encoder layers keep their fused fast path for deterministic layers and call our
-``forward`` for Bayesian ones.
+prior, torch's encoder layers keep their fused fast path for deterministic layers and for Bayesian
+ones in ``"mean"`` mode, and call our ``forward`` when weights are drawn.
 
 :func:`unconvert` turns every Bayesian layer back into a ``torch.nn.MultiheadAttention`` with the
 posterior-mean weights (uniform prior only).
