@@ -10,7 +10,7 @@ One process, candidates timed alternately (median ms), ratios against torch (low
 * the same in ``"guide"`` mode, and the posterior predictive of ``S`` samples by batched
   repetition vs vectorised (``bayesattn.num_samples``), each against ``S`` torch passes.
 
-Usage: python benchmarks/interop_speed.py [--quick] [--threads N]
+Usage: python benchmarks/interop_speed.py [--quick] [--threads N] [--repeats R] [--inference-only]
 """
 
 from __future__ import annotations
@@ -42,11 +42,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats (default 30, 5 quick)")
+    p.add_argument("--inference-only", action="store_true", help="skip backward and predictive")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     B, T, D, H, L, S = (8, 16, 32, 4, 2, 8) if args.quick else (32, 64, 64, 4, 4, 16)
-    reps = 5 if args.quick else 30
+    reps = args.repeats or (5 if args.quick else 30)
     ref = Classifier(D, H, L).eval()
     det = bayesattn.convert(copy.deepcopy(ref))
     bay = bayesattn.convert(copy.deepcopy(ref), family="dirichlet")
@@ -69,6 +71,9 @@ def main() -> None:
         print(f"\ninference (eval, no_grad, {label}), ms and ratio to torch:")
         for k, v in r.items():
             print(f"  {k:18s} {v:8.3f} ms  x{v / r['torch']:.2f}")
+
+    if args.inference_only:
+        return
 
     def fb(m):
         return lambda: m(x).sum().backward()
