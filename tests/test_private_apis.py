@@ -26,7 +26,7 @@ PKG = Path(bayesattn.__file__).parent
 ALLOWED_PRIVATE = {
     ("torch", "_softmax"): {"nn/attention.py", "kernels.py"},
     ("torch", "_standard_gamma"): {"families.py"},
-    ("torch", "_assert_async"): {"nn/attention.py"},  # finite checks inside torch.compile graphs
+    ("torch", "_assert_async"): {"_validation.py"},  # data checks inside torch.compile graphs
 }
 
 
@@ -98,7 +98,7 @@ def test_torch_private_standard_gamma_matches_public_gamma():
 
 
 def test_torch_private_assert_async_passes_and_raises():
-    """``_check_finite`` in ``nn/attention.py`` uses ``torch._assert_async(cond, msg)`` inside
+    """``assert_in_graph`` in ``_validation.py`` uses ``torch._assert_async(cond, msg)`` inside
     compiled graphs (no data-dependent Python branch there); in eager it raises at once."""
     torch._assert_async(torch.isfinite(torch.ones(3)).all(), "x must be finite")
     with pytest.raises(RuntimeError):

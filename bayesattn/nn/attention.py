@@ -125,11 +125,9 @@ def _own_forward_guard(module: nn.Module, args: tuple[Any, ...]) -> None:
 
 
 def _check_finite(name: str, x: Tensor) -> None:
-    """Finite check that also works inside ``torch.compile``/``torch.export`` graphs."""
-    if torch.compiler.is_compiling():
-        torch._assert_async(torch.isfinite(x).all(), f"{name} must be finite (NaN or Inf found)")
-    else:
-        check_finite(name, x)
+    """Finite check that also works inside ``torch.compile``/``torch.export`` graphs (there it
+    is an in-graph assert: :func:`bayesattn._validation.check_finite`)."""
+    check_finite(name, x)
 
 
 _current_mode_at_trace = torch.compiler.assume_constant_result(current_mode)
