@@ -951,7 +951,8 @@ def _new_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
         qh = torch.randn(1, 2, 3, 8)
         add("hf/unknown interface argument", lambda: bayesian_attention_forward(
             attn, qh, qh, qh, None, s_aux=torch.zeros(2)))
-        add("hf/num_samples context", lambda: _with_samples(3, lambda: base(**ids)))
+        add("hf/num_samples context", lambda: _with_samples(3, lambda: base(**ids)), "ok",
+            lambda o: o.last_hidden_state.shape == (3, 2, 5, 16))
         add("hf/encoder without its model", lambda: convert_hf(
             torch.nn.Sequential(transformers.BertModel(cfg).encoder)))
         add("hf/unconvert never converted", lambda: unconvert_hf(

@@ -263,13 +263,32 @@ def test_all_masked_rows_draw_around_the_uniform_mean():
     assert float((draws.mean(0) - 0.5).abs().max()) < 0.08
 
 
-def test_num_samples_is_refused_on_hf_models_and_unconvert_leaves_unconverted_models():
+def test_num_samples_gives_draws_on_hf_models_and_unconvert_leaves_unconverted_models():
+    """``with num_samples(S)`` on a converted transformers model: S draws ``(S, B, ...)`` (inputs
+    repeated along the batch), identical in mean mode and equal to the model's own output there;
+    a wrapper that only holds the model refuses it; unconvert_hf removes the hooks and leaves a
+    never-converted model alone."""
     import bayesattn
 
     model, inputs = _bert()
-    convert_hf(model.eval(), family="dirichlet")
-    with bayesattn.num_samples(4), pytest.raises(ValueError, match="bayesattn.predict"):
-        model(**inputs)
+    model.eval()
+    with torch.no_grad():
+        want = model(**inputs).last_hidden_state
+        convert_hf(model, family="dirichlet")
+        with bayesattn.num_samples(4):
+            draws = model(**inputs).last_hidden_state
+            with attention_mode("mean"):
+                means = model(**inputs).last_hidden_state
+    assert draws.shape == (4,) + want.shape and means.shape == (4,) + want.shape
+    torch.testing.assert_close(means, want.expand_as(means), atol=1e-6, rtol=0)
+    assert float((draws[0] - draws[1]).abs().max()) > 0  # independent draws per sample
+    wrapped = _Wrapper(transformers.BertModel(model.config).eval())
+    convert_hf(wrapped, family="dirichlet")
+    with bayesattn.num_samples(4), pytest.raises(ValueError, match="predict"):
+        wrapped(**inputs)
+    unconvert_hf(model)
+    with torch.no_grad(), bayesattn.num_samples(4):
+        assert model(**inputs).last_hidden_state.shape == want.shape  # plain model again
     cfg = transformers.BertConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
         vocab_size=50,

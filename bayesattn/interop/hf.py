@@ -26,9 +26,11 @@ Any other non-``None`` argument is refused with an error naming the model type. 
 keys are all masked (an all-zero ``attention_mask``) is uniform over all keys in the mean, and
 its draws are centred on that uniform mean too. A model holding a transformers model
 (``self.bert = BertModel(cfg)``) converts and unconverts through the models it holds.
-``bayesattn.num_samples(S)`` cannot give a leading sample dim here (transformers reshapes the
-attention output to the input's shape): it is refused; draw ``S`` samples with
-:func:`bayesattn.predict` (batched repetition) instead.
+``with bayesattn.num_samples(S): model(**inputs)`` gives ``S`` draws on a converted transformers
+model too: its inputs are repeated ``S`` times along the batch (batched repetition: transformers
+reshapes attention outputs to the input's shape, so no sample dim can pass through it) and every
+output tensor comes back as ``(S, B, ...)``. A model that only *holds* a transformers model
+refuses ``num_samples`` (its own code would see the sample dim); use :func:`bayesattn.uncertainty.predict`.
 ``transformers`` is imported only when these functions run.
 
 Example:
@@ -54,7 +56,7 @@ from .._deprecation import renamed_kwargs, renamed_submodule_hook
 from ..families import AttentionFamily, FamilyName, get_family
 from ..nn.attention import _current_mode_at_trace, _num_samples_at_trace
 from ..nn.modes import AttentionMode, current_kl_collector, current_mode
-from ..nn.sampling import current_num_samples
+from ..nn.sampling import _NUM_SAMPLES, current_num_samples
 
 __all__ = [
     "ATTN_NAME",
@@ -186,9 +188,10 @@ def bayesian_attention_forward(
         S = _num_samples_at_trace() if torch.compiler.is_compiling() else current_num_samples()
         if S is not None:
             raise ValueError(
-                f"bayesattn.num_samples({S}) cannot reach {type(module).__name__}: transformers "
-                "models reshape the attention output to the input's shape, so a leading sample "
-                f"dim cannot pass; draw {S} samples with bayesattn.predict(model, x, "
+                f"bayesattn.num_samples({S}) cannot reach {type(module).__name__} from here: "
+                "transformers models reshape the attention output to the input's shape, so a "
+                "leading sample dim cannot pass; call the converted transformers model itself "
+                f"(it repeats its inputs), or draw {S} samples with bayesattn.uncertainty.predict(model, x, "
                 f"num_samples={S}) (batched repetition)"
             )
         lp = _as_log_prior(attention_mask, logits.dtype)
@@ -238,6 +241,63 @@ def _sample_weights(
     if mode == "model":
         pyro.deterministic(site.rsplit(".", 1)[0] + ".weights", w, event_dim=3)
     return w
+
+
+_SAMPLES_ATTR = "_bayesattn_sample_stack"
+_SAMPLE_HOOKS_ATTR = "_bayesattn_sample_hooks"
+
+
+def _samples_pre_hook(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """Under ``num_samples(S)``: every input tensor with the batch along dim 0 repeated ``S``
+    times, sample-major (row ``s·B + b`` is example ``b``); the sample count is cleared for the
+    layers inside (each row draws its own weights) and restored by :func:`_samples_post_hook`."""
+    S = current_num_samples()
+    if S is None or torch.compiler.is_compiling():
+        return None
+    tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, Tensor) and v.dim() > 0]
+    if not tensors:
+        return None
+    if kwargs.get("past_key_values") is not None or kwargs.get("cache") is not None:
+        raise ValueError(
+            f"bayesattn.num_samples({S}) with a cache: repeat the inputs yourself or use "
+            "bayesattn.uncertainty.predict (the cache is not repeated)"
+        )
+    B = int(tensors[0].shape[0])
+
+    def rep(v: Any) -> Any:
+        if isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == B:
+            return v.repeat((S,) + (1,) * (v.dim() - 1))  # (S*B, ...)
+        return v
+
+    stack = module.__dict__.setdefault(_SAMPLES_ATTR, [])
+    stack.append((S, B, _NUM_SAMPLES.set(None)))
+    return tuple(rep(a) for a in args), {k: rep(v) for k, v in kwargs.items()}
+
+
+def _split(v: Any, S: int, B: int) -> Any:
+    if isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == S * B:
+        return v.reshape((S, B) + v.shape[1:])  # (S, B, ...)
+    if isinstance(v, tuple) and not hasattr(v, "keys"):
+        return type(v)(_split(t, S, B) for t in v) if type(v) is tuple else v
+    return v
+
+
+def _samples_post_hook(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+) -> Any:
+    """The outputs of a :func:`_samples_pre_hook` pass as ``(S, B, ...)``."""
+    stack = module.__dict__.get(_SAMPLES_ATTR)
+    if not stack:
+        return None
+    S, B, token = stack.pop()
+    _NUM_SAMPLES.reset(token)
+    if hasattr(output, "keys"):  # a transformers ModelOutput
+        for k in list(output.keys()):
+            output[k] = _split(output[k], S, B)
+        return output
+    return _split(output, S, B)
 
 
 _DISPATCHES: dict[type, bool] = {}
@@ -324,6 +384,12 @@ def convert_hf(
         if prev != ATTN_NAME:
             setattr(root, _PREV_ATTR, prev)
         root.set_attn_implementation(ATTN_NAME)
+    if roots == [model] and not hasattr(model, _SAMPLE_HOOKS_ATTR):  # num_samples(S) draws
+        hooks = (
+            model.register_forward_pre_hook(_samples_pre_hook, with_kwargs=True),
+            model.register_forward_hook(_samples_post_hook, with_kwargs=True),
+        )
+        setattr(model, _SAMPLE_HOOKS_ATTR, hooks)
     return model
 
 
@@ -359,6 +425,10 @@ def unconvert_hf(model: nn.Module) -> nn.Module:
             delattr(m, _HOOK_ATTR)
         if hasattr(m, _SITE_ATTR):
             delattr(m, _SITE_ATTR)
+    for h in getattr(model, _SAMPLE_HOOKS_ATTR, ()):
+        h.remove()
+    if hasattr(model, _SAMPLE_HOOKS_ATTR):
+        delattr(model, _SAMPLE_HOOKS_ATTR)
     try:
         roots = _hf_roots(model)
     except TypeError:
