@@ -284,6 +284,7 @@ class _Padded(nn.Module):
         return self.enc(x, src_key_padding_mask=kpm)
 
 
+@pytest.mark.slow  # ~10-15 s each on a loaded 2-core machine (Dynamo tracing)
 @pytest.mark.parametrize("grad", [False, True])
 def test_compile_fullgraph_and_export_with_float_masks_and_weights(grad):
     """Float masks (and so every padded nn.TransformerEncoder: torch turns its bool padding mask
