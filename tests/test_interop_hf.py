@@ -297,3 +297,16 @@ def test_num_samples_gives_draws_on_hf_models_and_unconvert_leaves_unconverted_m
     assert plain.config._attn_implementation == "sdpa"
     unconvert_hf(plain)
     assert plain.config._attn_implementation == "sdpa"  # never converted: unchanged
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_convert_hf_default_family_in_half_precision(dtype):
+    """The convert_hf default (Dirichlet) draws in float16/bfloat16 models (torch has no half
+    Gamma sampler on CPU: the draw runs in float32), with finite outputs and KL."""
+    model, inputs = _bert()
+    convert_hf(model.to(dtype).eval())
+    with attention_mode("elbo"), collect_kl() as col:
+        out = model(**inputs).last_hidden_state
+        kl = col.total()
+    assert out.dtype == dtype
+    assert bool(torch.isfinite(out).all()) and bool(torch.isfinite(kl).all())
