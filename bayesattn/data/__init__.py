@@ -15,6 +15,12 @@ One module per concern; every public name is re-exported here:
 
 * :mod:`bayesattn.data.digits` -- :class:`DigitsData`, :func:`load_digits_data`.
 * :mod:`bayesattn.data.corruptions` -- :func:`corrupt_images`, :func:`corruption_suite`.
+* :mod:`bayesattn.data.holdout` -- :func:`holdout_split_indices` (class-held-out splits),
+  :func:`rotation_pairs` (disjoint held-out pairs).
+* :mod:`bayesattn.data.mnist1d` -- :class:`Mnist1dData`, :func:`load_mnist1d_data` (MNIST-1D,
+  generated offline by the ``mnist1d`` package; the ``study`` extra).
+* :mod:`bayesattn.data.far_ood` -- :func:`far_ood_suite` (uniform / inverted / permuted) and
+  :func:`corrupt_sequences` (1-D corruptions).
 * :mod:`bayesattn.data.patches` -- :func:`images_to_patches`, :func:`patches_to_images`.
 * :mod:`bayesattn.data.sequences` -- :class:`SequenceTask`, copy / reverse / sort tasks,
   :func:`make_ood_sequences`.
@@ -42,6 +48,9 @@ from __future__ import annotations
 
 from .corruptions import CORRUPTION_KINDS, corrupt_images, corruption_suite
 from .digits import DigitsData, load_digits_data
+from .far_ood import FAR_OOD_KINDS, SEQUENCE_CORRUPTIONS, corrupt_sequences, far_ood_suite
+from .holdout import HoldoutSplit, holdout_split_indices, rotation_pairs
+from .mnist1d import Mnist1dData, generate_mnist1d, load_mnist1d_data
 from .patches import images_to_patches, patches_to_images
 from .sequences import (
     BOS_ID,
@@ -65,6 +74,16 @@ __all__ = [
     "CORRUPTION_KINDS",
     "corrupt_images",
     "corruption_suite",
+    "FAR_OOD_KINDS",
+    "far_ood_suite",
+    "SEQUENCE_CORRUPTIONS",
+    "corrupt_sequences",
+    "HoldoutSplit",
+    "holdout_split_indices",
+    "rotation_pairs",
+    "Mnist1dData",
+    "load_mnist1d_data",
+    "generate_mnist1d",
     "images_to_patches",
     "patches_to_images",
     # sequence tasks
