@@ -24,7 +24,7 @@ DATASETS: tuple[Dataset, ...] = ("digits", "mnist1d")
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "digits": dict(d_model=32, nhead=4, num_layers=2, dim_feedforward=64, epochs=20, lr=3e-3,
                    batch_size=64, patch=2),
-    "mnist1d": dict(d_model=32, nhead=4, num_layers=2, dim_feedforward=64, epochs=30, lr=3e-3,
+    "mnist1d": dict(d_model=64, nhead=4, num_layers=3, dim_feedforward=128, epochs=40, lr=3e-3,
                     batch_size=64, patch=4),
 }  # fmt: skip
 _MODEL_KEYS = ("d_model", "nhead", "num_layers", "dim_feedforward", "epochs", "lr", "batch_size")
@@ -68,6 +68,7 @@ class StudyConfig:
     knn_ks: Sequence[int] = (1, 5, 10, 20, 50)
     arviz_examples: int = 16
     geometry: bool = True
+    figures: bool = True
     progress: bool = True
     extra: dict = field(default_factory=dict)
 

@@ -83,7 +83,7 @@ def _one_run(cfg: StudyConfig, out: Path, run: Run, first: bool, bar: Any) -> di
         fitted = method.fit(run)
         row, preds = evaluate(method, fitted, run)
         rows[name] = row
-        if first:
+        if first and cfg.figures:
             extras[name] = figures.run_figures(out, run, method, fitted, preds)
         bar.update()
     curve = {}
