@@ -4,12 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from bayesattn.data import (
-    corrupt_sequences,
-    far_ood_suite,
-    generate_mnist1d,
-    load_mnist1d_data,
-)
+from bayesattn.data.far_ood import corrupt_sequences, far_ood_suite
+from bayesattn.data.mnist1d import generate_mnist1d, load_mnist1d_data
 
 mdata = pytest.importorskip("mnist1d.data")
 N = 400  # a small generation keeps the test fast; the default is the package's 5000

@@ -17,7 +17,8 @@ from bayesattn._study_io import (
     register_output,
 )
 from bayesattn.cli import main
-from bayesattn.data import holdout_split_indices, load_digits_data, rotation_pairs
+from bayesattn.data import load_digits_data
+from bayesattn.data.holdout import holdout_split_indices, rotation_pairs
 from bayesattn.study import METHODS, Fitted, Method, StudyConfig, get_method, register_method
 
 

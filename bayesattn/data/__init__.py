@@ -11,16 +11,18 @@ Two families of data live here:
   returned as a :class:`SequenceTask` with token ids, vocabularies and gold word
   alignments (for comparing attention maps against ground truth).
 
-One module per concern; every public name is re-exported here:
+One module per concern; the names below are re-exported here (the study's helpers,
+``holdout``, ``mnist1d`` and ``far_ood``, are imported from their modules):
 
 * :mod:`bayesattn.data.digits` -- :class:`DigitsData`, :func:`load_digits_data`.
 * :mod:`bayesattn.data.corruptions` -- :func:`corrupt_images`, :func:`corruption_suite`.
-* :mod:`bayesattn.data.holdout` -- :func:`holdout_split_indices` (class-held-out splits),
-  :func:`rotation_pairs` (disjoint held-out pairs).
-* :mod:`bayesattn.data.mnist1d` -- :class:`Mnist1dData`, :func:`load_mnist1d_data` (MNIST-1D,
-  generated offline by the ``mnist1d`` package; the ``study`` extra).
-* :mod:`bayesattn.data.far_ood` -- :func:`far_ood_suite` (uniform / inverted / permuted) and
-  :func:`corrupt_sequences` (1-D corruptions).
+* :mod:`bayesattn.data.holdout` -- class-held-out split indices and the disjoint held-out pairs
+  of the study (:func:`~bayesattn.data.holdout.holdout_split_indices`,
+  :func:`~bayesattn.data.holdout.rotation_pairs`).
+* :mod:`bayesattn.data.mnist1d` -- MNIST-1D, generated offline by the ``mnist1d`` package
+  (:func:`~bayesattn.data.mnist1d.load_mnist1d_data`; the ``study`` extra).
+* :mod:`bayesattn.data.far_ood` -- far-OOD sanity sets and 1-D corruptions
+  (:func:`~bayesattn.data.far_ood.far_ood_suite`, :func:`~bayesattn.data.far_ood.corrupt_sequences`).
 * :mod:`bayesattn.data.patches` -- :func:`images_to_patches`, :func:`patches_to_images`.
 * :mod:`bayesattn.data.sequences` -- :class:`SequenceTask`, copy / reverse / sort tasks,
   :func:`make_ood_sequences`.
@@ -48,9 +50,6 @@ from __future__ import annotations
 
 from .corruptions import CORRUPTION_KINDS, corrupt_images, corruption_suite
 from .digits import DigitsData, load_digits_data
-from .far_ood import FAR_OOD_KINDS, SEQUENCE_CORRUPTIONS, corrupt_sequences, far_ood_suite
-from .holdout import HoldoutSplit, holdout_split_indices, rotation_pairs
-from .mnist1d import Mnist1dData, generate_mnist1d, load_mnist1d_data
 from .patches import images_to_patches, patches_to_images
 from .sequences import (
     BOS_ID,
@@ -74,16 +73,6 @@ __all__ = [
     "CORRUPTION_KINDS",
     "corrupt_images",
     "corruption_suite",
-    "FAR_OOD_KINDS",
-    "far_ood_suite",
-    "SEQUENCE_CORRUPTIONS",
-    "corrupt_sequences",
-    "HoldoutSplit",
-    "holdout_split_indices",
-    "rotation_pairs",
-    "Mnist1dData",
-    "load_mnist1d_data",
-    "generate_mnist1d",
     "images_to_patches",
     "patches_to_images",
     # sequence tasks

@@ -36,7 +36,7 @@ class StudyConfig:
 
     ``datasets`` (default: just ``dataset``) are run one after the other. On each, the held-out
     classes are ``holdout_classes`` (one pair), or the first ``holdout_rotation=K`` of a seeded
-    cut of the ten classes into disjoint pairs (:func:`~bayesattn.data.rotation_pairs`,
+    cut of the ten classes into disjoint pairs (:func:`~bayesattn.data.holdout.rotation_pairs`,
     ``rotation_seed``; give one or the other, neither: ``K =`` :data:`DEFAULT_ROTATION`); every pair is run on ``seeds`` seeds (``seed, seed+1, …``: split,
     initialisation and sampling). Model fields left at ``None`` take :data:`MODEL_DEFAULTS`
     of the dataset. ``quick()`` is the smoke preset, ``full()`` the whole protocol.

@@ -13,16 +13,9 @@ import pyro
 import torch
 from torch import Tensor
 
-from ..data import (
-    CORRUPTION_KINDS,
-    SEQUENCE_CORRUPTIONS,
-    DigitsData,
-    corrupt_images,
-    corrupt_sequences,
-    far_ood_suite,
-    load_digits_data,
-    load_mnist1d_data,
-)
+from ..data import CORRUPTION_KINDS, DigitsData, corrupt_images, load_digits_data
+from ..data.far_ood import SEQUENCE_CORRUPTIONS, corrupt_sequences, far_ood_suite
+from ..data.mnist1d import load_mnist1d_data
 from ..inference import fit
 from ..nn.blocks import AttentionConfig
 from ..nn.networks import BayesianNetwork, TransformerClassifier, VisionTransformer
