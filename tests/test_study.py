@@ -81,22 +81,26 @@ def test_rotated_study_writes_everything_and_is_reproducible(tmp_path):
         assert (tmp_path / "a" / f).stat().st_size > 0
 
 
-def test_mnist1d_study_and_cli(tmp_path, capsys):
+def test_full_protocol_path_runs_both_datasets_into_one_report(tmp_path, capsys):
     pytest.importorskip("mnist1d")
     out = tmp_path / "m"
-    args = ["study", "--out", str(out), "--dataset", "mnist1d", "--methods", "deterministic",
-            "recommended", "--holdout-classes", "3", "4", "--seeds", "1", "--epochs", "1",
+    args = ["study", "--out", str(out), "--protocol", "full", "--methods", "deterministic",
+            "--holdout-classes", "3", "4", "--seeds", "1", "--epochs", "1",
             "--ensemble-size", "1", "--samples", "2", "--no-progress"]  # fmt: skip
     assert main(args) == 0
-    assert "| recommended |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "**digits**" in printed and "**mnist1d**" in printed and "| deterministic |" in printed
     saved = json.loads((out / "results.json").read_text())
+    assert list(saved["datasets"]) == ["digits", "mnist1d"]
+    report = (out / "report.md").read_text()
+    assert "## digits" in report and "## mnist1d" in report and "pareto_mnist1d.png" in report
     run = saved["datasets"]["mnist1d"]["runs"][0]
-    assert run["pair"] == [3, 4] and set(run["methods"]) == {"deterministic", "recommended"}
-    assert set(run["methods"]["recommended"]["corruptions"]) == {
+    assert run["pair"] == [3, 4] and set(run["methods"]) == {"deterministic"}
+    assert set(run["methods"]["deterministic"]["corruptions"]) == {
         "noise_1", "noise_3", "noise_5", "occlusion_1", "occlusion_3", "occlusion_5",
         "shift_1", "shift_3", "shift_5",
     }  # fmt: skip
-    assert (out / "mnist1d_reliability_recommended.png").exists()
+    assert (out / "mnist1d_reliability_deterministic.png").exists()
     assert main(args) == 2  # a study is there: --force needed
     (out / "notes.txt").write_text("keep")
     assert main([*args, "--force"]) == 0
