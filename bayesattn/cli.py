@@ -108,7 +108,11 @@ def _study(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    results = run_study(cfg)
+    try:
+        results = run_study(cfg)
+    except ImportError as e:  # a method's or dataset's optional dependency is missing
+        print(f"bayesattn: {e}", file=sys.stderr)
+        return 2
     print()
     print(format_table(results))
     out = Path(args.out)

@@ -34,7 +34,7 @@ def _import_mnist1d() -> Any:
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
             "MNIST-1D needs the mnist1d package (generated offline, nothing downloaded): "
-            "pip install 'bayesattn[study]'"
+            "pip install mnist1d (the study extra; `make study` installs it)"
         ) from exc
     return mdata
 

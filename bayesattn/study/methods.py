@@ -62,6 +62,10 @@ class Method:
     #: a network with Bayesian attention whose posterior the study saves (first run)
     attention_outputs: bool = False
 
+    def check_available(self) -> None:
+        """Raise ``ImportError`` (saying what to install) if the method cannot run here; called
+        before a study starts."""
+
     def fit(self, run: Run) -> Fitted:
         raise NotImplementedError
 
@@ -245,14 +249,17 @@ class LastLayerLaplace(Deterministic):
     name = "laplace"
     description = "last-layer Laplace (laplace-torch), prior precision on validation NLL"
 
-    def fit(self, run: Run) -> Fitted:
+    def check_available(self) -> None:
         try:
-            from laplace import Laplace
+            import laplace  # noqa: F401
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise ImportError(
-                "the laplace method needs laplace-torch (the study extra; see docs/api/study.md "
-                "for installing it without torchvision)"
+                "the laplace method needs laplace-torch (the study extra: `make study` installs "
+                "it; docs/api/study.md says how by hand), or leave it out with --methods"
             ) from e
+
+    def fit(self, run: Run) -> Fitted:
+        from laplace import Laplace
         from torch.utils.data import DataLoader, TensorDataset
 
         f = super().fit(run)
