@@ -194,3 +194,21 @@ def test_cli_refuses_empty_out_and_deletes_nothing(tmp_path, monkeypatch, capsys
         main(["study", "--holdout-classes", "1", "2", "--holdout-rotation", "2"])
     with pytest.raises(SystemExit):
         main(["study", "--methods", "bogus"])
+
+
+def test_the_03_building_blocks_benchmarks_import_still_work():
+    import torch
+
+    from bayesattn.study import _train, _vit
+
+    cfg = StudyConfig(epochs=1, d_model=8, nhead=2, num_layers=1, dim_feedforward=8)
+    data = load_digits_data(seed=0, holdout_classes=(8, 9))
+    data = type(data)(**{**{f: getattr(data, f) for f in data.__dataclass_fields__},
+                         "x_train": data.x_train[:64], "y_train": data.y_train[:64],
+                         "x_val": data.x_val[:32], "y_val": data.y_val[:32]})  # fmt: skip
+    torch.manual_seed(0)
+    net = _vit(cfg, data.num_classes, None)
+    assert net.head.out_features == 8 and net.encoder.layers[0].self_attn.embed_dim == 8
+    before = net.head.weight.detach().clone()
+    assert _train(net, data, cfg, 0, bayes=False) > 0
+    assert not torch.equal(before, net.head.weight)
