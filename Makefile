@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine (Python >= 3.11 and pip only):
-#   make study   -> builds .venv, installs bayesattn, runs the main job
+#   make study   -> builds .venv, installs bayesattn and the study extra, runs the main job
 #   make test    -> builds .venv, installs bayesattn with dev, examples, lightning and hf extras,
 #                   runs lint + the test suite (including a 2-process DDP run on CPU), then
 #                   `make test-arviz1`: builds .venv312 (Python 3.12, ArviZ 1.x) and runs the
@@ -50,7 +50,19 @@ test-fast: $(VENV)/.installed lint  # the inner loop: everything but the slow te
 docs: $(VENV)/.installed  # the user guide + API reference, strict, into site/
 	$(VENV)/bin/mkdocs build --strict
 
-study: $(VENV)/.installed
+# the study extra: laplace-torch and backpack-for-pytorch declare torchvision, which last-layer
+# Laplace never imports and whose wheel for the CPU torch does not import; so they go in without
+# dependencies (their own are listed), then mnist1d with its dependencies
+STUDY_NODEPS := laplace-torch backpack-for-pytorch curvlinops-for-pytorch asdfghjkl einops \
+	unfoldNd einconv linear_operator
+
+$(VENV)/.study-installed: $(VENV)/.installed
+	$(PIP) install -c constraints.txt --no-deps $(STUDY_NODEPS)
+	$(PIP) install -c constraints.txt mnist1d scikit-learn
+	touch $@
+
+# the main job (about 15 minutes on 2 cores); ARGS="--protocol full" for the whole protocol
+study: $(VENV)/.study-installed
 	$(VENV)/bin/bayesattn study $(ARGS)
 
 bench: $(VENV)/.installed

@@ -1,14 +1,19 @@
-"""The study's output folder: complete or clearly incomplete, never something that looks finished.
+"""The study's output folder: safe to name, complete or clearly incomplete, and only ever
+cleaned of files a study run wrote.
 
-A run (:func:`begin_run`) first removes the previous run's outputs (``results.json``,
-``report.md``, the ``*.png`` figures and ``*.nc`` ArviZ files, stale temporary files) and writes
-``INCOMPLETE``; it ends (:func:`finish_run`) by writing ``report.md`` and then ``results.json``
-atomically (temporary file + ``os.replace``) and removing ``INCOMPLETE``. So:
+**Which folder.** :func:`check_out_path` refuses an empty path, ``.``, the working folder or one
+above it, the home folder or one above it, and the filesystem root: a study owns its folder.
+:func:`prepare_out_dir` also refuses an existing folder that holds files but no study manifest
+(it is someone else's), and a study folder unless ``force``.
 
-* **complete** ⇔ ``results.json`` exists (it is written last, lists every file of the run under
-  ``"files"``, and each of them exists);
-* otherwise the run is incomplete, and ``INCOMPLETE`` says so to a person looking at the folder.
+**The manifest.** While a run is under way, ``INCOMPLETE`` lists (after its first line) every
+file the run has written or is about to write (:func:`register_output`, called before each
+write); a finished run lists them in ``results.json`` under ``"files"``. A rerun
+(:func:`begin_run`, e.g. ``--force``) removes exactly the files those two lists name, never a
+file by pattern, so other files in the folder are kept.
 
+**Complete** ⇔ ``results.json`` exists (written last, atomically) and every file it lists exists;
+otherwise the run is incomplete, and ``INCOMPLETE`` says so to a person looking at the folder.
 :func:`study_status` applies that rule. Also the extra checks of ``StudyConfig``.
 """
 
@@ -25,7 +30,11 @@ __all__ = [
     "INCOMPLETE",
     "RESULTS",
     "REPORT",
+    "check_out_path",
     "prepare_out_dir",
+    "is_study_folder",
+    "manifest",
+    "register_output",
     "begin_run",
     "finish_run",
     "study_status",
@@ -35,15 +44,75 @@ __all__ = [
 INCOMPLETE = "INCOMPLETE"
 RESULTS = "results.json"
 REPORT = "report.md"
-_OUTPUT_GLOBS = ("*.png", "*.nc", f".{RESULTS}.*.tmp", f".{REPORT}.*.tmp")
+_HEADER = (
+    "A bayesattn study is running here, or was interrupted: the files in this folder are "
+    "partial. A finished run has results.json and no INCOMPLETE file. Files of this run:"
+)
+#: the run's own temporary files (atomic writes): safe to remove by pattern
+_TEMP_GLOBS = (f".{RESULTS}.*.tmp", f".{REPORT}.*.tmp", f".{INCOMPLETE}.*.tmp")
 
 
-def prepare_out_dir(out: str | Path) -> Path:
-    """``out`` as a folder that exists (created if needed); ``ValueError`` if it is a file or
-    lies under one, or cannot be created."""
+def check_out_path(out: Any) -> Path:
+    """``out`` as a path a study may own; ``ValueError`` for an empty path, ``.``, the working
+    folder or a folder above it, the home folder or one above it, or the filesystem root."""
     if not isinstance(out, (str, Path)):
         raise TypeError(f"out must be a folder path (str); got {type(out).__name__}")
-    out = Path(out)
+    text = str(out)
+    if not text.strip():
+        raise ValueError(
+            "out must name a folder for the study; got an empty path (it would be the working "
+            "folder)"
+        )
+    p = Path(text).expanduser().resolve()
+    cwd, home = Path.cwd().resolve(), Path.home().resolve()
+    unsafe = {
+        Path(p.anchor): "the filesystem root",
+        cwd: "the working folder",
+        home: "the home folder",
+    }
+    what = unsafe.get(p)
+    if what is None and p in cwd.parents:
+        what = "a folder above the working folder"
+    if what is None and p in home.parents:
+        what = "a folder above the home folder"
+    if what is not None:
+        raise ValueError(
+            f"refusing output folder {text!r} ({p}): it is {what}; give the study a folder of "
+            "its own, e.g. --out bayesattn-study"
+        )
+    return Path(text).expanduser()
+
+
+def manifest(out: Path) -> set[str] | None:
+    """Names of files earlier study runs wrote in ``out`` (``results.json``'s ``"files"`` and an
+    unfinished run's ``INCOMPLETE`` list); ``None`` if ``out`` holds no study manifest."""
+    names: set[str] = set()
+    found = False
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+        listed = json.loads((out / RESULTS).read_text()).get("files")
+        if isinstance(listed, list):
+            names |= {f for f in listed if isinstance(f, str)}
+            found = True
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        lines = (out / INCOMPLETE).read_text().splitlines()
+        found = True
+        names |= {ln.strip() for ln in lines[1:] if ln.strip()}
+    if not found:
+        return None
+    # only plain names inside the folder, never the folder's other files by a path trick
+    return {n for n in names if n and "/" not in n and "\\" not in n and n not in (".", "..")}
+
+
+def is_study_folder(out: Path) -> bool:
+    """Whether ``out`` holds a study manifest (a finished or an unfinished run)."""
+    return manifest(out) is not None
+
+
+def prepare_out_dir(out: str | Path, force: bool = True) -> Path:
+    """``out`` (checked by :func:`check_out_path`) as a folder that exists (created if needed).
+    ``ValueError`` if it is a file or lies under one, cannot be created, holds files but no
+    study manifest, or holds a study and ``force`` is false."""
+    out = check_out_path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"output folder {str(out)!r} exists and is a file, not a folder")
     for p in out.parents:
@@ -51,6 +120,17 @@ def prepare_out_dir(out: str | Path) -> Path:
             if not p.is_dir():
                 raise ValueError(f"output folder {str(out)!r} lies under {str(p)!r}, a file")
             break
+    if out.is_dir() and any(out.iterdir()):
+        if not is_study_folder(out):
+            raise ValueError(
+                f"output folder {str(out)!r} holds files no study run wrote (no results.json or "
+                "INCOMPLETE manifest); give an empty or a new folder"
+            )
+        if not force:
+            raise ValueError(
+                f"output folder {str(out)!r} holds a study ({study_status(out)}); pass --force "
+                "to replace it (only the files its manifest lists are removed)"
+            )
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -58,25 +138,34 @@ def prepare_out_dir(out: str | Path) -> Path:
     return out
 
 
+def _write_incomplete(out: Path, names: set[str]) -> None:
+    atomic_write_text(out / INCOMPLETE, "\n".join([_HEADER, *sorted(names)]) + "\n")
+
+
+def register_output(out: Path, name: str) -> Path:
+    """Add ``name`` to the running study's manifest (``INCOMPLETE``) and return ``out / name``;
+    call it before writing the file, so an interrupted run's files are still known."""
+    if not name or "/" in name or "\\" in name:
+        raise ValueError(f"study outputs are plain file names; got {name!r}")
+    names = manifest(out) or set()
+    if name not in names:
+        _write_incomplete(out, names | {name})
+    return out / name
+
+
 def begin_run(out: Path) -> frozenset[str]:
-    """Mark ``out`` incomplete, then remove the previous run's outputs (so a rerun, e.g.
-    ``--force``, leaves only the new run's files). Returns the names of the other files already
-    there (not the study's; kept, and not listed as the run's)."""
-    atomic_write_text(
-        out / INCOMPLETE,
-        "A bayesattn study is running here, or was interrupted: the files in this folder are "
-        "partial. A finished run has results.json and no INCOMPLETE file.\n",
-    )
-    old: list[str] = []
-    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-        old = list(json.loads((out / RESULTS).read_text()).get("files", []))
-    victims = {out / RESULTS, out / REPORT}
-    victims |= {out / f for f in old if isinstance(f, str) and "/" not in f and f != INCOMPLETE}
-    for g in _OUTPUT_GLOBS:
+    """Mark ``out`` incomplete, then remove the files of earlier runs its manifest lists (so a
+    rerun, e.g. ``--force``, leaves only the new run's files). Returns the names of the other
+    files already there (not the study's; kept, and not listed as the run's)."""
+    old = manifest(out) or set()
+    _write_incomplete(out, old)  # an interrupted clean-up still knows what to remove
+    victims = {out / RESULTS, out / REPORT} | {out / f for f in old if f != INCOMPLETE}
+    for g in _TEMP_GLOBS:
         victims |= set(out.glob(g))
     for f in [out / RESULTS, *victims]:  # results.json first: from here on, not complete
         with contextlib.suppress(FileNotFoundError, IsADirectoryError):
             f.unlink()
+    _write_incomplete(out, set())
     return frozenset(p.name for p in out.iterdir() if p.name != INCOMPLETE)
 
 
@@ -85,6 +174,7 @@ def finish_run(
 ) -> None:
     """Write ``report.md``, then ``results.json`` (last, listing every file of the run: those in
     the folder but not in ``foreign``), both atomically; then remove ``INCOMPLETE``."""
+    register_output(out, REPORT)
     atomic_write_text(out / REPORT, report)
     files = sorted(
         p.name
@@ -121,23 +211,26 @@ def validate_study_config(cfg: Any) -> None:
         raise TypeError(f"out must be a folder path (str); got {cfg.out!r}")
     if isinstance(cfg.methods, str):
         raise TypeError(f"methods must be a list of method names; got the string {cfg.methods!r}")
-    for name in ("epochs", "num_samples", "ensemble_size", "batch_size", "d_model", "nhead",
-                 "num_layers", "dim_feedforward", "arviz_examples"):
+    for name in ("epochs", "batch_size", "d_model", "nhead", "num_layers", "dim_feedforward"):
+        check_int(name, getattr(cfg, name), 1, allow_none=True)
+    for name in ("num_samples", "ensemble_size", "arviz_examples"):
         check_int(name, getattr(cfg, name), 1)
-    for name in ("seed", "kl_anneal_epochs"):
+    for name in ("seed", "kl_anneal_epochs", "rotation_seed"):
         check_int(name, getattr(cfg, name), 0)
-    if cfg.d_model % cfg.nhead:
+    if cfg.d_model is not None and cfg.nhead is not None and cfg.d_model % cfg.nhead:
         raise ValueError(
             f"d_model must be divisible by nhead; got d_model={cfg.d_model}, nhead={cfg.nhead}"
         )
-    check_real("lr", cfg.lr, gt=0.0)
+    if cfg.lr is not None:
+        check_real("lr", cfg.lr, gt=0.0)
     check_real("kl_weight", cfg.kl_weight, gt=0.0, le=1.0)
     check_real("dropout", cfg.dropout, ge=0.0, lt=1.0)
     if isinstance(cfg.severities, (str, bytes)) or not len(cfg.severities):
         raise ValueError(f"severities must be a non-empty list in 1..5; got {cfg.severities!r}")
     for s in cfg.severities:
         check_int("severities[i]", s, 1, 5)
-    if not isinstance(cfg.progress, bool):
-        raise TypeError(f"progress must be a bool; got {cfg.progress!r}")
+    for name in ("progress", "geometry", "figures"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise TypeError(f"{name} must be a bool; got {getattr(cfg, name)!r}")
     if not isinstance(cfg.extra, dict):
         raise TypeError(f"extra must be a dict; got {cfg.extra!r}")

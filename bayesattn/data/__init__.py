@@ -11,10 +11,18 @@ Two families of data live here:
   returned as a :class:`SequenceTask` with token ids, vocabularies and gold word
   alignments (for comparing attention maps against ground truth).
 
-One module per concern; every public name is re-exported here:
+One module per concern; the names below are re-exported here (the study's helpers,
+``holdout``, ``mnist1d`` and ``far_ood``, are imported from their modules):
 
 * :mod:`bayesattn.data.digits` -- :class:`DigitsData`, :func:`load_digits_data`.
 * :mod:`bayesattn.data.corruptions` -- :func:`corrupt_images`, :func:`corruption_suite`.
+* :mod:`bayesattn.data.holdout` -- class-held-out split indices and the disjoint held-out pairs
+  of the study (:func:`~bayesattn.data.holdout.holdout_split_indices`,
+  :func:`~bayesattn.data.holdout.rotation_pairs`).
+* :mod:`bayesattn.data.mnist1d` -- MNIST-1D, generated offline by the ``mnist1d`` package
+  (:func:`~bayesattn.data.mnist1d.load_mnist1d_data`; the ``study`` extra).
+* :mod:`bayesattn.data.far_ood` -- far-OOD sanity sets and 1-D corruptions
+  (:func:`~bayesattn.data.far_ood.far_ood_suite`, :func:`~bayesattn.data.far_ood.corrupt_sequences`).
 * :mod:`bayesattn.data.patches` -- :func:`images_to_patches`, :func:`patches_to_images`.
 * :mod:`bayesattn.data.sequences` -- :class:`SequenceTask`, copy / reverse / sort tasks,
   :func:`make_ood_sequences`.

@@ -4,7 +4,6 @@ out-of-distribution (OOD) evaluation. Images are float32 ``(N, H, W)`` in ``[0, 
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._validation import check_real, check_seed
+from .._validation import check_seed
+from .holdout import HoldoutSplit, check_holdout_classes, holdout_split_indices
 
 __all__ = ["DigitsData", "load_digits_data"]
 
@@ -85,64 +85,34 @@ def load_digits_data(
         Returns a :class:`DigitsData` with images ``(N, 8, 8)`` and labels ``(N,)``.
     """
     seed = check_seed(seed)
-    val_fraction = check_real("val_fraction", val_fraction, ge=0.0, lt=1.0)
-    test_fraction = check_real("test_fraction", test_fraction, ge=0.0, lt=1.0)
-    if val_fraction + test_fraction >= 1.0:
-        raise ValueError(
-            "val_fraction + test_fraction must be < 1, got "
-            f"{val_fraction} + {test_fraction} = {val_fraction + test_fraction}"
-        )
     if isinstance(holdout_classes, (str, bytes)) or not isinstance(holdout_classes, Iterable):
         raise TypeError(f"holdout_classes must be an iterable of ints, got {holdout_classes!r}")
     holdout_list = list(holdout_classes)
-    for c in holdout_list:
-        if isinstance(c, bool) or not isinstance(c, numbers.Integral) or not 0 <= c <= 9:
-            raise ValueError(f"holdout_classes must contain digits 0..9, got {holdout_list!r}")
-    if len(set(holdout_list)) != len(holdout_list):
-        raise ValueError(f"holdout_classes must not repeat a class, got {holdout_list!r}")
-    holdout = tuple(sorted(int(c) for c in holdout_list))
-    classes = tuple(c for c in range(10) if c not in holdout)
-    if len(classes) < 2:
-        raise ValueError(
-            f"holdout_classes must leave at least 2 in-distribution classes, got {holdout_list!r}"
-        )
-
+    check_holdout_classes(holdout_list)
     bunch = _import_load_digits()()
     images = np.asarray(bunch.images, dtype=np.float32) / 16.0  # (1797, 8, 8)
     targets = np.asarray(bunch.target, dtype=np.int64)  # (1797,)
+    split = holdout_split_indices(targets, holdout_list, seed, val_fraction, test_fraction)
+    return _data_from_split(images, targets, split, seed)
 
-    rng = np.random.default_rng(seed)
+
+def _data_from_split(
+    images: np.ndarray, targets: np.ndarray, split: HoldoutSplit, seed: int
+) -> DigitsData:
+    """The :class:`DigitsData` of ``images``/``targets`` rows picked by ``split``."""
+    labels = split.remap(targets)
+
+    def take(idx: np.ndarray) -> tuple[Tensor, Tensor]:
+        return torch.from_numpy(images[idx].copy()), torch.from_numpy(labels[idx].copy())
+
+    x_train, y_train = take(split.train)
+    x_val, y_val = take(split.val)
+    x_test, y_test = take(split.test)
+    x_ood = torch.from_numpy(images[split.ood].copy())  # (N_ood, ...)
+    y_ood = torch.from_numpy(targets[split.ood].copy())  # (N_ood,)
+    classes = split.classes
     label_map = {c: k for k, c in enumerate(classes)}
-    parts: dict[str, list[np.ndarray]] = {"train": [], "val": [], "test": []}
-    for c in classes:
-        idx = rng.permutation(np.flatnonzero(targets == c))
-        n_test = int(round(test_fraction * len(idx)))
-        n_val = int(round(val_fraction * len(idx)))
-        if n_test + n_val >= len(idx):
-            raise ValueError(
-                f"val_fraction={val_fraction} and test_fraction={test_fraction} leave no "
-                f"training samples for class {c} ({len(idx)} samples)"
-            )
-        parts["test"].append(idx[:n_test])
-        parts["val"].append(idx[n_test : n_test + n_val])
-        parts["train"].append(idx[n_test + n_val :])
-
-    remap = np.full(10, -1, dtype=np.int64)
-    for c, k in label_map.items():
-        remap[c] = k
-
-    def take(name: str) -> tuple[Tensor, Tensor]:
-        idx = rng.permutation(np.concatenate(parts[name]))
-        x = torch.from_numpy(images[idx].copy())  # (N, 8, 8)
-        y = torch.from_numpy(remap[targets[idx]])  # (N,)
-        return x, y
-
-    x_train, y_train = take("train")
-    x_val, y_val = take("val")
-    x_test, y_test = take("test")
-    ood_idx = np.flatnonzero(np.isin(targets, holdout))
-    x_ood = torch.from_numpy(images[ood_idx].copy()).reshape(-1, 8, 8)  # (N_ood, 8, 8)
-    y_ood = torch.from_numpy(targets[ood_idx].copy())  # (N_ood,)
+    holdout = split.holdout
     return DigitsData(
         x_train=x_train,
         y_train=y_train,

@@ -1,0 +1,157 @@
+"""The study's settings (:class:`StudyConfig`) and the per-dataset model defaults."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .._study_io import validate_study_config
+from ..data.holdout import check_holdout_classes, rotation_pairs
+
+__all__ = ["StudyConfig", "DATASETS", "MODEL_DEFAULTS", "DEFAULT_ROTATION"]
+
+#: held-out pairs of the default study (``make study``) when neither ``holdout_classes`` nor
+#: ``holdout_rotation`` is given
+DEFAULT_ROTATION = 2
+
+Dataset = Literal["digits", "mnist1d"]
+DATASETS: tuple[Dataset, ...] = ("digits", "mnist1d")
+
+#: per-dataset architecture and training defaults (a ``StudyConfig`` field left at ``None``
+#: takes the dataset's value). digits: a ViT over 2×2 patches (16 tokens + CLS); mnist1d: a
+#: transformer over the 40-step sequence cut into windows of ``patch`` steps (+ CLS).
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "digits": dict(d_model=32, nhead=4, num_layers=2, dim_feedforward=64, epochs=20, lr=3e-3,
+                   batch_size=64, patch=2),
+    "mnist1d": dict(d_model=64, nhead=4, num_layers=3, dim_feedforward=128, epochs=40, lr=3e-3,
+                    batch_size=64, patch=4),
+}  # fmt: skip
+_MODEL_KEYS = ("d_model", "nhead", "num_layers", "dim_feedforward", "epochs", "lr", "batch_size")
+
+
+@dataclass
+class StudyConfig:
+    """Settings of :func:`~bayesattn.study.run_study`.
+
+    ``datasets`` (default: just ``dataset``) are run one after the other. On each, the held-out
+    classes are ``holdout_classes`` (one pair), or the first ``holdout_rotation=K`` of a seeded
+    cut of the ten classes into disjoint pairs (:func:`~bayesattn.data.holdout.rotation_pairs`,
+    ``rotation_seed``; give one or the other, neither: ``K =`` :data:`DEFAULT_ROTATION`); every pair is run on ``seeds`` seeds (``seed, seed+1, …``: split,
+    initialisation and sampling). Model fields left at ``None`` take :data:`MODEL_DEFAULTS`
+    of the dataset. ``quick()`` is the smoke preset, ``full()`` the whole protocol.
+    """
+
+    out: str = "bayesattn-study"
+    dataset: Dataset = "digits"
+    datasets: Sequence[Dataset] = ()
+    methods: Sequence[str] = ()
+    epochs: int | None = None
+    seed: int = 0
+    seeds: int = 3
+    holdout_classes: Sequence[int] = ()
+    holdout_rotation: int | None = None
+    rotation_seed: int = 0
+    num_samples: int = 8
+    timing_samples: Sequence[int] = (1, 8, 32)
+    ensemble_size: int = 5
+    d_model: int | None = None
+    nhead: int | None = None
+    num_layers: int | None = None
+    dim_feedforward: int | None = None
+    dropout: float = 0.1
+    batch_size: int | None = None
+    lr: float | None = None
+    kl_anneal_epochs: int = 5
+    kl_weight: float = 1e-3
+    severities: Sequence[int] = (1, 3, 5)
+    knn_ks: Sequence[int] = (1, 5, 10, 20, 50)
+    arviz_examples: int = 16
+    geometry: bool = True
+    figures: bool = True
+    progress: bool = True
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def quick(cls, **kw: Any) -> StudyConfig:
+        """A smoke run of a minute or two: one pair, 2 seeds, 5 epochs, an ensemble of 2."""
+        base: dict[str, Any] = dict(
+            epochs=5, seeds=2, holdout_classes=(8, 9), num_samples=8, ensemble_size=2,
+            severities=(3,), arviz_examples=4, geometry=False,
+        )  # fmt: skip
+        if "holdout_rotation" in kw:
+            base.pop("holdout_classes")
+        base.update(kw)
+        return cls(**base)
+
+    @classmethod
+    def full(cls, **kw: Any) -> StudyConfig:
+        """The whole protocol: both datasets, 5 disjoint held-out pairs × 5 seeds."""
+        base: dict[str, Any] = dict(datasets=DATASETS, holdout_rotation=5, seeds=5)
+        if kw.get("holdout_classes"):
+            base.pop("holdout_rotation")
+        base.update(kw)
+        return cls(**base)
+
+    def pairs(self) -> list[tuple[int, ...]]:
+        """The held-out class sets, one study run per set and seed."""
+        if self.holdout_classes:
+            return [tuple(sorted(self.holdout_classes))]
+        pairs = rotation_pairs(self.holdout_rotation or DEFAULT_ROTATION, seed=self.rotation_seed)
+        return [tuple(p) for p in pairs]
+
+    @property
+    def dataset_list(self) -> tuple[str, ...]:
+        """The datasets run, in order."""
+        return tuple(self.datasets) or (self.dataset,)
+
+    def model(self, dataset: str) -> dict[str, Any]:
+        """Architecture and training settings on ``dataset`` (explicit fields win)."""
+        out = dict(MODEL_DEFAULTS[dataset])
+        for k in _MODEL_KEYS:
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        return out
+
+    def __post_init__(self) -> None:
+        from .methods import DEFAULT_METHODS, METHODS
+
+        validate_study_config(self)
+        self.methods = tuple(self.methods) if self.methods else tuple(DEFAULT_METHODS)
+        for d in (self.dataset, *self.datasets):
+            if d not in DATASETS:
+                raise ValueError(f"dataset must be one of {DATASETS}; got {d!r}")
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad:
+            raise ValueError(
+                f"methods must be a non-empty subset of {METHODS}; got {list(self.methods)}"
+            )
+        if len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"methods must not repeat a method; got {list(self.methods)}")
+        for name in ("seeds", "num_samples", "ensemble_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int; got {v!r}")
+        if not self.timing_samples or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.timing_samples
+        ):
+            raise ValueError(f"timing_samples must be ints >= 1; got {list(self.timing_samples)}")
+        if not self.knn_ks or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.knn_ks
+        ):
+            raise ValueError(f"knn_ks must be ints >= 1; got {list(self.knn_ks)}")
+        h = list(self.holdout_classes)
+        if h and self.holdout_rotation is not None:
+            raise ValueError(
+                f"give holdout_classes (one pair) or holdout_rotation (K pairs), not both; got "
+                f"holdout_classes={h}, holdout_rotation={self.holdout_rotation}"
+            )
+        try:
+            check_holdout_classes(h)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"holdout_classes must be distinct digits 0..9: {e}") from None
+        r = self.holdout_rotation
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= 5):
+            raise ValueError(f"holdout_rotation must be None or an int in 1..5; got {r!r}")
+        if any(s not in (1, 2, 3, 4, 5) for s in self.severities):
+            raise ValueError(f"severities must be in 1..5; got {list(self.severities)}")

@@ -1,0 +1,361 @@
+"""The study's methods: a registry of name → :class:`Method` (how to train it, how to predict
+with it, and its own OOD score, if it has one). A new method plugs in with one
+:func:`register_method` call; every registered method runs through the same protocol, metrics
+and report.
+
+Hyperparameters are chosen on in-distribution validation data only (never on a held-out class
+or a far-OOD set): the temperature by validation NLL, the Laplace prior precision by a grid
+search on validation NLL, kNN's ``k`` by how well the distance flags validation errors."""
+
+from __future__ import annotations
+
+import copy
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .. import calibration as C
+from ..nn.blocks import AttentionConfig
+from ..nn.networks import BayesianNetwork
+from ..nn.weights import bayesian_projections
+from ..uncertainty import PredictionResult, predict, predict_ensemble, predict_mc_dropout
+from .runs import Run
+from .scores import choose_k, fit_mahalanobis, knn_distance
+
+__all__ = [
+    "Fitted",
+    "Method",
+    "METHODS",
+    "DEFAULT_METHODS",
+    "register_method",
+    "get_method",
+    "ensemble_of",
+]
+
+_BATCH = 512
+
+
+@dataclass
+class Fitted:
+    """A trained method on one run: its networks, training seconds (including any post-hoc
+    fit), the hyperparameters it chose (``params``, JSON-able, reported) and other state."""
+
+    nets: list[BayesianNetwork]
+    train_seconds: float
+    params: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class Method:
+    """A method of the study. Subclasses set ``name``/``description`` and implement
+    :meth:`fit` and :meth:`predict`; a method with its own OOD score (higher = more OOD) sets
+    ``own_score`` to the score's name and implements :meth:`score`."""
+
+    name: str = ""
+    description: str = ""
+    own_score: str | None = None
+    #: a network with Bayesian attention whose posterior the study saves (first run)
+    attention_outputs: bool = False
+
+    def check_available(self) -> None:
+        """Raise ``ImportError`` (saying what to install) if the method cannot run here; called
+        before a study starts."""
+
+    def fit(self, run: Run) -> Fitted:
+        raise NotImplementedError
+
+    def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
+        """The posterior predictive ``(S, B, C)`` on ``x``."""
+        raise NotImplementedError
+
+    def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
+        """The method's own OOD score ``(B,)`` (only when ``own_score`` is set)."""
+        raise NotImplementedError(f"{self.name} has no own score")
+
+
+_REGISTRY: dict[str, Method] = {}
+_DEFAULT: list[str] = []
+
+
+class _Names(Sequence[str]):
+    """A live view of registered names (so later registrations show up)."""
+
+    def __init__(self, source: Callable[[], list[str]]) -> None:
+        self._source = source
+
+    def __getitem__(self, i: Any) -> Any:
+        return tuple(self._source())[i]
+
+    def __len__(self) -> int:
+        return len(self._source())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(tuple(self._source()))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._source()
+
+    def __repr__(self) -> str:
+        return repr(tuple(self._source()))
+
+
+#: every registered method, in registration order
+METHODS: Sequence[str] = _Names(lambda: list(_REGISTRY))
+#: the methods a plain ``run_study``/``bayesattn study`` runs
+DEFAULT_METHODS: Sequence[str] = _Names(lambda: list(_DEFAULT))
+
+
+def register_method(method: Method, default: bool = False) -> Method:
+    """Add ``method`` under ``method.name`` (``default``: run it when no methods are named)."""
+    if not isinstance(method, Method) or not method.name or not method.name.isidentifier():
+        raise ValueError(f"method must be a Method with an identifier name; got {method!r}")
+    if method.name in _REGISTRY:
+        raise ValueError(f"a method named {method.name!r} is already registered")
+    _REGISTRY[method.name] = method
+    if default:
+        _DEFAULT.append(method.name)
+    return method
+
+
+def get_method(name: str) -> Method:
+    """The registered method called ``name``."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown method {name!r}; registered: {tuple(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# the deterministic network and what reuses it
+
+
+class Deterministic(Method):
+    name = "deterministic"
+    description = "softmax attention, cross-entropy (the ELBO with nothing random)"
+
+    def fit(self, run: Run) -> Fitted:
+        nets, secs = run.members(1)
+        return Fitted(nets, secs[0])
+
+    def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
+        return predict_ensemble(fitted.nets[:1], x, batch_size=_BATCH)
+
+
+class TemperatureScaled(Deterministic):
+    name = "temp_scaled"
+    description = "the deterministic network, temperature fitted on validation NLL"
+
+    def fit(self, run: Run) -> Fitted:
+        f = super().fit(run)
+        t0 = time.perf_counter()
+        logp = super().predict(f, run.data.x_val).mean_probs.clamp_min(1e-12).log()
+        T = C.fit_temperature(logp, run.data.y_val)
+        f.train_seconds += time.perf_counter() - t0
+        f.params = {"temperature": T, "chosen_by": "validation NLL (L-BFGS)"}
+        return f
+
+    def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
+        p = super().predict(fitted, x).mean_probs.clamp_min(1e-12)
+        return PredictionResult(torch.softmax(p.log() / fitted.params["temperature"], -1)[None])
+
+
+class McDropout(Deterministic):
+    name = "mc_dropout"
+    description = "the deterministic network with dropout kept on at test time"
+
+    def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
+        S = fitted.state["num_samples"]
+        return predict_mc_dropout(fitted.nets[0], x, S, batch_size=_BATCH)
+
+    def fit(self, run: Run) -> Fitted:
+        f = super().fit(run)
+        f.state["num_samples"] = run.cfg.num_samples
+        return f
+
+
+class Ensemble(Method):
+    """A deep ensemble of the first ``size`` deterministic members (``None``: the run's
+    ``ensemble_size``)."""
+
+    description = "deterministic networks from different seeds, predictions averaged"
+
+    def __init__(self, size: int | None = None) -> None:
+        self.size = size
+        self.name = "ensemble" if size is None else f"ensemble_{size}"
+
+    def fit(self, run: Run) -> Fitted:
+        nets, secs = run.members(self.size or run.cfg.ensemble_size)
+        return Fitted(nets, sum(secs))
+
+    def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
+        return predict_ensemble(fitted.nets, x, batch_size=_BATCH)
+
+
+def ensemble_of(size: int) -> Method:
+    """The ensemble of the first ``size`` members (the ensemble-size curve; not registered)."""
+    return Ensemble(size)
+
+
+class KNN(Deterministic):
+    name = "knn"
+    description = "the deterministic network; own score: kNN distance of its pooled features"
+    own_score = "kNN distance"
+
+    def fit(self, run: Run) -> Fitted:
+        f = super().fit(run)
+        t0 = time.perf_counter()
+        train, val = run.features("train"), run.features("val")
+        correct = super().predict(f, run.data.x_val).mean_probs.argmax(-1) == run.data.y_val
+        k, by_k = choose_k(train, val, correct, run.cfg.knn_ks)
+        f.train_seconds += time.perf_counter() - t0
+        f.params = {"k": k, "chosen_by": "AUROC of validation errors vs correct",
+                    "val_auroc_by_k": {str(i): v for i, v in by_k.items()}}  # fmt: skip
+        return f
+
+    def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
+        return knn_distance(run.features("train"), run.features("", x), fitted.params["k"])
+
+
+class RelativeMahalanobis(Deterministic):
+    name = "mahalanobis"
+    description = "the deterministic network; own score: relative Mahalanobis distance"
+    own_score = "relative Mahalanobis"
+
+    def fit(self, run: Run) -> Fitted:
+        f = super().fit(run)
+        t0 = time.perf_counter()
+        f.state["maha"] = fit_mahalanobis(
+            run.features("train"), run.data.y_train, run.data.num_classes
+        )
+        f.train_seconds += time.perf_counter() - t0
+        f.params = {"chosen_by": "no hyperparameter (ridge 1e-6 · mean variance)"}
+        return f
+
+    def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
+        return fitted.state["maha"].score(run.features("", x))
+
+
+class LastLayerLaplace(Deterministic):
+    """Last-layer Laplace (laplace-torch): a full-covariance Laplace over the head's weights and
+    bias at the trained values, GGN Hessian on the training set, prior precision by grid search
+    on validation NLL; predictive = the linearised (GLM) model, ``num_samples`` draws. The head
+    is fitted on the pooled features (the same as ``subset_of_weights="last_layer"`` on the
+    whole network, the body being fixed), so the body runs once per input."""
+
+    name = "laplace"
+    description = "last-layer Laplace (laplace-torch), prior precision on validation NLL"
+
+    def check_available(self) -> None:
+        try:
+            import laplace  # noqa: F401
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "the laplace method needs laplace-torch (the study extra: `make study` installs "
+                "it; docs/api/study.md says how by hand), or leave it out with --methods"
+            ) from e
+
+    def fit(self, run: Run) -> Fitted:
+        from laplace import Laplace
+        from torch.utils.data import DataLoader, TensorDataset
+
+        f = super().fit(run)
+        t0 = time.perf_counter()
+        head = copy.deepcopy(f.nets[0].head).float()
+        d = run.data
+
+        def loader(z: Tensor, y: Tensor) -> DataLoader:
+            return DataLoader(TensorDataset(z.float(), y), batch_size=256)
+
+        la = Laplace(head, "classification", subset_of_weights="all", hessian_structure="full")
+        la.fit(loader(run.features("train"), d.y_train))
+        with warnings.catch_warnings():  # its reminder that link_approx defaults to probit
+            warnings.simplefilter("ignore", UserWarning)
+            la.optimize_prior_precision(
+                method="gridsearch", pred_type="glm", link_approx="probit", grid_size=21,
+                val_loader=loader(run.features("val"), d.y_val), progress_bar=False,
+            )  # fmt: skip
+        f.train_seconds += time.perf_counter() - t0
+        f.state.update(laplace=la, run=run, num_samples=run.cfg.num_samples)
+        f.params = {"prior_precision": float(la.prior_precision.reshape(-1)[0]),
+                    "chosen_by": "grid search 1e-4..1e4 (21 values) on validation NLL"}  # fmt: skip
+        return f
+
+    def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
+        z = fitted.state["run"].features("", x).float()
+        S = fitted.state["num_samples"]
+        probs = fitted.state["laplace"].predictive_samples(z, pred_type="glm", n_samples=S)
+        return PredictionResult(probs.detach())  # (S, B, C)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bayesian attention
+
+
+class BayesianAttention(Method):
+    """A network with Bayesian attention (``attention()`` is called at fit time, so a change of
+    :meth:`AttentionConfig.recommended` is picked up), trained on the (tempered) ELBO and
+    predicted through :func:`bayesattn.uncertainty.predict`."""
+
+    attention_outputs = True
+
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        attention: Callable[[], AttentionConfig | None],
+        tempered: bool,
+        weights: bool = False,
+    ) -> None:
+        self.name, self.description = name, description
+        self.attention, self.tempered, self.weights = attention, tempered, weights
+        self.attention_outputs = not weights
+
+    def fit(self, run: Run) -> Fitted:
+        torch.manual_seed(run.seed)
+        net = run.network(self.attention())
+        if self.weights:
+            bayesian_projections(net, targets=("*self_attn.in_proj_weight", "*out_proj.weight"))
+        klw = run.cfg.kl_weight if self.tempered else 1.0
+        secs = run.train(net, run.seed, bayes=True, kl_weight=klw)
+        return Fitted([net.eval()], secs, {"kl_weight": klw}, {"num_samples": run.cfg.num_samples})
+
+    def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
+        S = fitted.state["num_samples"]
+        return predict(fitted.nets[0], x, S, batch_size=_BATCH, keep_attention=False)
+
+
+for _m in (Deterministic(), TemperatureScaled(), McDropout(), Ensemble(), KNN(),
+           RelativeMahalanobis(), LastLayerLaplace()):  # fmt: skip
+    register_method(_m, default=True)
+register_method(
+    BayesianAttention("recommended", "AttentionConfig.recommended(), plain ELBO",
+                      AttentionConfig.recommended, tempered=False),
+    default=True,
+)  # fmt: skip
+register_method(
+    BayesianAttention("dirichlet", "Dirichlet attention in every layer, tempered ELBO",
+                      lambda: AttentionConfig(family="dirichlet"), tempered=True),
+    default=True,
+)  # fmt: skip
+register_method(
+    BayesianAttention(
+        "logistic_normal", "logistic-normal attention (input-dependent) in every layer",
+        lambda: AttentionConfig(family="logistic_normal",
+                                family_kwargs={"input_dependent": True}),
+        tempered=True),
+    default=True,
+)  # fmt: skip
+register_method(
+    BayesianAttention("weibull", "Weibull attention, contextual Gamma prior, every layer",
+                      lambda: AttentionConfig(family="weibull", prior="contextual"),
+                      tempered=True),
+    default=True,
+)  # fmt: skip
+register_method(
+    BayesianAttention("weights", "softmax attention, Bayesian Q/K/V/out projections",
+                      lambda: None, tempered=False, weights=True)
+)  # fmt: skip

@@ -1,0 +1,193 @@
+"""The protocol: every dataset × held-out class set × seed is one run (its own split and seeds);
+every method is fitted and scored on every run; numbers are pooled over the runs with 95%
+t-intervals and paired differences (:mod:`~bayesattn.study.stats`)."""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._study_io import begin_run, finish_run, prepare_out_dir
+from .config import StudyConfig
+from .methods import ensemble_of, get_method
+from .metrics import SCALARS, evaluate, get
+from .runs import Run
+from .stats import paired_interval, t_interval
+
+__all__ = ["run_study", "pool"]
+
+#: metrics of the ensemble-size curve
+_CURVE = ("accuracy", "nll", "ece", "auroc_entropy", "auroc_mi", "train_seconds",
+          "infer_ms_batch512")  # fmt: skip
+
+
+def _jsonable(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple) else v
+
+
+def run_study(cfg: StudyConfig) -> dict[str, Any]:
+    """Fit, score and write every method on every run; returns the results dict (also written
+    as ``results.json``, with ``report.md`` and the figures, to ``cfg.out``)."""
+    from tqdm.auto import tqdm
+
+    from . import figures, report
+
+    for name in cfg.methods:
+        get_method(name).check_available()  # before anything is written or trained
+    if "mnist1d" in cfg.dataset_list:
+        from ..data.mnist1d import _import_mnist1d
+
+        _import_mnist1d()
+    out = prepare_out_dir(cfg.out, force=True)
+    foreign = begin_run(out)  # INCOMPLETE marker; the previous run's listed files go
+    t_start = time.perf_counter()
+    seeds = [cfg.seed + i for i in range(cfg.seeds)]
+    pairs = cfg.pairs()
+    results: dict[str, Any] = {
+        "config": {k: _jsonable(v) for k, v in asdict(cfg).items()},
+        "methods": list(cfg.methods),
+        "seeds": seeds,
+        "pairs": [list(p) for p in pairs],
+        "environment": {"torch": torch.__version__, "python": platform.python_version(),
+                        "threads": torch.get_num_threads()},  # fmt: skip
+        "datasets": {},
+    }
+    total = len(cfg.dataset_list) * len(pairs) * len(seeds) * len(cfg.methods)
+    bar = tqdm(total=total, desc="study", disable=not cfg.progress)
+    for dataset in cfg.dataset_list:
+        t_ds = time.perf_counter()
+        runs: list[dict[str, Any]] = []
+        for pair in pairs:
+            for seed in seeds:
+                first = not runs
+                runs.append(_one_run(cfg, out, Run.load(cfg, dataset, pair, seed), first, bar))
+        block = pool(runs, list(cfg.methods))
+        block["model"] = {k: _jsonable(v) for k, v in cfg.model(dataset).items()}
+        block["seconds"] = time.perf_counter() - t_ds
+        block["figures"] = figures.dataset_figures(out, dataset, block)
+        results["datasets"][dataset] = block
+    bar.close()
+    results["seconds"] = time.perf_counter() - t_start
+    finish_run(out, results, report.render(results), foreign)  # results.json last = complete
+    return results
+
+
+def _one_run(cfg: StudyConfig, out: Path, run: Run, first: bool, bar: Any) -> dict[str, Any]:
+    """Every method on one run (and the ensemble-size curve); figures on the first run."""
+    from . import figures
+
+    rows: dict[str, Any] = {}
+    extras: dict[str, Any] = {}
+    for name in cfg.methods:
+        bar.set_postfix_str(f"{run.dataset} {run.pair} seed {run.seed}: {name}")
+        method = get_method(name)
+        fitted = method.fit(run)
+        row, preds = evaluate(method, fitted, run)
+        rows[name] = row
+        if first and cfg.figures:
+            extras[name] = figures.run_figures(out, run, method, fitted, preds)
+        bar.update()
+    curve = {}
+    if "ensemble" in cfg.methods:
+        for m in range(1, cfg.ensemble_size + 1):
+            method = ensemble_of(m)
+            row, _ = evaluate(method, method.fit(run), run)
+            curve[str(m)] = row
+    return {"dataset": run.dataset, "pair": list(run.pair), "seed": run.seed,
+            "data": _sizes(run), "methods": rows, "ensemble_curve": curve,
+            "first_run": extras}  # fmt: skip
+
+
+def _sizes(run: Run) -> dict[str, int]:
+    d = run.data
+    return {"train": len(d.x_train), "val": len(d.x_val), "test": len(d.x_test),
+            "ood_classes": len(d.x_ood_classes)}  # fmt: skip
+
+
+def _values(runs: list[dict[str, Any]], method: str, path: tuple[str, ...]) -> list[float] | None:
+    vals = [get(r["methods"][method], path) for r in runs]
+    nums = [v for v in vals if v is not None]
+    return nums if len(nums) == len(vals) else None
+
+
+def pool(runs: list[dict[str, Any]], methods: list[str]) -> dict[str, Any]:
+    """Pooled numbers of one dataset: per method and metric the mean with a 95% t-interval over
+    the runs (pair × seed); paired differences against ``deterministic`` and ``ensemble`` (where
+    run); the ensemble-size curve; per-pair means (the appendix); the best method per metric."""
+    pooled: dict[str, Any] = {}
+    for m in methods:
+        pooled[m] = {}
+        for key, path, _ in SCALARS:
+            vals = _values(runs, m, path)
+            if vals is not None:
+                pooled[m][key] = t_interval(vals)
+        pooled[m]["corruption_curve"] = _corruption_curve(runs, m)
+        pooled[m]["params"] = [r["methods"][m]["params"] for r in runs]
+    paired: dict[str, Any] = {}
+    for ref in ("deterministic", "ensemble"):
+        if ref not in methods:
+            continue
+        paired[ref] = {}
+        for m in methods:
+            if m == ref:
+                continue
+            paired[ref][m] = {}
+            for key, path, _ in SCALARS:
+                a, b = _values(runs, m, path), _values(runs, ref, path)
+                if a is not None and b is not None:
+                    paired[ref][m][key] = paired_interval(a, b)
+    curve: dict[str, Any] = {}
+    if runs and runs[0]["ensemble_curve"]:
+        for size in runs[0]["ensemble_curve"]:
+            curve[size] = {}
+            for key, path, _ in SCALARS:
+                if key not in _CURVE:
+                    continue
+                got = [get(r["ensemble_curve"][size], path) for r in runs]
+                nums = [v for v in got if v is not None]
+                if len(nums) == len(got):
+                    curve[size][key] = t_interval(nums)
+    per_pair: dict[str, Any] = {}
+    for pair in sorted({tuple(r["pair"]) for r in runs}):
+        sub = [r for r in runs if tuple(r["pair"]) == pair]
+        per_pair[f"{pair[0]}-{pair[1]}" if len(pair) == 2 else "-".join(map(str, pair))] = {
+            m: {key: t_interval(v)["mean"] for key, path, _ in SCALARS
+                if (v := _values(sub, m, path)) is not None}
+            for m in methods
+        }  # fmt: skip
+    return {"runs": runs, "pooled": pooled, "paired": paired, "ensemble_curve": curve,
+            "per_pair": per_pair, "wins": _wins(runs, pooled)}  # fmt: skip
+
+
+def _corruption_curve(runs: list[dict[str, Any]], m: str) -> dict[str, Any]:
+    """Mean accuracy and entropy AUROC per corruption kind and severity."""
+    first = runs[0]["methods"][m]["corruptions"]
+    return {
+        c: {k: t_interval([r["methods"][m]["corruptions"][c][k] for r in runs])["mean"]
+            for k in ("accuracy", "auroc_entropy")}
+        for c in first
+    }  # fmt: skip
+
+
+def _wins(runs: list[dict[str, Any]], pooled: dict[str, Any]) -> dict[str, Any]:
+    """Per metric with a direction: the method with the best mean, the runner-up, and the paired
+    difference best − runner-up (same pair and seed) with its 95% interval."""
+    wins = {}
+    for key, path, higher in SCALARS:
+        have = [m for m in pooled if key in pooled[m]]
+        if higher is None or not have:
+            continue
+        ranked = sorted(have, key=lambda m: pooled[m][key]["mean"], reverse=higher)
+        best = ranked[0]
+        entry: dict[str, Any] = {"method": best, "mean": pooled[best][key]["mean"]}
+        if len(ranked) > 1:
+            a, b = _values(runs, best, path), _values(runs, ranked[1], path)
+            entry["runner_up"] = ranked[1]
+            entry["vs_runner_up"] = paired_interval(a, b) if a and b else None
+        wins[key] = entry
+    return wins

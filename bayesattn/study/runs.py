@@ -1,0 +1,161 @@
+"""One run of the study: a dataset, a held-out class set and a seed, with everything its methods
+share (the split, the far-OOD and corrupted sets, the network factory, trained deterministic
+members and their pooled features)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyro
+import torch
+from torch import Tensor
+
+from ..data import CORRUPTION_KINDS, DigitsData, corrupt_images, load_digits_data
+from ..data.far_ood import SEQUENCE_CORRUPTIONS, corrupt_sequences, far_ood_suite
+from ..data.mnist1d import load_mnist1d_data
+from ..inference import fit
+from ..nn.blocks import AttentionConfig
+from ..nn.networks import BayesianNetwork, TransformerClassifier, VisionTransformer
+from .config import StudyConfig
+
+__all__ = ["Run", "SignalTransformer", "pooled_features"]
+
+
+class SignalTransformer(TransformerClassifier):
+    """A transformer over 1-D signals: ``(B, T)`` cut into ``T / patch`` non-overlapping windows
+    of ``patch`` steps (the tokens, linearly embedded), a CLS token, learned positions.
+
+    Shape:
+        x ``(B, T)`` → logits ``(*P, B, num_classes)``.
+    """
+
+    def __init__(self, num_classes: int, length: int = 40, patch: int = 4, **kwargs: Any) -> None:
+        if length % patch:
+            raise ValueError(f"length must be divisible by patch; got {length}, {patch}")
+        self.length, self.patch = length, patch
+        kwargs.setdefault("pooling", "cls")
+        super().__init__(num_classes, input_dim=patch, max_len=length // patch, **kwargs)
+
+    def patchify(self, x: Tensor) -> Tensor:
+        """``(B, T)`` → ``(B, T / patch, patch)`` windows."""
+        return x.reshape(x.shape[0], self.length // self.patch, self.patch)
+
+    def check_batch(self, x: Tensor, y: Tensor | None) -> None:
+        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.length:
+            raise ValueError(
+                f"signals must be (B, {self.length}); got {tuple(getattr(x, 'shape', ()))}"
+            )
+        super().check_batch(self.patchify(x), y)
+
+    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
+        return super().forward_logits(self.patchify(x), y, num_particles)
+
+
+def pooled_features(net: TransformerClassifier, x: Tensor, batch_size: int = 512) -> Tensor:
+    """The pooled representation the head reads (the final-normed CLS state), eval mode, no
+    grad: ``head(pooled_features(net, x)) == net(x)`` logits.
+
+    Shape:
+        x as the network takes it → ``(B, d_model)``.
+    """
+    if net.cls is None:
+        raise ValueError("pooled_features needs a CLS-pooled network (pooling='cls')")
+    patchify = getattr(net, "patchify", None)
+    was = net.training
+    net.eval()
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(x), batch_size):
+            xb = x[i : i + batch_size]
+            tokens = patchify(xb) if patchify is not None else xb
+            h, _ = net.encode(tokens, 1, cls_only=True)  # (B, 1, E)
+            out.append(h[..., 0, :])
+    net.train(was)
+    return torch.cat(out)  # (B, E)
+
+
+@dataclass
+class Run:
+    """A dataset × held-out set × seed, and what its methods share (``cache``)."""
+
+    cfg: StudyConfig
+    dataset: str
+    pair: tuple[int, ...]
+    seed: int
+    data: DigitsData
+    far: dict[str, Tensor]
+    corrupted: dict[tuple[str, int], Tensor]
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, cfg: StudyConfig, dataset: str, pair: tuple[int, ...], seed: int) -> Run:
+        """The split of ``dataset`` with ``pair`` held out, and its far-OOD and corrupted sets
+        (all seeded by ``seed``)."""
+        if dataset == "digits":
+            data = load_digits_data(seed=seed, holdout_classes=pair)
+            corrupt: Any = corrupt_images
+            kinds: tuple[str, ...] = CORRUPTION_KINDS
+        else:
+            data = load_mnist1d_data(seed=seed, holdout_classes=pair)
+            corrupt, kinds = corrupt_sequences, SEQUENCE_CORRUPTIONS
+        corrupted = {
+            (k, s): corrupt(data.x_test, k, s, seed) for k in kinds for s in cfg.severities
+        }
+        return cls(cfg, dataset, pair, seed, data, far_ood_suite(data.x_test, seed), corrupted)
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return self.cfg.model(self.dataset)
+
+    def network(self, attention: AttentionConfig | None) -> TransformerClassifier:
+        """A fresh network of this dataset's architecture (``attention=None``: softmax)."""
+        m, c = self.model, self.data.num_classes
+        kw = dict(d_model=m["d_model"], nhead=m["nhead"], num_layers=m["num_layers"],
+                  dim_feedforward=m["dim_feedforward"], dropout=self.cfg.dropout,
+                  attention=attention)  # fmt: skip
+        if self.dataset == "digits":
+            return VisionTransformer(c, image_size=8, patch_size=m["patch"], **kw)
+        return SignalTransformer(c, length=self.data.x_train.shape[1], patch=m["patch"], **kw)
+
+    def train(self, net: BayesianNetwork, seed: int, bayes: bool, kl_weight: float = 1.0) -> float:
+        """Train ``net`` (hybrid ELBO; cross-entropy for a deterministic one) and return the
+        seconds it took. Every training starts from an empty Pyro param store."""
+        m, d = self.model, self.data
+        pyro.clear_param_store()
+        steps = math.ceil(len(d.x_train) / m["batch_size"])
+        t0 = time.perf_counter()
+        fit(net, (d.x_train, d.y_train), val_data=(d.x_val, d.y_val), method="hybrid",
+            epochs=m["epochs"], batch_size=m["batch_size"], lr=m["lr"], weight_decay=1e-4,
+            warmup_steps=steps, kl_anneal_steps=self.cfg.kl_anneal_epochs * steps if bayes else 0,
+            kl_weight=kl_weight, seed=seed, progress=False, restore_best=True,
+            early_stopping_patience=None)  # fmt: skip
+        return time.perf_counter() - t0
+
+    def members(self, n: int) -> tuple[list[BayesianNetwork], list[float]]:
+        """The first ``n`` deterministic networks (member ``i`` seeded ``seed + 1000 i``, so
+        member seeds never collide with other runs' seeds), trained once per run and shared by
+        ``deterministic``, the ensemble (curve), MC dropout and the post-hoc methods; with their
+        training seconds."""
+        nets, secs = self.cache.setdefault("members", ([], []))
+        while len(nets) < n:
+            s = self.seed + 1000 * len(nets)
+            torch.manual_seed(s)
+            net = self.network(None)
+            secs.append(self.train(net, s, bayes=False))
+            nets.append(net.eval())
+        return nets[:n], secs[:n]
+
+    def features(self, split: str, x: Tensor | None = None) -> Tensor:
+        """Pooled features of the deterministic network (member 0) on a named split (cached) or
+        on ``x``."""
+        net = self.members(1)[0][0]
+        assert isinstance(net, TransformerClassifier)
+        if x is not None:
+            return pooled_features(net, x)
+        key = f"features/{split}"
+        if key not in self.cache:
+            self.cache[key] = pooled_features(net, getattr(self.data, f"x_{split}"))
+        return self.cache[key]

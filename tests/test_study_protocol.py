@@ -1,0 +1,214 @@
+"""The study's protocol pieces: held-out rotation and splits (on the indices), the config, the
+method registry, and the safe output folder (manifest-only clean-up)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bayesattn._study_io import (
+    INCOMPLETE,
+    begin_run,
+    check_out_path,
+    finish_run,
+    manifest,
+    prepare_out_dir,
+    register_output,
+)
+from bayesattn.cli import main
+from bayesattn.data import load_digits_data
+from bayesattn.data.holdout import holdout_split_indices, rotation_pairs
+from bayesattn.study import METHODS, Fitted, Method, StudyConfig, get_method, register_method
+
+
+def _digit_targets():
+    from sklearn.datasets import load_digits
+
+    return np.asarray(load_digits().target, dtype=np.int64)
+
+
+def test_rotation_pairs_are_disjoint_and_cover_the_classes():
+    pairs = rotation_pairs(5, seed=0)
+    assert len(pairs) == 5 and all(len(p) == 2 and p[0] < p[1] for p in pairs)
+    assert sorted(c for p in pairs for c in p) == list(range(10))
+    assert rotation_pairs(3, seed=0) == pairs[:3] and rotation_pairs(5, seed=1) != pairs
+    with pytest.raises(ValueError, match="holdout_rotation"):
+        rotation_pairs(6)
+
+
+def test_no_held_out_class_leaks_into_training_or_validation():
+    targets = _digit_targets()
+    for pair in rotation_pairs(5, seed=0):
+        for seed in (0, 1):
+            s = holdout_split_indices(targets, pair, seed)
+            for name in ("train", "val", "test"):
+                idx = getattr(s, name)
+                assert not np.isin(targets[idx], pair).any(), (pair, name)
+            assert set(targets[s.ood]) == set(pair)
+            assert np.array_equal(s.ood, np.flatnonzero(np.isin(targets, pair)))
+            parts = np.concatenate([s.train, s.val, s.test])
+            assert len(np.unique(parts)) == len(parts)  # disjoint
+            assert set(parts) == set(np.flatnonzero(~np.isin(targets, pair)))  # complete
+            assert s.classes == tuple(c for c in range(10) if c not in pair)
+    # the loader's arrays are those rows
+    d = load_digits_data(seed=1, holdout_classes=(2, 5))
+    assert set(d.y_ood_classes.tolist()) == {2, 5} and d.num_classes == 8
+    assert len(d.x_train) == len(holdout_split_indices(targets, (2, 5), 1).train)
+
+
+def test_config_pairs_presets_and_errors():
+    assert StudyConfig().pairs() == rotation_pairs(2)
+    assert StudyConfig(holdout_classes=(9, 1)).pairs() == [(1, 9)]
+    assert StudyConfig(holdout_rotation=4).pairs() == rotation_pairs(4)
+    assert StudyConfig.quick().pairs() == [(8, 9)]
+    assert StudyConfig.quick(holdout_rotation=3).pairs() == rotation_pairs(3)
+    full = StudyConfig.full()
+    assert full.dataset_list == ("digits", "mnist1d") and full.seeds == 5
+    assert len(full.pairs()) == 5
+    assert StudyConfig(dataset="mnist1d").model("mnist1d")["patch"] == 4
+    assert StudyConfig(d_model=8, nhead=2).model("digits")["d_model"] == 8
+    with pytest.raises(ValueError, match="not both"):
+        StudyConfig(holdout_classes=(1, 2), holdout_rotation=2)
+    with pytest.raises(ValueError, match="holdout_rotation"):
+        StudyConfig(holdout_rotation=6)
+    with pytest.raises(ValueError, match="dataset"):
+        StudyConfig(dataset="mnist")
+    with pytest.raises(ValueError, match="methods must"):
+        StudyConfig(methods=("nope",))
+    with pytest.raises(ValueError, match="repeat"):
+        StudyConfig(methods=("knn", "knn"))
+    with pytest.raises(ValueError, match="holdout_classes"):
+        StudyConfig(holdout_classes=(3, 3))
+    with pytest.raises(ValueError, match="knn_ks"):
+        StudyConfig(knn_ks=(0,))
+
+
+def test_a_method_plugs_in_with_one_registration():
+    class MaxProb(Method):
+        name = "test_max_prob"
+        description = "deterministic, own score 1 - max probability"
+        own_score = "1 - max p"
+
+        def fit(self, run):
+            return get_method("deterministic").fit(run)
+
+        def predict(self, fitted, x):
+            return get_method("deterministic").predict(fitted, x)
+
+        def score(self, fitted, run, x):
+            return 1 - self.predict(fitted, x).mean_probs.max(-1).values
+
+    m = MaxProb()
+    try:
+        register_method(m)
+        assert "test_max_prob" in METHODS and get_method("test_max_prob") is m
+        assert StudyConfig(methods=("test_max_prob",)).methods == ("test_max_prob",)
+        with pytest.raises(ValueError, match="already registered"):
+            register_method(MaxProb())
+    finally:
+        from bayesattn.study import methods as M
+
+        M._REGISTRY.pop("test_max_prob", None)
+    assert "test_max_prob" not in METHODS
+    assert isinstance(Fitted([], 0.0).params, dict)
+    with pytest.raises(ValueError, match="unknown method"):
+        get_method("nope")
+
+
+@pytest.mark.parametrize("bad", ["", "  ", "."])
+def test_unsafe_output_paths_are_refused(bad, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="out|refusing"):
+        check_out_path(bad)
+
+
+def test_home_root_and_folders_above_the_working_folder_are_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for p in (str(Path.home()), "/", str(tmp_path.parent), "..", str(tmp_path)):
+        with pytest.raises(ValueError, match="refusing"):
+            check_out_path(p)
+    assert check_out_path("sub/study") == Path("sub/study")
+    with pytest.raises(TypeError):
+        check_out_path(3)
+
+
+def test_force_removes_only_what_a_study_wrote(tmp_path):
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / "mine.png").write_text("the user's")
+    with pytest.raises(ValueError, match="no study run wrote"):
+        prepare_out_dir(out, force=True)  # someone else's folder, even with --force
+    (out / "mine.png").unlink()
+    prepare_out_dir(out, force=False)  # empty: fine
+    foreign = begin_run(out)
+    register_output(out, "fig.png").write_text("1")
+    register_output(out, "post.nc").write_text("2")
+    assert manifest(out) == {"fig.png", "post.nc"}
+    finish_run(out, {"methods": ["a"]}, "# r", foreign)
+    assert json.loads((out / "results.json").read_text())["files"] == [
+        "fig.png", "post.nc", "report.md", "results.json"
+    ]
+    with pytest.raises(ValueError, match="--force"):
+        prepare_out_dir(out, force=False)
+    (out / "notes.png").write_text("added by the user later")  # not listed: kept
+    prepare_out_dir(out, force=True)
+    foreign = begin_run(out)
+    assert sorted(p.name for p in out.iterdir()) == [INCOMPLETE, "notes.png"]
+    assert foreign == {"notes.png"}
+
+
+def test_an_interrupted_runs_files_are_known_from_its_incomplete_manifest(tmp_path):
+    out = tmp_path / "s"
+    out.mkdir()
+    begin_run(out)
+    register_output(out, "half.png").write_text("x")  # then the run is killed
+    (out / "other.txt").write_text("keep")
+    assert manifest(out) == {"half.png"}
+    prepare_out_dir(out, force=True)
+    begin_run(out)
+    assert sorted(p.name for p in out.iterdir()) == [INCOMPLETE, "other.txt"]
+    with pytest.raises(ValueError, match="plain file names"):
+        register_output(out, "../escape.png")
+    (out / INCOMPLETE).write_text("header\n../../etc/passwd\nok.png\n")
+    assert manifest(out) == {"ok.png"}  # paths never leave the folder
+
+
+def test_cli_refuses_empty_out_and_deletes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for f in ("a.png", "b.nc", "results.json"):
+        (tmp_path / f).write_text("keep")
+    assert main(["study", "--out", "", "--force", "--quick", "--no-progress"]) == 2
+    assert "empty path" in capsys.readouterr().err
+    assert main(["study", "--out", ".", "--force", "--quick", "--no-progress"]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.nc", "results.json"]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "x.png").write_text("keep")
+    assert main(["study", "--out", str(other), "--force", "--quick", "--no-progress"]) == 2
+    assert "no study run wrote" in capsys.readouterr().err and (other / "x.png").exists()
+    assert main(["study", "--out", str(tmp_path / "n"), "--epochs", "0", "--no-progress"]) == 2
+    assert "epochs" in capsys.readouterr().err
+    assert main(["study", "--out", str(tmp_path / "n"), "--holdout-rotation", "7"]) == 2
+    with pytest.raises(SystemExit):
+        main(["study", "--holdout-classes", "1", "2", "--holdout-rotation", "2"])
+    with pytest.raises(SystemExit):
+        main(["study", "--methods", "bogus"])
+
+
+def test_the_03_building_blocks_benchmarks_import_still_work():
+    import torch
+
+    from bayesattn.study import _train, _vit
+
+    cfg = StudyConfig(epochs=1, d_model=8, nhead=2, num_layers=1, dim_feedforward=8)
+    data = load_digits_data(seed=0, holdout_classes=(8, 9))
+    data = type(data)(**{**{f: getattr(data, f) for f in data.__dataclass_fields__},
+                         "x_train": data.x_train[:64], "y_train": data.y_train[:64],
+                         "x_val": data.x_val[:32], "y_val": data.y_val[:32]})  # fmt: skip
+    torch.manual_seed(0)
+    net = _vit(cfg, data.num_classes, None)
+    assert net.head.out_features == 8 and net.encoder.layers[0].self_attn.embed_dim == 8
+    before = net.head.weight.detach().clone()
+    assert _train(net, data, cfg, 0, bayes=False) > 0
+    assert not torch.equal(before, net.head.weight)
