@@ -50,6 +50,18 @@ _CONFIGS: dict[str, Callable[[], AttentionConfig]] = {
         family_kwargs={"input_dependent": True, "model_location": "attention"},
     ),
     "sgpa": lambda: AttentionConfig(read="sparse_gp", layers="last"),
+    "sgpa_small": lambda: AttentionConfig(
+        read="sparse_gp", layers="last", read_kwargs={"outputscale": 0.25}
+    ),
+    "sgpa_m64": lambda: AttentionConfig(
+        read="sparse_gp", layers="last", read_kwargs={"num_inducing": 64}
+    ),
+    "ln_sgpa": lambda: AttentionConfig(
+        family="logistic_normal",
+        layers="last",
+        family_kwargs={"input_dependent": True, "model_location": "attention"},
+        read="sparse_gp",
+    ),
     "gp_readout": lambda: AttentionConfig(readout="sparse_gp"),
     "gp_readout_matern": lambda: AttentionConfig(
         readout="sparse_gp", readout_kwargs={"covariance": "matern52"}
@@ -146,7 +158,7 @@ def run_setting(
             return predict(net, x, num_samples=S, batch_size=512, keep_attention=False)
 
         r_in, t_in = _timed(lambda: pred(data.x_test))
-        kl = sum(float(g.kl()) for g in net.global_latents())
+        kl = sum(float(g.kl().detach()) for g in net.global_latents())
         rows[m] = {
             **_scores(r_in, pred(data.x_ood_classes), data.y_test),
             "train_x": secs / det_s,

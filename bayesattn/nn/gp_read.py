@@ -70,7 +70,9 @@ class SparseGP(PyroModule):
         lengthscale, outputscale: initial :math:`\ell` and :math:`\sigma^2` (per group).
         learn_lengthscale, learn_outputscale: whether the ELBO trains them (a learned
             :math:`\sigma^2` can shrink the read to nothing when the logits do not need it).
-        init_scale: initial :math:`S = s^2 I` (``1``: the prior).
+        init_scale: initial :math:`S = s^2 I` (``1``: the prior's). The initial mean :math:`m`
+            is a draw from the prior (with :math:`m = 0` the read's mean is 0 for every input,
+            so no gradient reaches the features that feed it and nothing trains).
         init_from_data: initialise :math:`Z` and :math:`\ell` from the first training batch.
         jitter: added to :math:`C_{ZZ}`'s diagonal.
 
@@ -91,7 +93,7 @@ class SparseGP(PyroModule):
         outputscale: float = 1.0,
         learn_lengthscale: bool = True,
         learn_outputscale: bool = True,
-        init_scale: float = 1.0,
+        init_scale: float = 0.3,
         init_from_data: bool = True,
         jitter: float = 1e-5,
     ) -> None:
@@ -120,7 +122,7 @@ class SparseGP(PyroModule):
             self.raw_outputscale = nn.Parameter(raw_os)
         else:
             self.register_buffer("raw_outputscale", raw_os)
-        self.q_mean = nn.Parameter(torch.zeros(G, P, M))  # (G, P, M)
+        self.q_mean = nn.Parameter(torch.randn(G, P, M))  # (G, P, M): a prior draw
         self.q_tril_offdiag = nn.Parameter(torch.zeros(G, M, M))  # strictly lower part used
         self.q_tril_rawdiag = nn.Parameter(torch.full((G, M), _inv_softplus(init_scale)))
         self.register_buffer("initialised", torch.tensor(not init_from_data))
@@ -227,8 +229,11 @@ class SparseGP(PyroModule):
         v = self._value(mode, n_draw)  # (G, P, M) | (S, G, P, M)
         if num_samples is not None:
             a, r = a.unsqueeze(0), r.unsqueeze(0)  # (1, *, G, N, M)
-        if v.dim() == 4:  # one value per sample, aligned with the leading dim
-            v = v.reshape(v.shape[:1] + (1,) * (a.dim() - 4) + v.shape[1:])  # (S, 1.., G, P, M)
+        # batch dims of v: fewer than x's are aligned from the left (an (S,) draw per sample
+        # with x (S, B, ...)), as many or more broadcast as usual (Pyro plates: (S, 1) with (B,))
+        lv, la = v.shape[:-3], a.shape[:-3]
+        if len(lv) < len(la):
+            v = v.reshape(lv + (1,) * (len(la) - len(lv)) + v.shape[-3:])  # (S, 1.., G, P, M)
         mean = a @ v.transpose(-1, -2)  # (S?, *, G, N, P)
         noise = torch.randn(mean.shape, dtype=mean.dtype, device=mean.device)
         return mean + r.sqrt().unsqueeze(-1) * noise
@@ -258,7 +263,7 @@ class SparseGPReadout(SparseGP):
     def __init__(self, in_dim: int, num_classes: int, **kwargs: Any) -> None:
         super().__init__(1, in_dim, num_classes, **kwargs)
 
-    def forward(  # type: ignore[override]
+    def forward(
         self, h: Tensor, num_samples: int | None = None, leading_samples: int | None = None
     ) -> Tensor:
         f = super().forward(h.unsqueeze(-2).unsqueeze(-3), num_samples, leading_samples)

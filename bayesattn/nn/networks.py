@@ -620,8 +620,9 @@ class TransformerClassifier(BayesianNetwork):
             pooled = (h * keep).sum(-2) / keep.sum(-2).clamp_min(1.0)
         if isinstance(self.head, SparseGPReadout):  # one global draw per particle
             return self.head(pooled, leading_samples=num_particles if num_particles > 1 else None)
+        head = cast(nn.Linear, self.head)
         # linear() reads x as (*S, B, T, In); pooled has no T, so give it one
-        out = linear(pooled.unsqueeze(-2), self.head.weight, self.head.bias)  # (*P, B, 1, C)
+        out = linear(pooled.unsqueeze(-2), head.weight, head.bias)  # (*P, B, 1, C)
         return out.squeeze(-2)  # (*P, B, C)
 
     def targets(self, x: Tensor, y: Tensor | None) -> tuple[Tensor | None, Tensor | None, int]:
