@@ -63,6 +63,9 @@ _CONFIGS: dict[str, Callable[[], AttentionConfig]] = {
         read="sparse_gp",
     ),
     "gp_readout": lambda: AttentionConfig(readout="sparse_gp"),
+    "gp_readout_m128": lambda: AttentionConfig(
+        readout="sparse_gp", readout_kwargs={"num_inducing": 128}
+    ),
     "gp_readout_matern": lambda: AttentionConfig(
         readout="sparse_gp", readout_kwargs={"covariance": "matern52"}
     ),

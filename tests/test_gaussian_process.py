@@ -269,3 +269,38 @@ def test_global_posterior_spread_is_larger_off_the_training_data():
 
     assert float(mi(p_off).mean()) > 3 * float(mi(p_on).mean())
     assert float(gp.kl()) > 1.0  # the posterior moved away from the prior
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_keep_the_global_posterior_in_sync(tmp_path):
+    """2-process DDP (gloo, CPU): both ranks scale the ELBO to the full data set, start from
+    rank 0's data-initialised inducing inputs, and end with identical global posteriors."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("lightning")
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port), PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )  # fmt: skip
+    for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "SLURM_NTASKS", "SLURM_JOB_ID"):
+        env.pop(k, None)
+    out = tmp_path / "ddp"
+    proc = subprocess.run(
+        [sys.executable, str(root / "tests" / "ddp_gp_run.py"), "--out", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"DDP run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    r0, r1 = (torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2))
+    assert r0["world"] == 2 and r0["num_data"] == r1["num_data"] == 32  # not the 16-example shard
+    assert bool(r0["state"]["head.initialised"])
+    for k, v in r0["state"].items():
+        torch.testing.assert_close(v, r1["state"][k], atol=1e-12, rtol=0, msg=k)
+    assert r0["kl"] > 0.0

@@ -55,6 +55,7 @@ _GP_KWARGS = (
     "learn_lengthscale",
     "learn_outputscale",
     "init_scale",
+    "init_mean",
     "init_from_data",
     "jitter",
 )

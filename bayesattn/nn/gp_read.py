@@ -70,9 +70,10 @@ class SparseGP(PyroModule):
         lengthscale, outputscale: initial :math:`\ell` and :math:`\sigma^2` (per group).
         learn_lengthscale, learn_outputscale: whether the ELBO trains them (a learned
             :math:`\sigma^2` can shrink the read to nothing when the logits do not need it).
-        init_scale: initial :math:`S = s^2 I` (``1``: the prior's). The initial mean :math:`m`
-            is a draw from the prior (with :math:`m = 0` the read's mean is 0 for every input,
-            so no gradient reaches the features that feed it and nothing trains).
+        init_scale: initial :math:`S = s^2 I` (``1``: the prior's, KL 0 at the start).
+        init_mean: initial :math:`m \sim \mathcal N(0, s_m^2 I)`; ``0`` (KL 0) suits a read
+            added to softmax attention; a read-out needs ``s_m > 0``: with :math:`m = 0` its
+            mean is 0 for every input, so no gradient reaches the features and nothing trains.
         init_from_data: initialise :math:`Z` and :math:`\ell` from the first training batch.
         jitter: added to :math:`C_{ZZ}`'s diagonal.
 
@@ -93,7 +94,8 @@ class SparseGP(PyroModule):
         outputscale: float = 1.0,
         learn_lengthscale: bool = True,
         learn_outputscale: bool = True,
-        init_scale: float = 0.3,
+        init_scale: float = 1.0,
+        init_mean: float = 0.0,
         init_from_data: bool = True,
         jitter: float = 1e-5,
     ) -> None:
@@ -103,6 +105,7 @@ class SparseGP(PyroModule):
         for name, x in (("lengthscale", lengthscale), ("outputscale", outputscale)):
             check_real(name, x, gt=0.0)
         check_real("init_scale", init_scale, gt=0.0)
+        check_real("init_mean", init_mean, ge=0.0)
         check_real("jitter", jitter, ge=0.0)
         get_covariance(covariance)  # validates the name
         super().__init__()
@@ -122,7 +125,7 @@ class SparseGP(PyroModule):
             self.raw_outputscale = nn.Parameter(raw_os)
         else:
             self.register_buffer("raw_outputscale", raw_os)
-        self.q_mean = nn.Parameter(torch.randn(G, P, M))  # (G, P, M): a prior draw
+        self.q_mean = nn.Parameter(init_mean * torch.randn(G, P, M))  # (G, P, M)
         self.q_tril_offdiag = nn.Parameter(torch.zeros(G, M, M))  # strictly lower part used
         self.q_tril_rawdiag = nn.Parameter(torch.full((G, M), _inv_softplus(init_scale)))
         self.register_buffer("initialised", torch.tensor(not init_from_data))
@@ -261,6 +264,8 @@ class SparseGPReadout(SparseGP):
     """
 
     def __init__(self, in_dim: int, num_classes: int, **kwargs: Any) -> None:
+        kwargs.setdefault("init_mean", 1.0)  # see SparseGP: a read-out needs m ≠ 0 to train
+        kwargs.setdefault("init_scale", 0.3)
         super().__init__(1, in_dim, num_classes, **kwargs)
 
     def forward(
