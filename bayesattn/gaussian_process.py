@@ -36,6 +36,8 @@ __all__ = [
     "whitened_projection",
     "sparse_gp_marginals",
     "whitened_kl",
+    "random_fourier_features",
+    "laplace_covariance",
 ]
 
 #: A stationary covariance function by name.
@@ -145,3 +147,27 @@ def whitened_kl(q_mean: Tensor, q_scale_tril: Tensor) -> Tensor:
     logdet = 2 * torch.log(torch.diagonal(q_scale_tril, dim1=-2, dim2=-1).abs()).sum(-1)  # (G,)
     per_group = P * (tr - M - logdet) + (q_mean**2).sum((-2, -1))  # (G,)
     return 0.5 * per_group.sum()
+
+
+def random_fourier_features(
+    x: Tensor, weight: Tensor, phase: Tensor, lengthscale: Tensor, outputscale: Tensor
+) -> Tensor:
+    r"""Random Fourier features :math:`\phi(x) = \sqrt{2\sigma^2/R}\cos(W x/\ell + b)` with
+    :math:`W_{rd}\sim\mathcal N(0,1)`, :math:`b_r\sim U(0, 2\pi)`: :math:`E_W\,\phi(x)^\top\phi(x')`
+    is the RBF covariance :math:`\sigma^2\exp(-\lVert x-x'\rVert^2/2\ell^2)` (Rahimi & Recht).
+
+    Shape: x ``(*, D)``, weight ``(R, D)``, phase ``(R,)``, scalars → ``(*, R)``.
+    """
+    R = weight.shape[0]
+    return torch.sqrt(2 * outputscale / R) * torch.cos(x @ weight.T / lengthscale + phase)
+
+
+def laplace_covariance(precision: Tensor, num_data: float) -> Tensor:
+    r"""Laplace posterior covariance :math:`\Sigma = (I + N\bar P)^{-1}` of output weights with prior
+    :math:`\mathcal N(0, I)`, from the mean per-example precision
+    :math:`\bar P = \frac1N\sum_i w_i\phi_i\phi_i^\top` (:math:`w_i = p_i(1-p_i)`, SNGP).
+
+    Shape: precision ``(R, R)`` → ``(R, R)``.
+    """
+    eye = torch.eye(precision.shape[-1], dtype=precision.dtype, device=precision.device)
+    return torch.cholesky_inverse(torch.linalg.cholesky(eye + num_data * precision))

@@ -13,9 +13,14 @@ Methods:
 * ``ensemble``: ``--ensemble`` deterministic members (the first is ``deterministic``);
 * ``recommended``: ``AttentionConfig.recommended()`` as it is in this checkout;
 * ``logistic_normal_last``: the 0.3 recommendation (logistic-normal attention, last layer);
-* ``sgpa``: ``AttentionConfig(read="sparse_gp", layers="last")`` (GP read of the CLS row);
-* ``gp_readout``: ``AttentionConfig(readout="sparse_gp")`` (sparse GP on the CLS output);
-* ``gp_readout_matern``: the same with a Matérn-5/2 covariance.
+* ``sgpa``: ``AttentionConfig(read="sparse_gp", layers="last")`` (GP read of the CLS row, initial
+  q(v) mean drawn from the prior, S = 0.3² I; ``sgpa_prior_init``: q(v) = p(v) initially;
+  ``sgpa_small``/``sgpa_m64``: output scale 0.25 / 64 inducing keys; ``ln_sgpa``: with the
+  logistic-normal family of ``logistic_normal_last``);
+* ``gp_readout``: ``AttentionConfig(readout="sparse_gp")`` (sparse variational GP on the CLS
+  output, as DUE; ``gp_readout_m128``: 128 inducing points; ``gp_readout_matern``: Matérn-5/2);
+* ``rff_readout``: ``AttentionConfig(readout="random_features")`` (SNGP-style random-feature GP
+  with a Laplace covariance on the CLS output); ``ln_rff``: with the logistic-normal family.
 
 Run: ``python benchmarks/global_posterior.py --seeds 3 --pairs 8,9 3,5`` (``--epochs 40`` is the
 study's; ``--methods`` picks a subset).
@@ -49,7 +54,10 @@ _CONFIGS: dict[str, Callable[[], AttentionConfig]] = {
         layers="last",
         family_kwargs={"input_dependent": True, "model_location": "attention"},
     ),
-    "sgpa": lambda: AttentionConfig(read="sparse_gp", layers="last"),
+    "sgpa": lambda: AttentionConfig(
+        read="sparse_gp", layers="last", read_kwargs={"init_mean": 1.0, "init_scale": 0.3}
+    ),
+    "sgpa_prior_init": lambda: AttentionConfig(read="sparse_gp", layers="last"),
     "sgpa_small": lambda: AttentionConfig(
         read="sparse_gp", layers="last", read_kwargs={"outputscale": 0.25}
     ),
@@ -63,6 +71,8 @@ _CONFIGS: dict[str, Callable[[], AttentionConfig]] = {
         read="sparse_gp",
     ),
     "gp_readout": lambda: AttentionConfig(readout="sparse_gp"),
+    "rff_readout": lambda: AttentionConfig(readout="random_features"),
+    "ln_rff": lambda: AttentionConfig.recommended(readout="random_features"),
     "gp_readout_m128": lambda: AttentionConfig(
         readout="sparse_gp", readout_kwargs={"num_inducing": 128}
     ),

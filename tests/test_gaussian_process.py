@@ -218,8 +218,10 @@ def test_attention_gp_read_shapes_modes_and_validation():
 def test_attention_config_validates_gp_options():
     with pytest.raises(ValueError, match="read must be one of"):
         AttentionConfig(read="gp")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="not options of a sparse GP"):
+    with pytest.raises(ValueError, match="not options of readout="):
         AttentionConfig(readout="sparse_gp", readout_kwargs={"inducing": 3})
+    with pytest.raises(ValueError, match="not options of readout="):
+        AttentionConfig(readout="random_features", readout_kwargs={"num_inducing": 3})
     with pytest.raises(ValueError, match="given with read='softmax'"):
         AttentionConfig(read_kwargs={"num_inducing": 3})
     with pytest.raises(ValueError, match="num_inducing"):
@@ -304,3 +306,60 @@ def test_ddp_two_processes_keep_the_global_posterior_in_sync(tmp_path):
     for k, v in r0["state"].items():
         torch.testing.assert_close(v, r1["state"][k], atol=1e-12, rtol=0, msg=k)
     assert r0["kl"] > 0.0
+
+
+def test_random_fourier_features_approximate_the_rbf_covariance():
+    from bayesattn.gaussian_process import random_fourier_features
+
+    g = torch.Generator().manual_seed(0)
+    R, D = 40000, 3
+    W, b = torch.randn(R, D, generator=g, dtype=D64), 2 * torch.pi * torch.rand(R, generator=g, dtype=D64)
+    x = torch.randn(5, D, generator=g, dtype=D64)
+    ls, os = torch.tensor(1.5, dtype=D64), torch.tensor(2.0, dtype=D64)
+    phi = random_fourier_features(x, W, b, ls, os)
+    torch.testing.assert_close(phi @ phi.T, rbf_covariance(x, x, ls, os), atol=0.05, rtol=0)
+
+
+def test_laplace_covariance_closed_form():
+    from bayesattn.gaussian_process import laplace_covariance
+
+    g = torch.Generator().manual_seed(1)
+    f = torch.randn(20, 6, generator=g, dtype=D64)
+    P = f.T @ f / 20
+    expect = torch.linalg.inv(torch.eye(6, dtype=D64) + 50 * P)
+    torch.testing.assert_close(laplace_covariance(P, 50), expect)
+
+
+def test_random_feature_readout_variance_is_larger_off_the_training_features():
+    """The SNGP-style read-out after ELBO training: phi^T Sigma phi (the logits' posterior
+    variance) is small on the training features and back near the prior's sigma^2 far away."""
+    from bayesattn.nn.gp_read import RandomFeatureGPReadout
+
+    torch.manual_seed(0)
+    head = RandomFeatureGPReadout(2, 2, num_features=128, momentum=0.9)
+    x = torch.randn(200, 2) * 0.7
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.Adam(head.parameters(), lr=0.05)
+    head.train()
+    for _ in range(60):
+        opt.zero_grad()
+        with collect_kl() as col:
+            col.num_data = 200
+            logits = head(x)
+        ll = torch.distributions.Categorical(logits=logits).log_prob(y).sum()
+        (-ll + col.global_total()).backward()
+        opt.step()
+    head.eval()
+    Sigma = head.covariance()
+    far = torch.randn(200, 2) * 0.7 + 6.0
+
+    def var(z):
+        phi = head.features(z)
+        return (phi @ Sigma * phi).sum(-1)
+
+    assert float(var(far).mean()) > 3 * float(var(x).mean())
+    assert float(var(far).mean()) == pytest.approx(1.0, abs=0.35)  # the prior's sigma^2
+    with torch.no_grad(), attention_mode("mean"):
+        acc = (head(x).argmax(-1) == y).float().mean()
+    assert float(acc) > 0.9
+    assert float(head.kl()) > 1.0

@@ -27,7 +27,7 @@ from .._deprecation import renamed_attribute, renamed_kwargs
 from .._validation import check_int, check_real
 from ..families import FamilyName, get_family
 from .attention import BayesianMultiheadAttention, linear
-from .gp_read import SparseGP, SparseGPReadout
+from .gp_read import RandomFeatureGPReadout, SparseGP, SparseGPReadout
 from .kernels import KernelName, get_kernel
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ AttentionKind = Literal["self", "cross"]
 #: How a selected layer reads its values: softmax attention alone, or plus a sparse-GP read.
 ReadName = Literal["softmax", "sparse_gp"]
 #: A classifier's read-out of the pooled features: a linear layer or a sparse GP.
-ReadoutName = Literal["linear", "sparse_gp"]
+ReadoutName = Literal["linear", "sparse_gp", "random_features"]
 #: options of :class:`~bayesattn.nn.gp_read.SparseGP` that ``read_kwargs``/``readout_kwargs`` take
 _GP_KWARGS = (
     "num_inducing",
@@ -59,6 +59,8 @@ _GP_KWARGS = (
     "init_from_data",
     "jitter",
 )
+#: options of :class:`~bayesattn.nn.gp_read.RandomFeatureGPReadout` (``readout_kwargs``)
+_RFF_KWARGS = ("num_features", "outputscale", "lengthscale", "momentum")
 _PRIORS: tuple[PriorName, ...] = get_args(PriorName)
 #: keyword arguments each named prior takes from ``prior_kwargs``
 _PRIOR_KWARGS = {
@@ -95,9 +97,11 @@ class AttentionConfig:
             sparse-GP read per head with global inducing keys
             (:class:`~bayesattn.nn.gp_read.SparseGP`; options such as ``num_inducing`` in
             ``read_kwargs``), with or without a ``family``.
-        readout: ``"linear"`` or ``"sparse_gp"``: a classifier's logits are a sparse GP of its
-            pooled (CLS) features (:class:`~bayesattn.nn.gp_read.SparseGPReadout`, options in
-            ``readout_kwargs``); sequence models ignore it.
+        readout: ``"linear"``, ``"sparse_gp"`` or ``"random_features"``: a classifier's logits
+            are a sparse GP of its pooled (CLS) features
+            (:class:`~bayesattn.nn.gp_read.SparseGPReadout`) or an SNGP-style random-feature GP
+            with a Laplace covariance (:class:`~bayesattn.nn.gp_read.RandomFeatureGPReadout`),
+            options in ``readout_kwargs``; sequence models ignore it.
 
     ``posterior=``/``posterior_kwargs=`` (and those attributes) are deprecated spellings of
     ``family``/``family_kwargs`` (until 0.4); saved configs that use them still load.
@@ -176,16 +180,19 @@ class AttentionConfig:
             kw = getattr(self, f"{name}_kwargs")
             if not isinstance(kw, dict):
                 raise TypeError(f"{name}_kwargs must be a dict; got {kw!r}")
-            unknown = sorted(set(kw) - set(_GP_KWARGS))
+            if kw and value in ("softmax", "linear"):
+                raise ValueError(f"{name}_kwargs {sorted(kw)} given with {name}={value!r}")
+            options = _RFF_KWARGS if value == "random_features" else _GP_KWARGS
+            unknown = sorted(set(kw) - set(options))
             if unknown:
                 raise ValueError(
-                    f"{name}_kwargs {unknown} are not options of a sparse GP; it takes "
-                    f"{list(_GP_KWARGS)}"
+                    f"{name}_kwargs {unknown} are not options of {name}={value!r}; it takes "
+                    f"{list(options)}"
                 )
-            if kw and value not in ("sparse_gp",):
-                raise ValueError(f"{name}_kwargs {sorted(kw)} given with {name}={value!r}")
-            if value == "sparse_gp":
-                SparseGP(1, 1, 1, **kw)  # validates the values
+        if self.read == "sparse_gp":
+            SparseGP(1, 1, 1, **self.read_kwargs)  # validates the values
+        if self.readout != "linear":
+            self.build_readout(1, 2)  # validates the values
         if self.read == "sparse_gp" and self.kernel is not None:
             raise ValueError(
                 f"read='sparse_gp' reads over every key; it does not combine with "
@@ -198,9 +205,12 @@ class AttentionConfig:
         return self.family is not None or self.read != "softmax"
 
     def build_readout(self, in_dim: int, num_classes: int) -> nn.Module:
-        """A classifier's read-out: ``nn.Linear`` or a :class:`SparseGPReadout`."""
+        """A classifier's read-out: ``nn.Linear``, a :class:`SparseGPReadout` or a
+        :class:`RandomFeatureGPReadout`."""
         if self.readout == "sparse_gp":
             return SparseGPReadout(in_dim, num_classes, **self.readout_kwargs)
+        if self.readout == "random_features":
+            return RandomFeatureGPReadout(in_dim, num_classes, **self.readout_kwargs)
         return nn.Linear(in_dim, num_classes)
 
     def check_layers(self, num_layers: int) -> None:

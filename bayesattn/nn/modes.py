@@ -92,6 +92,8 @@ class KLCollector:
         self.terms: dict[str, Tensor] = {}
         self.global_terms: dict[str, Tensor] = {}
         self.global_values: dict[str, Tensor] = {}
+        #: the data set size N the ELBO is scaled to (set by ``elbo_loss``; ``None``: unknown)
+        self.num_data: int | None = None
 
     def add(self, name: str, kl: Tensor) -> None:
         self.terms[name] = self.terms[name] + kl if name in self.terms else kl

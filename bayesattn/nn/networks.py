@@ -45,7 +45,7 @@ from .attention import linear
 from .blocks import AttentionConfig, Decoder, Encoder, EncoderLayer, as_attention_config
 from .contract import PRIVATE_ALIASES as _PRIVATE_ALIASES
 from .contract import REQUIRED
-from .gp_read import SparseGP, SparseGPReadout
+from .gp_read import RandomFeatureGPReadout, SparseGP, SparseGPReadout
 from .modes import (
     AttentionMode,
     attention_mode,
@@ -227,10 +227,11 @@ class BayesianNetwork(PyroModule):
                 out.append(n)
         return out
 
-    def global_latents(self) -> list[SparseGP]:
-        """Modules with a global latent (sparse-GP inducing values): drawn once per pass and
-        posterior sample, outside the data plate, shared by every example."""
-        return [m for m in self.modules() if isinstance(m, SparseGP)]
+    def global_latents(self) -> list[SparseGP | RandomFeatureGPReadout]:
+        """Modules with a global latent (sparse-GP inducing values, random-feature output
+        weights): drawn once per pass and posterior sample, outside the data plate, shared by
+        every example."""
+        return [m for m in self.modules() if isinstance(m, (SparseGP, RandomFeatureGPReadout))]
 
     def draw_globals(
         self, mode: AttentionMode, num_samples: int | None = None, site: bool = False
@@ -365,6 +366,7 @@ class BayesianNetwork(PyroModule):
         with self.pyro_context:
             values, kl_w = self._weight_kl()
             with collect_kl() as col, self.weights_from(values):
+                col.num_data = N
                 logits = self.forward_logits(x, y, num_particles)  # (P?, B, ...)
         targets, mask, ev = self.targets(x, y)
         if targets is None:
@@ -618,7 +620,7 @@ class TransformerClassifier(BayesianNetwork):
         else:
             keep = (~pad).to(h.dtype).unsqueeze(-1)  # (B, T, 1)
             pooled = (h * keep).sum(-2) / keep.sum(-2).clamp_min(1.0)
-        if isinstance(self.head, SparseGPReadout):  # one global draw per particle
+        if isinstance(self.head, (SparseGPReadout, RandomFeatureGPReadout)):  # a draw per particle
             return self.head(pooled, leading_samples=num_particles if num_particles > 1 else None)
         head = cast(nn.Linear, self.head)
         # linear() reads x as (*S, B, T, In); pooled has no T, so give it one
