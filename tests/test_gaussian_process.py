@@ -363,3 +363,42 @@ def test_random_feature_readout_variance_is_larger_off_the_training_features():
         acc = (head(x).argmax(-1) == y).float().mean()
     assert float(acc) > 0.9
     assert float(head.kl()) > 1.0
+
+
+def test_posthoc_gp_read_on_a_frozen_torch_model():
+    """Fitted on a calibration split of a frozen model: the model is unchanged, predictions on
+    the calibration inputs are those of temperature scaling up to small noise, and far from them
+    the samples disagree (mutual information) while they barely do on them."""
+    from bayesattn import calibration as C
+    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    x = torch.randn(400, 2)
+    y = (x[:, 0] + 0.3 * torch.randn(400) > 0).long()
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(100):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    read = fit_posthoc_gp(model, x[:300], y[:300], model[2], seed=0)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert not model[2]._forward_pre_hooks  # the hook is gone
+    p_in = read.sample_probs(x[300:], 64, seed=1)  # (S, B, C)
+    far = torch.randn(100, 2) * 0.5 + torch.tensor([0.0, 8.0])
+    p_far = read.sample_probs(far, 64, seed=2)
+    assert p_in.shape == (64, 100, 2)
+    with torch.no_grad():
+        ts = torch.softmax(model(x[300:]) / read.temperature, -1)
+    assert float((p_in.mean(0) - ts).abs().mean()) < 0.05
+
+    def mi(p):
+        ent = lambda q: -(q * q.clamp_min(1e-12).log()).sum(-1)  # noqa: E731
+        return ent(p.mean(0)) - ent(p).mean(0)
+
+    assert float(mi(p_far).mean()) > 5 * float(mi(p_in).mean())
+    assert float(read.variance(far).mean()) > 5 * float(read.variance(x[300:]).mean())
+    assert C.ood_auroc(mi(p_in), mi(p_far)) > 0.9
+    with pytest.raises(TypeError, match="head"):
+        fit_posthoc_gp(model, x, y, "2")  # type: ignore[arg-type]
