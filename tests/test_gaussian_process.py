@@ -402,3 +402,33 @@ def test_posthoc_gp_read_on_a_frozen_torch_model():
     assert C.ood_auroc(mi(p_in), mi(p_far)) > 0.9
     with pytest.raises(TypeError, match="head"):
         fit_posthoc_gp(model, x, y, "2")  # type: ignore[arg-type]
+
+
+def test_gp_read_on_a_converted_torch_model():
+    """convert() then a GP read on the converted layer: the site is named by module path and the
+    vectorised predictive draws one global value per sample."""
+    import bayesattn
+    from torch import nn
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Linear(4, 8)
+            self.layer = nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True)
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(self.layer(self.embed(x)).mean(-2))
+
+    torch.manual_seed(0)
+    model = Model().eval()
+    bayesattn.convert(model)
+    att = model.layer.self_attn
+    att.gp_read = SparseGP(2, 4, 4)
+    assert att.gp_read.site_name == "layer.self_attn.gp_read.inducing_values"
+    x = torch.randn(5, 6, 4)
+    res = predict(model, x, num_samples=4, vectorised=True)
+    assert res.probs.shape == (4, 5, 3) and float(res.mutual_information.mean()) > 0
+    with collect_kl() as col:
+        model(x)
+    assert list(col.global_terms) == ["layer.self_attn.gp_read.inducing_values"]

@@ -546,7 +546,7 @@ class BayesianMultiheadAttention(PyroModule):
         if num_samples is not None:
             check_int("num_samples", num_samples, 1)
         self_attn = query is key and key is value
-        if num_samples is None and query.dim() == 3 and self.family is not None:
+        if num_samples is None and query.dim() == 3 and self.is_bayesian:
             # set from outside: bayesattn.num_samples(S); read once at trace time when compiling
             num_samples = (
                 _num_samples_at_trace() if torch.compiler.is_compiling() else current_num_samples()

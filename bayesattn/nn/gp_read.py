@@ -151,7 +151,8 @@ class SparseGP(PyroModule):
     @property
     def site_name(self) -> str:
         """The global Pyro site of the whitened inducing values ``(G, P, M)``."""
-        return self._pyro_get_fullname("inducing_values")
+        with self._pyro_context:  # the network's (shared) context: the full module path
+            return self._pyro_get_fullname("inducing_values")
 
     def posterior(self) -> dist.TorchDistribution:
         """:math:`q(v)` with event shape ``(G, P, M)``."""
@@ -336,7 +337,8 @@ class RandomFeatureGPReadout(PyroModule):
     @property
     def site_name(self) -> str:
         """The global Pyro site of the output weights ``(C, R)``."""
-        return self._pyro_get_fullname("output_weights")
+        with self._pyro_context:  # the network's (shared) context: the full module path
+            return self._pyro_get_fullname("output_weights")
 
     def covariance(self) -> Tensor:
         """:math:`\\Sigma` ``(R, R)`` (the prior's :math:`I` before any training pass)."""
