@@ -407,8 +407,9 @@ def test_posthoc_gp_read_on_a_frozen_torch_model():
 def test_gp_read_on_a_converted_torch_model():
     """convert() then a GP read on the converted layer: the site is named by module path and the
     vectorised predictive draws one global value per sample."""
-    import bayesattn
     from torch import nn
+
+    import bayesattn
 
     class Model(nn.Module):
         def __init__(self) -> None:
