@@ -72,7 +72,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from ._deprecation import renamed_kwargs
 from ._validation import check_bool, check_int
 from .inference import TrainConfig, _resolve_config, kl_beta, sync_param_store
-from .nn.modes import attention_mode
+from .nn.modes import attention_mode, global_values
 from .nn.networks import BayesianNetwork, CausalLM, Seq2Seq, TransformerClassifier
 from .training.config import _upgrade_config_dict
 from .training.data import as_batch, fork_rng
@@ -131,11 +131,13 @@ def predictive_probs(
     network.eval()
     try:
         values = _draw_weights(network, "guide", S)
+        gvals = network.draw_globals("guide", S if S > 1 else None)  # one per sample
         with (
             poutine.block(),
             attention_mode("guide"),
             network.pyro_context,
             network.weights_from(values),
+            global_values(gvals),
         ):
             logits = network.forward_logits(x, y, S)  # (S?, B, T, V)
     finally:

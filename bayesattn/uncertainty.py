@@ -52,7 +52,7 @@ from ._deprecation import renamed_kwargs, warn_renamed
 from ._validation import check_int, check_real, check_simplex
 from .functional import entropy, uncertainty_decomposition
 from .nn.attention import BayesianMultiheadAttention
-from .nn.modes import AttentionMode, attention_mode, check_mode
+from .nn.modes import AttentionMode, attention_mode, check_mode, global_values
 from .nn.networks import BayesianNetwork, Seq2Seq, TransformerClassifier
 
 __all__ = [
@@ -551,11 +551,13 @@ def _run_pass(
     num_particles: int,
     layers: list[tuple[str, BayesianMultiheadAttention]],
     keep_attention: bool,
+    globals_: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """One network pass with ``num_particles`` particles: probabilities ``(P, b, ..., C)`` and the
     recorded attention weights ``(P, b, H, Tq, Tk)`` per layer."""
     with poutine.block(), attention_mode(mode), net.pyro_context, net.weights_from(values):
-        logits = net.forward_logits(xb, yb, num_particles)  # (P?, b, ..., C)
+        with global_values(globals_):  # one draw per sample, shared by every chunk
+            logits = net.forward_logits(xb, yb, num_particles)  # (P?, b, ..., C)
     if num_particles == 1:
         logits = logits.unsqueeze(0)  # (1, b, ..., C)
     ws: dict[str, Tensor] = {}
@@ -630,9 +632,12 @@ def _sample_predictive(
             layer.record_weights = keep_attention
         with torch.no_grad():
             values = _draw_weights(net, mode, S_run)
+            gvals = net.draw_globals(mode, S_run if S_run > 1 else None)
             for sl in it:
                 yb = None if y is None else y[sl]
-                p, ws = _run_pass(net, x[sl], yb, mode, values, S_run, layers, keep_attention)
+                p, ws = _run_pass(
+                    net, x[sl], yb, mode, values, S_run, layers, keep_attention, gvals
+                )
                 probs_chunks.append(p.expand((S,) + p.shape[1:]))  # (S, b, ..., C)
                 for name, w in ws.items():
                     attn_chunks[name].append(w.expand((S,) + w.shape[1:]))  # (S, b, H, Tq, Tk)
@@ -678,7 +683,8 @@ def predict(
     Each sample :math:`s` runs the network with attention weights drawn in ``mode`` (the amortised
     guide :math:`q(w\mid x)` by default; ``"model"``: the weight model; ``"mean"``: the deterministic
     exact-posterior weights) and, if the network has Bayesian projections, with projection weights
-    :math:`\theta_s \sim q(\theta)` (one draw per sample shared by all inputs and batches; the
+    :math:`\theta_s \sim q(\theta)` (one draw per sample shared by all inputs and batches, as
+    are global latents such as sparse-GP inducing values, :mod:`bayesattn.nn.gp_read`; the
     projection prior in ``"model"`` mode, the guide's median in ``"mean"`` mode). The ``S`` samples
     travel as a leading particle dim (``forward(x, num_particles=S)``), entering a classifier just
     before its first random layer (the computation before it is shared), sampled weights

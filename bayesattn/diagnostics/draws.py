@@ -48,14 +48,21 @@ def _trace_pass(network: Any, x: Tensor, y: Tensor | None, num_data: int | None)
 
 
 def _select_sites(mtr: Any, var_names: Sequence[str] | None, obs_name: str) -> list[str]:
-    """The sites to keep: ``var_names`` (validated) or every deterministic site but ``obs``."""
+    """The sites to keep: ``var_names`` (validated) or every deterministic site but ``obs`` and
+    every global GP latent (``*inducing_values``, ``*output_weights``,
+    :mod:`bayesattn.nn.gp_read`)."""
     if obs_name not in mtr.nodes:
         raise ValueError(f"the model has no site {obs_name!r}")
     if var_names is None:
         return [
             n
             for n, s in mtr.nodes.items()
-            if s["type"] == "sample" and s["infer"].get("_deterministic") and n != obs_name
+            if s["type"] == "sample"
+            and n != obs_name
+            and (
+                s["infer"].get("_deterministic")
+                or n.split(".")[-1] in ("inducing_values", "output_weights")
+            )
         ]
     names = list(var_names)
     missing = [n for n in names if n not in mtr.nodes or mtr.nodes[n]["type"] != "sample"]
@@ -226,7 +233,8 @@ def predictive_to_arviz(
     ``num_chains`` pseudo-chains):
 
     * ``posterior``: the attention weights ``<path>.weights`` (or ``var_names``),
-      dims ``(chain, draw, example, head, query, key)``;
+      dims ``(chain, draw, example, head, query, key)``, and the draws of global sparse-GP
+      latents ``<path>.inducing_values`` ``(chain, draw, [1,] group, output, inducing)``;
     * ``posterior_predictive``: ``obs`` drawn from :math:`p(y\mid x, w_s)`;
     * ``observed_data``: ``obs = y`` (if given);
     * ``log_likelihood``: ``obs`` :math:`=\log p(y_b\mid x_b, w_s)`, unscaled (if ``y`` given),

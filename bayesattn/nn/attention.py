@@ -45,6 +45,7 @@ from .._validation import (
 )
 from ..families import AttentionFamily, FamilyName, get_family
 from ..priors import KeyRelevancePrior, UniformPrior
+from .gp_read import SparseGP
 from .kernels import AttentionKernel, KernelName, finish, get_kernel, kernel_attention
 from .modes import AttentionMode, current_kl_collector, current_mode
 from .sampling import current_num_samples
@@ -102,7 +103,7 @@ def _allow_missing_prior_family(module: nn.Module, incompatible: Any) -> None:
     incompatible.missing_keys[:] = keep
 
 
-_PRIOR_FAMILY_KEY = re.compile(r"(^|\.)(prior|family|kernel)\.")
+_PRIOR_FAMILY_KEY = re.compile(r"(^|\.)(prior|family|kernel|gp_read)\.")
 #: state_dicts saved before 0.3 hold the family under ``posterior.*``
 _OLD_FAMILY_KEYS = renamed_submodule_hook("posterior", "family")
 
@@ -253,6 +254,7 @@ class BayesianMultiheadAttention(PyroModule):
         prior: KeyRelevancePrior | None = None,
         family: AttentionFamily | FamilyName | None = None,
         kernel: AttentionKernel | KernelName | None = None,
+        gp_read: SparseGP | None = None,
     ) -> None:
         check_int("embed_dim", embed_dim, 1)
         check_int("num_heads", num_heads, 1)
@@ -318,6 +320,18 @@ class BayesianMultiheadAttention(PyroModule):
         elif not isinstance(kernel, AttentionKernel):
             raise TypeError(f"kernel must be None, a name or an AttentionKernel; got {kernel!r}")
         self.kernel = kernel  # None: dense attention
+        if gp_read is not None:
+            if not isinstance(gp_read, SparseGP):
+                raise TypeError(f"gp_read must be None or a SparseGP; got {type(gp_read).__name__}")
+            if (gp_read.groups, gp_read.in_dim, gp_read.out_dim) != (num_heads,) + (self.head_dim,) * 2:
+                raise ValueError(
+                    f"gp_read must map each of the {num_heads} heads' queries (head_dim "
+                    f"{self.head_dim}) to head_dim outputs; got groups={gp_read.groups}, "
+                    f"in_dim={gp_read.in_dim}, out_dim={gp_read.out_dim}"
+                )
+            if kernel is not None:
+                raise ValueError("gp_read reads over every key; it does not combine with a kernel")
+        self.gp_read = gp_read  # None: the softmax read alone
         self.record_weights = False  # when True, forward keeps its weights in ``last_weights``
         self.last_weights: Tensor | None = None  # (…, B, H, Tq, Tk)
         self.register_load_state_dict_pre_hook(_OLD_FAMILY_KEYS)
@@ -329,12 +343,15 @@ class BayesianMultiheadAttention(PyroModule):
             warn_renamed("BayesianMultiheadAttention.posterior", "family", "attribute")
             name = "family"
         super().__setattr__(name, value)
-        if name in ("family", "prior", "record_weights") and "record_weights" in self.__dict__:
+        if (
+            name in ("family", "prior", "record_weights", "gp_read")
+            and "record_weights" in self.__dict__
+        ):
             self._sync_fastpath_guard()
 
     def _matches_torch(self) -> bool:
         """True when torch's fused kernels compute exactly this layer *now*: uniform prior, no
-        kernel, weights not recorded, no sampled projections, and deterministic (no family) or
+        kernel, no GP read, weights not recorded, no sampled projections, and deterministic (no family) or
         in ``"mean"`` mode. Only then may torch's layers skip our ``forward``. (Read straight
         from the instance dicts: torch asks on every call, and ``PyroModule.__getattr__`` is
         slow.)"""
@@ -344,6 +361,7 @@ class BayesianMultiheadAttention(PyroModule):
             d.get("record_weights")
             or d["_pyro_samples"]
             or mods.get("kernel", d.get("kernel")) is not None
+            or mods.get("gp_read", d.get("gp_read")) is not None
             or not isinstance(mods.get("prior"), UniformPrior)
         ):
             return False
@@ -444,13 +462,13 @@ class BayesianMultiheadAttention(PyroModule):
 
     @property
     def is_bayesian(self) -> bool:
-        """True when the layer has a family over its attention weights."""
-        return self.family is not None
+        """True when the layer has a family over its attention weights or a GP read."""
+        return self.family is not None or self.gp_read is not None
 
     def mode(self) -> AttentionMode:
         """The effective mode: the context's (:func:`~bayesattn.nn.modes.attention_mode`) or the
-        layer default (``"guide"`` with a family, ``"mean"`` without)."""
-        if self.family is None:
+        layer default (``"guide"`` with a family or a GP read, ``"mean"`` without)."""
+        if not self.is_bayesian:
             return "mean"
         # Dynamo cannot trace ContextVar.get: read the mode once at trace time (compile in one mode)
         m = _current_mode_at_trace() if torch.compiler.is_compiling() else current_mode()
@@ -562,7 +580,7 @@ class BayesianMultiheadAttention(PyroModule):
         if num_samples is not None:
             check_int("num_samples", num_samples, 1)
         self_attn = query is key and key is value
-        if num_samples is None and query.dim() == 3 and self.family is not None:
+        if num_samples is None and query.dim() == 3 and self.is_bayesian:
             # set from outside: bayesattn.num_samples(S); read once at trace time when compiling
             num_samples = (
                 _num_samples_at_trace() if torch.compiler.is_compiling() else current_num_samples()
@@ -583,10 +601,23 @@ class BayesianMultiheadAttention(PyroModule):
             return finish(self, out, sw, unbatched)
         log_prior = self._log_prior(attn_mask, key_padding_mask, is_causal, q, k, q_pos, k_pos)
         mode = self.mode()
-        out, w = self._read(mode, q, k, v, log_prior, need_weights, num_samples)  # (…,B,H,Tq,·)
+        wmode = mode if self.family is not None else "mean"  # how the weights are drawn
+        out, w = self._read(wmode, q, k, v, log_prior, need_weights, num_samples)  # (…,B,H,Tq,·)
+        drawn = wmode != "mean"  # out/w already carry num_samples draws
+        if self.gp_read is not None:  # + f_h(q_i): global inducing keys, one draw per sample
+            if num_samples is not None and drawn:  # the family drew S weights: S GP draws too
+                qs = q.expand((num_samples,) + q.shape)  # (S, …, B, H, Tq, Dh)
+                out = out + self.gp_read(qs, leading_samples=num_samples)
+            else:
+                out = out + self.gp_read(q, num_samples=num_samples)  # (S?, …, B, H, Tq, Dh)
+                if num_samples is not None and mode != "mean":
+                    drawn = True
+                    if w is not None:
+                        w = w.expand((num_samples,) + w.shape)  # the softmax weights, S times
         return self._outputs(
-            out, w, mode, Tq, num_samples, unbatched, need_weights, average_attn_weights
-        )
+            out, w, "mean" if not drawn else "guide", Tq, num_samples, unbatched, need_weights,
+            average_attn_weights,
+        )  # fmt: skip
 
     def _batch_first(
         self,

@@ -27,6 +27,7 @@ from .._deprecation import renamed_attribute, renamed_kwargs
 from .._validation import check_int, check_real
 from ..families import FamilyName, get_family
 from .attention import BayesianMultiheadAttention, linear
+from .gp_read import RandomFeatureGPReadout, SparseGP, SparseGPReadout
 from .kernels import KernelName, get_kernel
 
 if TYPE_CHECKING:
@@ -41,6 +42,25 @@ PriorName = Literal["uniform", "causal", "local", "alibi", "learned", "contextua
 LayerSelection = Literal["all", "last"]
 #: The attention of a decoder layer: its self-attention or its cross-attention.
 AttentionKind = Literal["self", "cross"]
+#: How a selected layer reads its values: softmax attention alone, or plus a sparse-GP read.
+ReadName = Literal["softmax", "sparse_gp"]
+#: A classifier's read-out of the pooled features: a linear layer or a sparse GP.
+ReadoutName = Literal["linear", "sparse_gp", "random_features"]
+#: options of :class:`~bayesattn.nn.gp_read.SparseGP` that ``read_kwargs``/``readout_kwargs`` take
+_GP_KWARGS = (
+    "num_inducing",
+    "covariance",
+    "lengthscale",
+    "outputscale",
+    "learn_lengthscale",
+    "learn_outputscale",
+    "init_scale",
+    "init_mean",
+    "init_from_data",
+    "jitter",
+)
+#: options of :class:`~bayesattn.nn.gp_read.RandomFeatureGPReadout` (``readout_kwargs``)
+_RFF_KWARGS = ("num_features", "outputscale", "lengthscale", "momentum")
 _PRIORS: tuple[PriorName, ...] = get_args(PriorName)
 #: keyword arguments each named prior takes from ``prior_kwargs``
 _PRIOR_KWARGS = {
@@ -73,6 +93,15 @@ class AttentionConfig:
         kernel: ``None`` (dense) or an efficient kernel for every *self*-attention layer:
             ``"local"`` (``window``), ``"topk"`` (``k``) or ``"lowrank"`` (``rank``, ``max_len``),
             options in ``kernel_kwargs``; see :mod:`bayesattn.nn.kernels`.
+        read: ``"softmax"`` or ``"sparse_gp"``: the selected layers (``layers``/``which``) add a
+            sparse-GP read per head with global inducing keys
+            (:class:`~bayesattn.nn.gp_read.SparseGP`; options such as ``num_inducing`` in
+            ``read_kwargs``), with or without a ``family``.
+        readout: ``"linear"``, ``"sparse_gp"`` or ``"random_features"``: a classifier's logits
+            are a sparse GP of its pooled (CLS) features
+            (:class:`~bayesattn.nn.gp_read.SparseGPReadout`) or an SNGP-style random-feature GP
+            with a Laplace covariance (:class:`~bayesattn.nn.gp_read.RandomFeatureGPReadout`),
+            options in ``readout_kwargs``; sequence models ignore it.
 
     ``posterior=``/``posterior_kwargs=`` (and those attributes) are deprecated spellings of
     ``family``/``family_kwargs`` (until 0.4); saved configs that use them still load.
@@ -86,9 +115,14 @@ class AttentionConfig:
     prior_kwargs: dict = field(default_factory=dict)
     kernel: KernelName | None = None
     kernel_kwargs: dict = field(default_factory=dict)
+    read: ReadName = "softmax"
+    read_kwargs: dict = field(default_factory=dict)
+    readout: ReadoutName = "linear"
+    readout_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         get_kernel(self.kernel, **self.kernel_kwargs)  # validates the name and options
+        self._check_gp_options()
         if self.family is not None and not isinstance(self.family, str):
             raise TypeError(f"family must be a family name or None; got {self.family!r}")
         if not isinstance(self.prior, str) and not callable(self.prior):
@@ -136,10 +170,53 @@ class AttentionConfig:
                 f"family_kwargs {sorted(self.family_kwargs)} given without a family"
             )
 
+    def _check_gp_options(self) -> None:
+        for name, value, allowed in (
+            ("read", self.read, get_args(ReadName)),
+            ("readout", self.readout, get_args(ReadoutName)),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
+            kw = getattr(self, f"{name}_kwargs")
+            if not isinstance(kw, dict):
+                raise TypeError(f"{name}_kwargs must be a dict; got {kw!r}")
+            if kw and value in ("softmax", "linear"):
+                raise ValueError(f"{name}_kwargs {sorted(kw)} given with {name}={value!r}")
+            options = _RFF_KWARGS if value == "random_features" else _GP_KWARGS
+            unknown = sorted(set(kw) - set(options))
+            if unknown:
+                raise ValueError(
+                    f"{name}_kwargs {unknown} are not options of {name}={value!r}; it takes "
+                    f"{list(options)}"
+                )
+        if self.read == "sparse_gp":
+            SparseGP(1, 1, 1, **self.read_kwargs)  # validates the values
+        if self.readout != "linear":
+            self.build_readout(1, 2)  # validates the values
+        if self.read == "sparse_gp" and self.kernel is not None:
+            raise ValueError(
+                f"read='sparse_gp' reads over every key; it does not combine with "
+                f"kernel={self.kernel!r}"
+            )
+
+    @property
+    def _selects(self) -> bool:
+        """Whether the selected layers get anything (a family or a GP read)."""
+        return self.family is not None or self.read != "softmax"
+
+    def build_readout(self, in_dim: int, num_classes: int) -> nn.Module:
+        """A classifier's read-out: ``nn.Linear``, a :class:`SparseGPReadout` or a
+        :class:`RandomFeatureGPReadout`."""
+        if self.readout == "sparse_gp":
+            return SparseGPReadout(in_dim, num_classes, **self.readout_kwargs)
+        if self.readout == "random_features":
+            return RandomFeatureGPReadout(in_dim, num_classes, **self.readout_kwargs)
+        return nn.Linear(in_dim, num_classes)
+
     def check_layers(self, num_layers: int) -> None:
         """Every index in ``layers`` must name one of ``num_layers`` layers (negative indices
         count from the end, as in Python)."""
-        if isinstance(self.layers, str) or self.family is None:
+        if isinstance(self.layers, str) or not self._selects:
             return
         bad = [i for i in self.layers if not -num_layers <= i < num_layers]
         if bad:
@@ -176,7 +253,7 @@ class AttentionConfig:
         return cls(**kw)
 
     def is_bayesian(self, index: int, num_layers: int, kind: AttentionKind = "self") -> bool:
-        if self.family is None or kind not in self.which:
+        if not self._selects or kind not in self.which:
             return False
         if self.layers == "all":
             return True
@@ -216,9 +293,14 @@ class AttentionConfig:
         )
         prior = self.build_prior(num_heads, head_dim) if kind == "self" else P.UniformPrior()
         kernel = get_kernel(self.kernel, **self.kernel_kwargs) if kind == "self" else None
+        gp = (
+            SparseGP(num_heads, head_dim, head_dim, **self.read_kwargs)
+            if bayes and self.read == "sparse_gp"
+            else None
+        )
         return BayesianMultiheadAttention(
             embed_dim, num_heads, batch_first=True, prior=prior, family=family, kernel=kernel,
-            **mha_kwargs,
+            gp_read=gp, **mha_kwargs,
         )  # fmt: skip
 
 
@@ -350,6 +432,7 @@ class EncoderLayer(_FeedForward):
         prior: P.KeyRelevancePrior | None = None,
         family: AttentionFamily | FamilyName | None = None,
         kernel: AttentionKernel | KernelName | None = None,
+        gp_read: SparseGP | None = None,
     ) -> None:
         _check_block_args(d_model, nhead, dim_feedforward, dropout)
         super().__init__()
@@ -363,6 +446,7 @@ class EncoderLayer(_FeedForward):
             prior=prior,
             family=family,
             kernel=kernel,
+            gp_read=gp_read,
             **fk,
         )
         self._init_ff(d_model, dim_feedforward, dropout, activation, bias, fk)
@@ -569,8 +653,9 @@ def _self_attention_layer(
     builds (batch-first, as every block of ours)."""
     a = cfg.build(d_model, nhead, i, num_layers, "self")
     return EncoderLayer(
-        d_model, nhead, batch_first=True, prior=a.prior, family=a.family, kernel=a.kernel, **kw
-    )
+        d_model, nhead, batch_first=True, prior=a.prior, family=a.family, kernel=a.kernel,
+        gp_read=a.gp_read, **kw,
+    )  # fmt: skip
 
 
 class Encoder(PyroModule):
@@ -636,6 +721,11 @@ class Decoder(PyroModule):
         super().__init__()
         cfg = as_attention_config(attention)
         cfg.check_layers(num_layers)
+        if cross_attention and cfg.read != "softmax":
+            raise ValueError(
+                f"read={cfg.read!r} is for self-attention stacks (Encoder, decoder-only); a "
+                "Decoder with cross_attention=True takes read='softmax'"
+            )
         kw = _block_kwargs(block_kwargs)
         self.cross_attention = cross_attention
         layers: list[nn.Module] = []

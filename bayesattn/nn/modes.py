@@ -40,6 +40,8 @@ __all__ = [
     "collect_kl",
     "current_kl_collector",
     "KLCollector",
+    "global_values",
+    "current_global_values",
 ]
 
 AttentionMode = Literal["mean", "guide", "model", "elbo"]
@@ -49,6 +51,7 @@ RENAMED_MODES = {"posterior": "guide", "prior": "model"}
 
 _MODE: ContextVar[AttentionMode | None] = ContextVar("bayesattn_attention_mode", default=None)
 _KL: ContextVar[KLCollector | None] = ContextVar("bayesattn_kl", default=None)
+_GLOBALS: ContextVar[dict[str, Tensor] | None] = ContextVar("bayesattn_globals", default=None)
 
 
 def check_mode(mode: str, name: str = "mode", stacklevel: int = 5) -> AttentionMode:
@@ -81,13 +84,33 @@ def attention_mode(mode: AttentionMode | None) -> Iterator[None]:
 
 
 class KLCollector:
-    """Accumulates per-example ``KL(q‖p)`` terms, shape ``(*S, B)``, from layers in ``"elbo"`` mode."""
+    """Accumulates per-example ``KL(q‖p)`` terms, shape ``(*S, B)``, from layers in ``"elbo"`` mode,
+    and the KL of *global* latents (outside the data plate: charged once per data set, never
+    scaled by ``N/B``) with the value each drew, so a global is drawn once per pass."""
 
     def __init__(self) -> None:
         self.terms: dict[str, Tensor] = {}
+        self.global_terms: dict[str, Tensor] = {}
+        self.global_values: dict[str, Tensor] = {}
+        #: the data set size N the ELBO is scaled to (set by ``elbo_loss``; ``None``: unknown)
+        self.num_data: int | None = None
 
     def add(self, name: str, kl: Tensor) -> None:
         self.terms[name] = self.terms[name] + kl if name in self.terms else kl
+
+    def add_global(self, name: str, kl: Tensor, value: Tensor) -> None:
+        """Record global site ``name``'s draw and its (scalar) KL, once per pass."""
+        if name in self.global_terms:
+            raise ValueError(f"global site {name!r} was drawn twice in one pass")
+        self.global_terms[name] = kl
+        self.global_values[name] = value
+
+    def global_total(self) -> Tensor | float:
+        """Sum of the global KLs (a scalar; 0.0 without global latents)."""
+        out: Tensor | float = 0.0
+        for t in self.global_terms.values():
+            out = out + t
+        return out
 
     def total(self) -> Tensor | float:
         out: Tensor | float = 0.0
@@ -110,3 +133,24 @@ def collect_kl() -> Iterator[KLCollector]:
 
 def current_kl_collector() -> KLCollector | None:
     return _KL.get()
+
+
+@contextlib.contextmanager
+def global_values(values: dict[str, Tensor] | None) -> Iterator[None]:
+    """Context manager: global latents (e.g. a sparse Gaussian process's inducing values) take
+    these ``{site name: value}`` draws instead of drawing their own, so one draw per posterior
+    sample is shared by every example and every batch. ``None`` changes nothing."""
+    if values is None:
+        yield
+        return
+    outer = _GLOBALS.get()
+    token = _GLOBALS.set({**(outer or {}), **values})
+    try:
+        yield
+    finally:
+        _GLOBALS.reset(token)
+
+
+def current_global_values() -> dict[str, Tensor] | None:
+    """The ``{site name: value}`` set by the innermost :func:`global_values`, or ``None``."""
+    return _GLOBALS.get()

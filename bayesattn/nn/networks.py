@@ -42,10 +42,18 @@ from .._patches import patchify
 from .._validation import check_int, check_real, check_same_dtype
 from ..functional import uncertainty_decomposition
 from .attention import linear
-from .blocks import AttentionConfig, Decoder, Encoder, EncoderLayer
+from .blocks import AttentionConfig, Decoder, Encoder, EncoderLayer, as_attention_config
 from .contract import PRIVATE_ALIASES as _PRIVATE_ALIASES
 from .contract import REQUIRED
-from .modes import AttentionMode, attention_mode, check_mode, collect_kl, current_mode
+from .gp_read import RandomFeatureGPReadout, SparseGP, SparseGPReadout
+from .modes import (
+    AttentionMode,
+    attention_mode,
+    check_mode,
+    collect_kl,
+    current_mode,
+    global_values,
+)
 
 __all__ = [
     "BayesianNetwork",
@@ -209,8 +217,42 @@ class BayesianNetwork(PyroModule):
 
     @property
     def bayesian_layers(self) -> list[str]:
-        """Module paths of attention layers with a family."""
-        return [n for n, m in self.named_modules() if getattr(m, "is_bayesian", False) is True]
+        """Module paths of attention layers with a family or a Gaussian-process read, and of
+        Gaussian-process read-outs (a module inside one already listed is not listed again)."""
+        out: list[str] = []
+        for n, m in self.named_modules():
+            if getattr(m, "is_bayesian", False) is True and not any(
+                n.startswith(o + ".") for o in out
+            ):
+                out.append(n)
+        return out
+
+    def global_latents(self) -> list[SparseGP | RandomFeatureGPReadout]:
+        """Modules with a global latent (sparse-GP inducing values, random-feature output
+        weights): drawn once per pass and posterior sample, outside the data plate, shared by
+        every example."""
+        return [m for m in self.modules() if isinstance(m, (SparseGP, RandomFeatureGPReadout))]
+
+    def draw_globals(
+        self, mode: AttentionMode, num_samples: int | None = None, site: bool = False
+    ) -> dict[str, Tensor] | None:
+        """One draw of every global latent: from ``q`` (``"guide"``/``"elbo"``) or the prior
+        (``"model"``); ``(S, *shape)`` with ``num_samples=S``; ``None`` in ``"mean"`` mode or
+        without global latents. ``site=True`` draws at Pyro sample sites (call it outside the
+        data plate: :meth:`model`, :meth:`guide`)."""
+        mods = self.global_latents()
+        if not mods or mode == "mean":
+            return None
+        out: dict[str, Tensor] = {}
+        with self.pyro_context:
+            for m in mods:
+                d = m.prior() if mode == "model" else m.posterior()
+                if site:
+                    out[m.site_name] = pyro.sample(m.site_name, d)
+                else:
+                    shape = torch.Size(() if num_samples is None else (num_samples,))
+                    out[m.site_name] = d.sample(shape)
+        return out
 
     def _num_data(self, num_data: int | None, batch: int) -> int:
         if num_data is None:
@@ -247,8 +289,9 @@ class BayesianNetwork(PyroModule):
         N = self._num_data(num_data, B)
         with self.pyro_context:
             self._touch_weight_sites()  # global sites: outside the data plate
+            g = self.draw_globals("model", site=True)
             with pyro.plate("data", N, subsample=torch.arange(B, device=x.device)):
-                with attention_mode("model"):
+                with attention_mode("model"), global_values(g):
                     logits = self.forward_logits(x, y)
                 targets, mask, ev = self.targets(x, y)
                 pyro.sample("obs", self.likelihood(logits, mask, ev), obs=targets)
@@ -261,10 +304,11 @@ class BayesianNetwork(PyroModule):
         N = self._num_data(num_data, B)
         with self.pyro_context:
             values = self.weight_guide() if self.weight_guide is not None else None
+            g = self.draw_globals("guide", site=True)  # outside the data plate
             if not self.bayesian_layers:
                 return  # no latent attention: nothing in the data plate to guide, no network pass
             with pyro.plate("data", N, subsample=torch.arange(B, device=x.device)):
-                with attention_mode("guide"), self.weights_from(values):
+                with attention_mode("guide"), self.weights_from(values), global_values(g):
                     self.forward_logits(x, y)
 
     def _weight_kl(self) -> tuple[dict[str, Tensor] | None, Tensor | float]:
@@ -305,8 +349,12 @@ class BayesianNetwork(PyroModule):
 
         .. math:: -\frac{N}{B}\sum_b \Big(E_q \log p(y_b\mid x_b, w) - \beta\,
                   \mathrm{KL}(q(w_b\mid x_b)\,\|\,p(w_b))\Big) + \beta\,\mathrm{KL}_{\text{weights}}
+                  + \beta\,\mathrm{KL}_{\text{global}}
 
-        Particles are vectorised (a leading sample dim through the whole network).
+        Particles are vectorised (a leading sample dim through the whole network). Global
+        latents (sparse-GP inducing values) are drawn once per pass and their KL is charged once,
+        not scaled by ``N/B``: with ``num_data`` the full data set size on every rank, the DDP
+        average of the ranks' losses is the full-data negative ELBO's estimate.
         """
         self.check_batch(x, y)
         check_int("num_particles", num_particles, 1)
@@ -318,6 +366,7 @@ class BayesianNetwork(PyroModule):
         with self.pyro_context:
             values, kl_w = self._weight_kl()
             with collect_kl() as col, self.weights_from(values):
+                col.num_data = N
                 logits = self.forward_logits(x, y, num_particles)  # (P?, B, ...)
         targets, mask, ev = self.targets(x, y)
         if targets is None:
@@ -327,7 +376,7 @@ class BayesianNetwork(PyroModule):
         per_example = ll - beta * kl  # (P?, B)
         if num_particles > 1:
             per_example = per_example.mean(0)
-        loss = -(N / B) * per_example.sum() + beta * kl_w
+        loss = -(N / B) * per_example.sum() + beta * (kl_w + col.global_total())
         return loss, logits
 
     # 0.2 private spellings (see __init_subclass__ for subclasses)
@@ -458,7 +507,8 @@ class TransformerClassifier(BayesianNetwork):
             attn_dropout=attn_dropout,
             norm_first=norm_first,
         )
-        self.head = nn.Linear(d_model, num_classes)
+        # nn.Linear, or a sparse GP over the pooled features (AttentionConfig(readout=...))
+        self.head = as_attention_config(attention).build_readout(d_model, num_classes)
 
     def check_batch(self, x: Tensor, y: Tensor | None) -> None:
         if self.vocab_size is not None:
@@ -475,7 +525,7 @@ class TransformerClassifier(BayesianNetwork):
                 )
             if x.shape[1] == 0:
                 raise ValueError(f"x must hold at least one position; got shape {tuple(x.shape)}")
-            check_same_dtype("x", x, self.head.weight.dtype, type(self).__name__)
+            check_same_dtype("x", x, self.embed.pos.weight.dtype, type(self).__name__)
         if y is not None:
             if not isinstance(y, Tensor):
                 raise TypeError(f"y must be a torch.Tensor of labels; got {type(y).__name__}")
@@ -570,8 +620,11 @@ class TransformerClassifier(BayesianNetwork):
         else:
             keep = (~pad).to(h.dtype).unsqueeze(-1)  # (B, T, 1)
             pooled = (h * keep).sum(-2) / keep.sum(-2).clamp_min(1.0)
+        if isinstance(self.head, (SparseGPReadout, RandomFeatureGPReadout)):  # a draw per particle
+            return self.head(pooled, leading_samples=num_particles if num_particles > 1 else None)
+        head = cast(nn.Linear, self.head)
         # linear() reads x as (*S, B, T, In); pooled has no T, so give it one
-        out = linear(pooled.unsqueeze(-2), self.head.weight, self.head.bias)  # (*P, B, 1, C)
+        out = linear(pooled.unsqueeze(-2), head.weight, head.bias)  # (*P, B, 1, C)
         return out.squeeze(-2)  # (*P, B, C)
 
     def targets(self, x: Tensor, y: Tensor | None) -> tuple[Tensor | None, Tensor | None, int]:

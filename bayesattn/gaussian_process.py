@@ -1,0 +1,173 @@
+r"""Sparse Gaussian-process maths as pure tensor functions (no modules, no Pyro).
+
+These are the pieces of a *global, distance-aware* posterior over a function of the input: a
+stationary covariance :math:`c(x, x') = \sigma^2 \rho(\lVert x - x'\rVert / \ell)` (RBF or
+Matérn-5/2), ``M`` inducing inputs :math:`Z`, and a whitened Gaussian posterior over the inducing
+values. Whitening: :math:`u = L_Z v` with :math:`L_Z L_Z^\top = C_{ZZ}`, prior
+:math:`v \sim \mathcal N(0, I)`, posterior :math:`q(v) = \mathcal N(m, S)`, :math:`S = L_S L_S^\top`.
+For a query :math:`x` with :math:`a(x) = L_Z^{-1} c_{Zx}`:
+
+.. math:: f(x)\mid v \sim \mathcal N\big(a(x)^\top v,\; c(x, x) - a(x)^\top a(x)\big),\qquad
+          E_q f(x) = a^\top m,\quad \operatorname{Var}_q f(x) = c(x,x) - a^\top a + a^\top S a.
+
+Far from every inducing input :math:`a(x) \to 0`, so the variance returns to the prior's
+:math:`\sigma^2` whatever :math:`S` is: that is what makes it *know what it does not know*.
+
+"Covariance" here is the Gaussian-process covariance function; it has nothing to do with the
+efficient attention kernels of :mod:`bayesattn.kernels`.
+
+Shape glossary: ``G`` independent groups (e.g. attention heads), ``N`` inputs, ``M`` inducing
+inputs, ``D`` input dim, ``P`` outputs per group (sharing one :math:`S` per group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "CovarianceName",
+    "rbf_covariance",
+    "matern52_covariance",
+    "get_covariance",
+    "whitened_projection",
+    "sparse_gp_marginals",
+    "whitened_kl",
+    "random_fourier_features",
+    "laplace_covariance",
+]
+
+#: A stationary covariance function by name.
+CovarianceName = Literal["rbf", "matern52"]
+Covariance = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def _scaled_sqdist(x1: Tensor, x2: Tensor, lengthscale: Tensor) -> Tensor:
+    """:math:`\\lVert x_1 - x_2\\rVert^2/\\ell^2`; ``lengthscale`` ``(*G)`` broadcasts over the
+    groups. Shape: ``(*, N, D)``, ``(*, M, D)`` → ``(*, N, M)``."""
+    ls = lengthscale[..., None, None]  # (*G, 1, 1)
+    a, b = x1 / ls, x2 / ls
+    d = (a * a).sum(-1, keepdim=True) - 2 * a @ b.transpose(-1, -2) + (b * b).sum(-1).unsqueeze(-2)
+    return d.clamp_min(0.0)
+
+
+def rbf_covariance(x1: Tensor, x2: Tensor, lengthscale: Tensor, outputscale: Tensor) -> Tensor:
+    r"""Squared-exponential covariance :math:`\sigma^2\exp(-\lVert x_1-x_2\rVert^2/2\ell^2)`.
+
+    Shape: ``x1 (*, N, D)``, ``x2 (*, M, D)``, ``lengthscale``/``outputscale`` broadcasting with
+    ``*`` → ``(*, N, M)``."""
+    return outputscale[..., None, None] * torch.exp(-0.5 * _scaled_sqdist(x1, x2, lengthscale))
+
+
+def matern52_covariance(
+    x1: Tensor, x2: Tensor, lengthscale: Tensor, outputscale: Tensor
+) -> Tensor:
+    r"""Matérn-5/2 covariance :math:`\sigma^2(1 + \sqrt5 r + \tfrac53 r^2)e^{-\sqrt5 r}`,
+    :math:`r = \lVert x_1 - x_2\rVert/\ell`. Shapes as :func:`rbf_covariance`."""
+    r2 = _scaled_sqdist(x1, x2, lengthscale)
+    r = torch.sqrt(r2 + 1e-12)
+    s5 = 5.0**0.5
+    return outputscale[..., None, None] * (1 + s5 * r + (5.0 / 3.0) * r2) * torch.exp(-s5 * r)
+
+
+_COVARIANCES: dict[str, Covariance] = {"rbf": rbf_covariance, "matern52": matern52_covariance}
+
+
+def get_covariance(name: CovarianceName) -> Covariance:
+    """The covariance function called ``name`` (``"rbf"`` or ``"matern52"``)."""
+    if name not in _COVARIANCES:
+        raise ValueError(f"covariance must be one of {get_args(CovarianceName)}; got {name!r}")
+    return _COVARIANCES[name]
+
+
+def whitened_projection(
+    x: Tensor,
+    inducing: Tensor,
+    lengthscale: Tensor,
+    outputscale: Tensor,
+    covariance: CovarianceName = "rbf",
+    jitter: float = 1e-6,
+) -> tuple[Tensor, Tensor]:
+    r"""``(a, r)``: :math:`a(x) = L_Z^{-1} c_{Zx}` and the conditional variance
+    :math:`r(x) = c(x,x) - a^\top a \ge 0` (the part no inducing value explains).
+
+    Shape:
+        x ``(*, G, N, D)``, inducing ``(G, M, D)``, lengthscale/outputscale ``(G,)`` →
+        a ``(*, G, N, M)``, r ``(*, G, N)``.
+    """
+    if x.shape[-1] != inducing.shape[-1] or inducing.dim() != 3:
+        raise ValueError(
+            f"x (*, G, N, D) and inducing (G, M, D) must share D; got x {tuple(x.shape)}, "
+            f"inducing {tuple(inducing.shape)}"
+        )
+    cov = get_covariance(covariance)
+    M = inducing.shape[-2]
+    eye = torch.eye(M, dtype=inducing.dtype, device=inducing.device)
+    kzz = cov(inducing, inducing, lengthscale, outputscale) + jitter * eye  # (G, M, M)
+    lz = torch.linalg.cholesky(kzz)  # (G, M, M)
+    kxz = cov(x, inducing, lengthscale, outputscale)  # (*, G, N, M)
+    # a^T = c_xZ L_Z^{-T}: L_Z a = c_Zx, broadcasting L_Z over the leading dims
+    a = torch.linalg.solve_triangular(lz, kxz.transpose(-1, -2), upper=False)  # (*, G, M, N)
+    a = a.transpose(-1, -2)  # (*, G, N, M)
+    prior_var = outputscale[..., None].expand(kxz.shape[-3], 1)  # (G, 1): c(x, x) = σ²
+    r = (prior_var - (a * a).sum(-1)).clamp_min(0.0)  # (*, G, N)
+    return a, r
+
+
+def sparse_gp_marginals(
+    a: Tensor, r: Tensor, q_mean: Tensor, q_scale_tril: Tensor
+) -> tuple[Tensor, Tensor]:
+    r"""Posterior mean :math:`a^\top m` and variance :math:`r + a^\top S a` of :math:`f(x)` under
+    :math:`q(v)=\mathcal N(m, L_S L_S^\top)` (one :math:`S` shared by the ``P`` outputs of a group).
+
+    Shape:
+        a ``(*, G, N, M)``, r ``(*, G, N)``, q_mean ``(G, P, M)``, q_scale_tril ``(G, M, M)`` →
+        mean ``(*, G, N, P)``, var ``(*, G, N)`` (the same for every output of a group).
+    """
+    mean = a @ q_mean.transpose(-1, -2)  # (*, G, N, P)
+    var = r + ((a @ q_scale_tril) ** 2).sum(-1)  # (*, G, N)
+    return mean, var
+
+
+def whitened_kl(q_mean: Tensor, q_scale_tril: Tensor) -> Tensor:
+    r""":math:`\sum_{g,p}\mathrm{KL}(\mathcal N(m_{gp}, S_g)\,\|\,\mathcal N(0, I))
+    = \tfrac12\sum_{g,p}\big(\operatorname{tr} S_g + m_{gp}^\top m_{gp} - M - \log\det S_g\big)`.
+
+    Shape: q_mean ``(G, P, M)``, q_scale_tril ``(G, M, M)`` → scalar.
+    """
+    G, P, M = q_mean.shape
+    if q_scale_tril.shape != (G, M, M):
+        raise ValueError(
+            f"q_scale_tril must be (G, M, M) = {(G, M, M)}; got {tuple(q_scale_tril.shape)}"
+        )
+    tr = (q_scale_tril**2).sum((-2, -1))  # (G,)
+    logdet = 2 * torch.log(torch.diagonal(q_scale_tril, dim1=-2, dim2=-1).abs()).sum(-1)  # (G,)
+    per_group = P * (tr - M - logdet) + (q_mean**2).sum((-2, -1))  # (G,)
+    return 0.5 * per_group.sum()
+
+
+def random_fourier_features(
+    x: Tensor, weight: Tensor, phase: Tensor, lengthscale: Tensor, outputscale: Tensor
+) -> Tensor:
+    r"""Random Fourier features :math:`\phi(x) = \sqrt{2\sigma^2/R}\cos(W x/\ell + b)` with
+    :math:`W_{rd}\sim\mathcal N(0,1)`, :math:`b_r\sim U(0, 2\pi)`: :math:`E_W\,\phi(x)^\top\phi(x')`
+    is the RBF covariance :math:`\sigma^2\exp(-\lVert x-x'\rVert^2/2\ell^2)` (Rahimi & Recht).
+
+    Shape: x ``(*, D)``, weight ``(R, D)``, phase ``(R,)``, scalars → ``(*, R)``.
+    """
+    R = weight.shape[0]
+    return torch.sqrt(2 * outputscale / R) * torch.cos(x @ weight.T / lengthscale + phase)
+
+
+def laplace_covariance(precision: Tensor, num_data: float) -> Tensor:
+    r"""Laplace posterior covariance :math:`\Sigma = (I + N\bar P)^{-1}` of output weights with prior
+    :math:`\mathcal N(0, I)`, from the mean per-example precision
+    :math:`\bar P = \frac1N\sum_i w_i\phi_i\phi_i^\top` (:math:`w_i = p_i(1-p_i)`, SNGP).
+
+    Shape: precision ``(R, R)`` → ``(R, R)``.
+    """
+    eye = torch.eye(precision.shape[-1], dtype=precision.dtype, device=precision.device)
+    return torch.cholesky_inverse(torch.linalg.cholesky(eye + num_data * precision))

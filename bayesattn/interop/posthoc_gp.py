@@ -1,0 +1,190 @@
+r"""A distance-aware posterior fitted post hoc on a frozen trained model: a random-feature
+Gaussian process on the features its classifier reads (the pooled / CLS attention output).
+
+The model (torch or Hugging Face) is not converted: one ordinary forward pass gives its logits
+:math:`z(x)` and, through a forward hook on its classification ``head`` module, the features
+:math:`h(x)` that head reads. On a calibration split :func:`fit_posthoc_gp` fits a temperature
+:math:`T` (as temperature scaling) and a Gaussian posterior over random-feature output weights
+(:func:`~bayesattn.gaussian_process.random_fourier_features`, RBF length-scale the median
+feature distance), with a Gaussian likelihood of unit noise, so its covariance is the closed form
+:math:`\Sigma = (I + \Phi^\top\Phi)^{-1}` (``Phi`` the calibration features). The predictive is
+
+.. math:: \text{logits}_s(x) = z(x)/T + \phi(h(x))^\top L_\Sigma\,\varepsilon_s,\qquad
+          \varepsilon_s\sim\mathcal N(0, I_{R\times C}),
+
+one global :math:`\varepsilon_s` per posterior sample shared by every input: near the
+calibration features :math:`\phi^\top\Sigma\phi\approx 0` (temperature scaling), far from them
+it returns to the prior's :math:`\sigma^2`, so samples disagree (mutual information) where the
+model has seen nothing like the input. :math:`\sigma^2` is chosen on half of the calibration
+split (the other half giving :math:`\Sigma`) by the predictive NLL, from
+``outputscales`` × the mean per-example variance of the tempered logits.
+
+``S`` samples cost one forward pass plus a ``(B, R) @ (R, S·C)`` product
+(``benchmarks/posthoc_gp.py`` prints the ratio to one plain forward pass).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .. import calibration as C
+from .._validation import check_int
+from ..gaussian_process import random_fourier_features
+from ..uncertainty import Inputs, _batch_size, _default_forward, _take
+
+__all__ = ["PosthocGP", "fit_posthoc_gp"]
+
+Forward = Callable[[nn.Module, Any], Tensor]
+
+
+@torch.no_grad()
+def _logits_and_features(
+    model: nn.Module, head: nn.Module, x: Inputs, forward: Forward, batch_size: int
+) -> tuple[Tensor, Tensor]:
+    """``(logits (B, C), features (B, E))``: the head's input captured by a forward hook."""
+    seen: list[Tensor] = []
+
+    def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+        seen.append(args[0].detach())
+
+    handle = head.register_forward_pre_hook(hook)
+    was = model.training
+    model.eval()
+    logits = []
+    try:
+        n = _batch_size(x)
+        for start in range(0, n, batch_size):
+            idx = torch.arange(start, min(start + batch_size, n))
+            logits.append(forward(model, _take(x, idx)).detach())
+    finally:
+        handle.remove()
+        model.train(was)
+    h = torch.cat(seen)
+    if h.dim() != 2:  # e.g. (B, T, E) into a token-level head: read the first token
+        h = h[:, 0]
+    return torch.cat(logits), h
+
+
+@dataclass
+class PosthocGP:
+    """A fitted post-hoc random-feature GP read (see the module docstring)."""
+
+    model: nn.Module
+    head: nn.Module
+    forward: Forward
+    temperature: float
+    rff_weight: Tensor  # (R, E)
+    rff_phase: Tensor  # (R,)
+    lengthscale: float
+    outputscale: float
+    scale_tril: Tensor  # (R, R): L_Σ
+    batch_size: int = 4096
+
+    def features(self, h: Tensor) -> Tensor:
+        """:math:`\\phi(h)` ``(B, R)``."""
+        return random_fourier_features(
+            h.to(self.rff_weight.dtype), self.rff_weight, self.rff_phase,
+            torch.tensor(self.lengthscale), torch.tensor(self.outputscale),
+        )  # fmt: skip
+
+    def variance(self, x: Inputs) -> Tensor:
+        """Posterior variance :math:`\\phi^\\top\\Sigma\\phi` of every logit, ``(B,)``."""
+        _, h = _logits_and_features(self.model, self.head, x, self.forward, self.batch_size)
+        a = self.features(h) @ self.scale_tril  # (B, R)
+        return (a * a).sum(-1)
+
+    @torch.no_grad()
+    def sample_probs(self, x: Inputs, num_samples: int = 32, seed: int | None = None) -> Tensor:
+        """``(S, B, C)`` posterior-predictive probabilities in one forward pass of the model."""
+        check_int("num_samples", num_samples, 1)
+        z, h = _logits_and_features(self.model, self.head, x, self.forward, self.batch_size)
+        g = torch.Generator().manual_seed(seed) if seed is not None else None
+        R, Cn = self.scale_tril.shape[0], z.shape[-1]
+        eps = torch.randn(num_samples, R, Cn, generator=g, dtype=self.scale_tril.dtype)
+        beta = (self.scale_tril @ eps).to(z.dtype)  # (S, R, C): one global draw per sample
+        delta = torch.matmul(self.features(h).to(z.dtype), beta)  # (S, B, C)
+        return torch.softmax(z / self.temperature + delta, -1)
+
+
+def _covariance_tril(phi: Tensor) -> Tensor:
+    """:math:`L` with :math:`LL^\\top = (I + \\Phi^\\top\\Phi)^{-1}` ``(R, R)``."""
+    eye = torch.eye(phi.shape[-1], dtype=phi.dtype)
+    cov = torch.cholesky_inverse(torch.linalg.cholesky(eye + phi.T @ phi))
+    return torch.linalg.cholesky(cov)
+
+
+def _nll(probs: Tensor, y: Tensor) -> float:
+    return C.negative_log_likelihood(probs.mean(0), y)
+
+
+def fit_posthoc_gp(
+    model: nn.Module,
+    x_cal: Inputs,
+    y_cal: Tensor,
+    head: nn.Module,
+    *,
+    forward: Forward | None = None,
+    num_features: int = 256,
+    outputscales: Sequence[float] = (0.25, 0.5, 1.0, 2.0, 4.0),
+    seed: int = 0,
+    batch_size: int = 4096,
+) -> PosthocGP:
+    """Fit the post-hoc GP read of ``model`` (frozen, unchanged) on a calibration split.
+
+    Args:
+        head: the module whose input are the features (``model.head``; a transformers
+            classifier's ``model.classifier``).
+        forward: ``forward(model, x)`` → logits ``(B, C)`` (default ``model(x)``/``model(**x)``).
+        num_features: ``R`` random features.
+        outputscales: candidate prior variances, in units of the mean per-example variance of
+            the tempered logits; the one with the lowest NLL on the second half of the split.
+    """
+    check_int("num_features", num_features, 1)
+    fwd = forward or _default_forward
+    if not isinstance(head, nn.Module):
+        raise TypeError(f"head must be the model's classification nn.Module; got {head!r}")
+    z, h = _logits_and_features(model, head, x_cal, fwd, batch_size)
+    if z.shape[0] != y_cal.shape[0]:
+        raise ValueError(f"x_cal and y_cal sizes differ: {z.shape[0]} vs {y_cal.shape[0]}")
+    T = C.fit_temperature(z, y_cal)
+    g = torch.Generator().manual_seed(seed)
+    h64 = h.double()
+    W = torch.randn(num_features, h.shape[-1], generator=g, dtype=torch.float64)
+    b = 2 * math.pi * torch.rand(num_features, generator=g, dtype=torch.float64)
+    pts = h64[:512]
+    d = torch.cdist(pts, pts)
+    ls = float(d[~torch.eye(len(pts), dtype=torch.bool)].median()) if len(pts) > 1 else 1.0
+    unit = float((z.double() / T).var(-1).mean())
+    fit_half, check_half = torch.arange(0, len(h), 2), torch.arange(1, len(h), 2)
+
+    def make(scale: float, rows: Tensor) -> PosthocGP:
+        read = PosthocGP(model, head, fwd, T, W, b, ls, scale * unit, torch.eye(1), batch_size)
+        read.scale_tril = _covariance_tril(read.features(h64[rows]))
+        return read
+
+    best, best_nll = outputscales[0], math.inf
+    if len(check_half) > 0 and len(outputscales) > 1:
+        for s in outputscales:
+            read = make(s, fit_half)
+            p = _predict(read, z[check_half], h64[check_half], 64, seed)
+            nll = _nll(p, y_cal[check_half])
+            if nll < best_nll:
+                best, best_nll = s, nll
+    read = make(best, torch.arange(len(h)))
+    dt = z.dtype if z.is_floating_point() else torch.float32
+    read.rff_weight, read.rff_phase = W.to(dt), b.to(dt)
+    read.scale_tril = read.scale_tril.to(dt)  # sampling in the model's precision: cheap
+    return read
+
+
+def _predict(read: PosthocGP, z: Tensor, h: Tensor, S: int, seed: int) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    eps = torch.randn(S, read.scale_tril.shape[0], z.shape[-1], generator=g, dtype=torch.float64)
+    delta = torch.matmul(read.features(h) @ read.scale_tril, eps)  # (S, B, C)
+    return torch.softmax(z.double() / read.temperature + delta, -1)

@@ -1,0 +1,433 @@
+r"""Global, distance-aware posteriors: a sparse Gaussian process with a Pyro site outside the
+data plate (maths in :mod:`bayesattn.gaussian_process`).
+
+:class:`SparseGP` is a function :math:`f_g:\mathbb R^D\to\mathbb R^P` per group ``g`` with a
+stationary covariance, inducing inputs :math:`Z_g` and a whitened Gaussian posterior
+:math:`q(v_g) = \mathcal N(m_g, S_g)` over the inducing values, one **global** latent
+``"<module path>.inducing_values"`` of shape ``(G, P, M)``. Two placements use it:
+
+* the **attention read** (:class:`~bayesattn.nn.attention.BayesianMultiheadAttention` with
+  ``gp_read=``; ``AttentionConfig(read="sparse_gp")``): per head ``h`` and query row ``i``,
+  :math:`y_{hi} = \sum_j \operatorname{softmax}_j(\cdot)\,v_{hj} + f_h(q_{hi})` with inducing
+  *keys* :math:`Z_h` in query space (SGPA-like: the read's spread reverts to the prior away from
+  the inducing keys);
+* the **read-out** (:class:`SparseGPReadout`; ``AttentionConfig(readout="sparse_gp")``): the
+  classifier's logits are :math:`f(h_{\text{CLS}})` (a sparse variational GP on the CLS attention
+  output, as DUE/SNGP put a GP on the pooled features).
+
+How the global value is drawn, by attention mode (:mod:`bayesattn.nn.modes`):
+
+``"mean"``: :math:`E_q f = a^\top m` (deterministic). ``"guide"``/``"model"``: a value set by
+:func:`~bayesattn.nn.modes.global_values` (networks draw it once, outside the data plate, in
+``model``/``guide``/``predict``), else a ``pyro.sample`` at the site (a layer used alone: the
+caller keeps it outside any data plate). ``"elbo"``: a reparameterised draw from :math:`q`, its
+closed-form :math:`\mathrm{KL}(q(v)\,\|\,\mathcal N(0, I))` recorded **once per pass** as a global
+term of the KL collector (``elbo_loss`` adds it unscaled by ``N/B``). Given :math:`v`, each
+output draws the conditional noise :math:`\sqrt{r(x)}\,\varepsilon` (independent per input).
+
+Inducing inputs and the length-scale are initialised from the first training batch (a random
+subset of its inputs; the median distance between them), or stay at their random initial values
+when the module never sees a training batch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pyro
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from pyro.nn import PyroModule
+from torch import Tensor, nn
+
+from .._validation import check_int, check_real
+from ..gaussian_process import (
+    CovarianceName,
+    get_covariance,
+    laplace_covariance,
+    random_fourier_features,
+    sparse_gp_marginals,
+    whitened_kl,
+    whitened_projection,
+)
+from .modes import current_global_values, current_kl_collector, current_mode
+
+__all__ = ["SparseGP", "SparseGPReadout", "RandomFeatureGPReadout"]
+
+
+def _inv_softplus(x: float) -> float:
+    return x + math.log(-math.expm1(-x))
+
+
+class SparseGP(PyroModule):
+    r"""``G`` independent sparse GPs :math:`\mathbb R^D\to\mathbb R^P` with a global posterior over
+    their whitened inducing values (see the module docstring).
+
+    Args:
+        groups: ``G`` (the heads of an attention read; 1 for a read-out).
+        in_dim: ``D``; out_dim: ``P``; num_inducing: ``M``.
+        covariance: ``"rbf"`` or ``"matern52"``.
+        lengthscale, outputscale: initial :math:`\ell` and :math:`\sigma^2` (per group).
+        learn_lengthscale, learn_outputscale: whether the ELBO trains them (a learned
+            :math:`\sigma^2` can shrink the read to nothing when the logits do not need it).
+        init_scale: initial :math:`S = s^2 I` (``1``: the prior's, KL 0 at the start).
+        init_mean: initial :math:`m \sim \mathcal N(0, s_m^2 I)`; ``0`` (KL 0) suits a read
+            added to softmax attention; a read-out needs ``s_m > 0``: with :math:`m = 0` its
+            mean is 0 for every input, so no gradient reaches the features and nothing trains.
+        init_from_data: initialise :math:`Z` and :math:`\ell` from the first training batch.
+        jitter: added to :math:`C_{ZZ}`'s diagonal.
+
+    Shape:
+        x ``(*, G, N, D)`` → ``(*, G, N, P)``; with ``num_samples=S`` → ``(S, *, G, N, P)``.
+    """
+
+    is_bayesian = True  # a latent the posterior predictive must sample
+
+    def __init__(
+        self,
+        groups: int,
+        in_dim: int,
+        out_dim: int,
+        num_inducing: int = 32,
+        covariance: CovarianceName = "rbf",
+        lengthscale: float = 1.0,
+        outputscale: float = 1.0,
+        learn_lengthscale: bool = True,
+        learn_outputscale: bool = True,
+        init_scale: float = 1.0,
+        init_mean: float = 0.0,
+        init_from_data: bool = True,
+        jitter: float = 1e-5,
+    ) -> None:
+        for name, v in (("groups", groups), ("in_dim", in_dim), ("out_dim", out_dim)):
+            check_int(name, v, 1)
+        check_int("num_inducing", num_inducing, 1)
+        for name, x in (("lengthscale", lengthscale), ("outputscale", outputscale)):
+            check_real(name, x, gt=0.0)
+        check_real("init_scale", init_scale, gt=0.0)
+        check_real("init_mean", init_mean, ge=0.0)
+        check_real("jitter", jitter, ge=0.0)
+        get_covariance(covariance)  # validates the name
+        super().__init__()
+        G, D, P, M = groups, in_dim, out_dim, num_inducing
+        self.groups, self.in_dim, self.out_dim, self.num_inducing = G, D, P, M
+        self.covariance: CovarianceName = covariance
+        self.jitter = float(jitter)
+        self.init_from_data = init_from_data
+        self.inducing = nn.Parameter(torch.randn(G, M, D))  # (G, M, D)
+        raw_ls = torch.full((G,), _inv_softplus(lengthscale))
+        raw_os = torch.full((G,), _inv_softplus(outputscale))
+        if learn_lengthscale:
+            self.raw_lengthscale = nn.Parameter(raw_ls)
+        else:
+            self.register_buffer("raw_lengthscale", raw_ls)
+        if learn_outputscale:
+            self.raw_outputscale = nn.Parameter(raw_os)
+        else:
+            self.register_buffer("raw_outputscale", raw_os)
+        self.q_mean = nn.Parameter(init_mean * torch.randn(G, P, M))  # (G, P, M)
+        self.q_tril_offdiag = nn.Parameter(torch.zeros(G, M, M))  # strictly lower part used
+        self.q_tril_rawdiag = nn.Parameter(torch.full((G, M), _inv_softplus(init_scale)))
+        self.register_buffer("initialised", torch.tensor(not init_from_data))
+
+    # ---- parameters ---------------------------------------------------------------------------
+    @property
+    def lengthscale(self) -> Tensor:
+        """:math:`\\ell` per group ``(G,)``."""
+        return F.softplus(self.raw_lengthscale)
+
+    @property
+    def outputscale(self) -> Tensor:
+        """:math:`\\sigma^2` per group ``(G,)``: the prior variance of ``f`` (also far from Z)."""
+        return F.softplus(self.raw_outputscale)
+
+    def q_scale_tril(self) -> Tensor:
+        """:math:`L_S` ``(G, M, M)``: lower triangular with a positive diagonal."""
+        diag = F.softplus(self.q_tril_rawdiag) + 1e-6  # (G, M)
+        return torch.tril(self.q_tril_offdiag, -1) + torch.diag_embed(diag)
+
+    @property
+    def site_name(self) -> str:
+        """The global Pyro site of the whitened inducing values ``(G, P, M)``."""
+        with self._pyro_context:  # the network's (shared) context: the full module path
+            return self._pyro_get_fullname("inducing_values")
+
+    def posterior(self) -> dist.TorchDistribution:
+        """:math:`q(v)` with event shape ``(G, P, M)``."""
+        loc = self.q_mean  # (G, P, M)
+        tril = self.q_scale_tril().unsqueeze(1).expand(loc.shape + loc.shape[-1:])  # (G,P,M,M)
+        return dist.MultivariateNormal(loc, scale_tril=tril).to_event(2)
+
+    def prior(self) -> dist.TorchDistribution:
+        """:math:`p(v) = \\mathcal N(0, I)` with event shape ``(G, P, M)``."""
+        loc = torch.zeros_like(self.q_mean)
+        eye = torch.eye(self.num_inducing, dtype=loc.dtype, device=loc.device)
+        return dist.MultivariateNormal(loc, scale_tril=eye.expand(loc.shape + eye.shape[-1:])).to_event(2)
+
+    def kl(self) -> Tensor:
+        """:math:`\\mathrm{KL}(q(v)\\,\\|\\,p(v))` in nats (closed form, a scalar)."""
+        return whitened_kl(self.q_mean, self.q_scale_tril())
+
+    # ---- initialisation from data -------------------------------------------------------------
+    @torch.no_grad()
+    def _init_from(self, x: Tensor) -> None:
+        """Z ← a random subset of the batch's inputs (per group), ℓ ← their median distance."""
+        G, M, D = self.inducing.shape
+        pts = x.detach().reshape(-1, G, x.shape[-2], D).transpose(0, 1).reshape(G, -1, D)
+        n = pts.shape[1]
+        idx = torch.randperm(n, device=x.device)[:M] if n >= M else torch.randint(n, (M,))
+        z = pts[:, idx.to(pts.device)]  # (G, M, D)
+        z = z + 1e-2 * z.std() * torch.randn_like(z)
+        self.inducing.copy_(z.to(self.inducing.dtype))
+        d = torch.cdist(z, z)  # (G, M, M)
+        off = ~torch.eye(M, dtype=torch.bool, device=d.device)
+        med = d[:, off].median(-1).values if M > 1 else d.new_ones(G)  # (G,)
+        self.raw_lengthscale.copy_(torch.log(torch.expm1(med.clamp_min(1e-3))))
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.broadcast(self.inducing.data, 0)  # every rank: rank 0's init
+            torch.distributed.broadcast(self.raw_lengthscale.data, 0)
+        self.initialised.fill_(True)
+
+    # ---- the draw -----------------------------------------------------------------------------
+    def _value(self, mode: str, num_samples: int | None) -> Tensor:
+        """The inducing values ``(G, P, M)`` or ``(S, G, P, M)`` for this pass."""
+        name = self.site_name
+        preset = current_global_values()
+        if preset is not None and name in preset:
+            return preset[name]
+        shape = torch.Size(() if num_samples is None else (num_samples,))
+        if mode == "elbo":
+            col = current_kl_collector()
+            if col is not None and name in col.global_values:
+                return col.global_values[name]
+            v = self.posterior().rsample(shape)
+            if col is not None:
+                col.add_global(name, self.kl(), v)
+            return v
+        d = self.posterior() if mode == "guide" else self.prior()
+        if num_samples is not None:
+            d = d.expand(shape)
+        return pyro.sample(name, d)
+
+    def forward(
+        self, x: Tensor, num_samples: int | None = None, leading_samples: int | None = None
+    ) -> Tensor:
+        """``f(x)`` in the current attention mode.
+
+        ``num_samples=S``: ``x`` has no sample dim; draw ``S`` values, output ``(S, *, G, N, P)``.
+        ``leading_samples=S``: ``x``'s leading dim is already a sample dim of size ``S``; draw
+        ``S`` values (one per sample) unless a value is set from outside."""
+        if x.dim() < 3 or x.shape[-3] != self.groups or x.shape[-1] != self.in_dim:
+            raise ValueError(
+                f"x must be (*, G={self.groups}, N, D={self.in_dim}); got {tuple(x.shape)}"
+            )
+        if self.training and not bool(self.initialised):
+            self._init_from(x)
+        mode = current_mode() or "guide"
+        a, r = whitened_projection(
+            x, self.inducing, self.lengthscale, self.outputscale, self.covariance, self.jitter
+        )  # (*, G, N, M), (*, G, N)
+        if mode == "mean":
+            return a @ self.q_mean.transpose(-1, -2)  # (*, G, N, P)
+        n_draw = num_samples if num_samples is not None else leading_samples
+        v = self._value(mode, n_draw)  # (G, P, M) | (S, G, P, M)
+        if num_samples is not None:
+            a, r = a.unsqueeze(0), r.unsqueeze(0)  # (1, *, G, N, M)
+        # batch dims of v: fewer than x's are aligned from the left (an (S,) draw per sample
+        # with x (S, B, ...)), as many or more broadcast as usual (Pyro plates: (S, 1) with (B,))
+        lv, la = v.shape[:-3], a.shape[:-3]
+        if len(lv) < len(la):
+            v = v.reshape(lv + (1,) * (len(la) - len(lv)) + v.shape[-3:])  # (S, 1.., G, P, M)
+        mean = a @ v.transpose(-1, -2)  # (S?, *, G, N, P)
+        noise = torch.randn(mean.shape, dtype=mean.dtype, device=mean.device)
+        return mean + r.sqrt().unsqueeze(-1) * noise
+
+    def marginals(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Posterior mean ``(*, G, N, P)`` and variance ``(*, G, N)`` of ``f(x)`` under ``q``."""
+        a, r = whitened_projection(
+            x, self.inducing, self.lengthscale, self.outputscale, self.covariance, self.jitter
+        )
+        return sparse_gp_marginals(a, r, self.q_mean, self.q_scale_tril())
+
+    def extra_repr(self) -> str:
+        return (
+            f"groups={self.groups}, in_dim={self.in_dim}, out_dim={self.out_dim}, "
+            f"num_inducing={self.num_inducing}, covariance={self.covariance!r}"
+        )
+
+
+class SparseGPReadout(SparseGP):
+    r"""A classifier read-out :math:`\text{logits} = f(h)`, :math:`f` one sparse GP
+    :math:`\mathbb R^{E}\to\mathbb R^{C}` (``groups=1``) over the pooled (CLS) features.
+
+    Shape:
+        h ``(*, B, E)`` → logits ``(*, B, C)``; ``leading_samples`` as :meth:`SparseGP.forward`.
+    """
+
+    def __init__(self, in_dim: int, num_classes: int, **kwargs: Any) -> None:
+        kwargs.setdefault("init_mean", 1.0)  # see SparseGP: a read-out needs m ≠ 0 to train
+        kwargs.setdefault("init_scale", 0.3)
+        super().__init__(1, in_dim, num_classes, **kwargs)
+
+    def forward(
+        self, h: Tensor, num_samples: int | None = None, leading_samples: int | None = None
+    ) -> Tensor:
+        f = super().forward(h.unsqueeze(-2).unsqueeze(-3), num_samples, leading_samples)
+        return f.squeeze(-2).squeeze(-2)  # (*, B, C)
+
+
+class RandomFeatureGPReadout(PyroModule):
+    r"""SNGP-style read-out: logits :math:`= \beta^\top\phi(h) + b`, :math:`\phi` random Fourier
+    features of an RBF covariance (:func:`~bayesattn.gaussian_process.random_fourier_features`)
+    of the pooled (CLS) attention output, with a **global** Gaussian posterior over the output
+    weights :math:`q(\beta_c) = \mathcal N(\mu_c, \Sigma)`, site ``"<module path>.output_weights"``
+    (event ``(C, R)``), prior :math:`\mathcal N(0, I)`.
+
+    :math:`\mu` is trained by the ELBO; :math:`\Sigma` is the Laplace covariance
+    :math:`(I + N\bar P)^{-1}` (:func:`~bayesattn.gaussian_process.laplace_covariance`), with
+    :math:`\bar P` an exponential moving average (``momentum``, bias-corrected) of the training
+    batches' :math:`\frac1B\sum_b p_b(1-p_b)\phi_b\phi_b^\top` (:math:`p_b` the top class
+    probability) and :math:`N` the ELBO's ``num_data``, updated in every training pass in
+    ``"elbo"`` mode (a buffer: saved with the network, broadcast from rank 0 under DDP). Far from
+    the training features :math:`\phi^\top\Sigma\phi\to\phi^\top\phi\approx\sigma^2`: the prior.
+    The KL :math:`\mathrm{KL}(q(\beta)\,\|\,p(\beta))` is charged once per pass (its gradient is
+    :math:`\mu`: :math:`\Sigma` is not trained). The RFF length-scale is the median distance
+    between the first training batch's features (or ``lengthscale``).
+
+    Shape:
+        h ``(*, B, E)`` → logits ``(*, B, C)``; ``num_samples``/``leading_samples`` as
+        :meth:`SparseGP.forward`.
+    """
+
+    is_bayesian = True
+
+    def __init__(
+        self,
+        in_dim: int,
+        num_classes: int,
+        num_features: int = 256,
+        outputscale: float = 1.0,
+        lengthscale: float | None = None,
+        momentum: float = 0.99,
+    ) -> None:
+        check_int("in_dim", in_dim, 1)
+        check_int("num_classes", num_classes, 1)
+        check_int("num_features", num_features, 1)
+        check_real("outputscale", outputscale, gt=0.0)
+        if lengthscale is not None:
+            check_real("lengthscale", lengthscale, gt=0.0)
+        check_real("momentum", momentum, ge=0.0, lt=1.0)
+        super().__init__()
+        R, C = num_features, num_classes
+        self.in_dim, self.num_classes, self.num_features = in_dim, C, R
+        self.momentum = float(momentum)
+        self.register_buffer("rff_weight", torch.randn(R, in_dim))  # (R, D), fixed
+        self.register_buffer("rff_phase", 2 * math.pi * torch.rand(R))  # (R,), fixed
+        self.register_buffer("outputscale", torch.tensor(float(outputscale)))
+        self.register_buffer("lengthscale", torch.tensor(float(lengthscale or 1.0)))
+        self.register_buffer("initialised", torch.tensor(lengthscale is not None))
+        self.register_buffer("precision", torch.zeros(R, R))  # EMA of the per-example precision
+        self.register_buffer("steps", torch.tensor(0.0))  # EMA updates (bias correction)
+        self.register_buffer("num_data", torch.tensor(0.0))  # N of the last training pass
+        self.q_mean = nn.Parameter(torch.randn(C, R))  # (C, R): a prior draw, so features train
+        self.bias = nn.Parameter(torch.zeros(C))
+
+    @property
+    def site_name(self) -> str:
+        """The global Pyro site of the output weights ``(C, R)``."""
+        with self._pyro_context:  # the network's (shared) context: the full module path
+            return self._pyro_get_fullname("output_weights")
+
+    def covariance(self) -> Tensor:
+        """:math:`\\Sigma` ``(R, R)`` (the prior's :math:`I` before any training pass)."""
+        steps = float(self.steps)
+        P = self.precision / (1 - self.momentum**steps) if steps > 0 else self.precision
+        return laplace_covariance(P, float(self.num_data))
+
+    def posterior(self) -> dist.TorchDistribution:
+        """:math:`q(\\beta)` with event shape ``(C, R)``."""
+        tril = torch.linalg.cholesky(self.covariance())  # (R, R)
+        tril = tril.expand(self.q_mean.shape[:-1] + tril.shape)  # (C, R, R)
+        return dist.MultivariateNormal(self.q_mean, scale_tril=tril).to_event(1)
+
+    def prior(self) -> dist.TorchDistribution:
+        """:math:`p(\\beta) = \\mathcal N(0, I)` with event shape ``(C, R)``."""
+        loc = torch.zeros_like(self.q_mean)
+        eye = torch.eye(self.num_features, dtype=loc.dtype, device=loc.device)
+        tril = eye.expand(loc.shape[:-1] + eye.shape)  # (C, R, R)
+        return dist.MultivariateNormal(loc, scale_tril=tril).to_event(1)
+
+    def kl(self) -> Tensor:
+        """:math:`\\mathrm{KL}(q(\\beta)\\,\\|\\,p(\\beta))` in nats (closed form)."""
+        tril = torch.linalg.cholesky(self.covariance())
+        return whitened_kl(self.q_mean.unsqueeze(0), tril.unsqueeze(0))
+
+    def features(self, h: Tensor) -> Tensor:
+        """:math:`\\phi(h)` ``(*, R)``."""
+        return random_fourier_features(
+            h, self.rff_weight, self.rff_phase, self.lengthscale, self.outputscale
+        )
+
+    @torch.no_grad()
+    def _init_from(self, h: Tensor) -> None:
+        pts = h.detach().reshape(-1, h.shape[-1])[:256]
+        d = torch.cdist(pts, pts)
+        off = ~torch.eye(len(pts), dtype=torch.bool, device=d.device)
+        med = d[off].median() if len(pts) > 1 else d.new_tensor(1.0)
+        self.lengthscale.fill_(float(med.clamp_min(1e-3)))
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.broadcast(self.lengthscale, 0)
+        self.initialised.fill_(True)
+
+    @torch.no_grad()
+    def _update_precision(self, phi: Tensor, logits: Tensor) -> None:
+        p = torch.softmax(logits.detach(), -1).amax(-1).reshape(-1)  # (n,)
+        f = phi.detach().reshape(-1, phi.shape[-1])  # (n, R)
+        batch = (f * (p * (1 - p)).unsqueeze(-1)).T @ f / len(f)  # (R, R)
+        self.precision.mul_(self.momentum).add_((1 - self.momentum) * batch)
+        self.steps.add_(1.0)
+        col = current_kl_collector()
+        n = col.num_data if col is not None and col.num_data is not None else len(f)
+        self.num_data.fill_(float(n))
+
+    def _value(self, mode: str, num_samples: int | None) -> Tensor:
+        name = self.site_name
+        preset = current_global_values()
+        if preset is not None and name in preset:
+            return preset[name]
+        shape = torch.Size(() if num_samples is None else (num_samples,))
+        if mode == "elbo":
+            col = current_kl_collector()
+            if col is not None and name in col.global_values:
+                return col.global_values[name]
+            v = self.posterior().rsample(shape)
+            if col is not None:
+                col.add_global(name, self.kl(), v)
+            return v
+        d = self.posterior() if mode == "guide" else self.prior()
+        if num_samples is not None:
+            d = d.expand(shape)
+        return pyro.sample(name, d)
+
+    def forward(
+        self, h: Tensor, num_samples: int | None = None, leading_samples: int | None = None
+    ) -> Tensor:
+        if h.shape[-1] != self.in_dim:
+            raise ValueError(f"h must be (*, B, {self.in_dim}); got {tuple(h.shape)}")
+        if self.training and not bool(self.initialised):
+            self._init_from(h)
+        mode = current_mode() or "guide"
+        phi = self.features(h)  # (*, B, R)
+        if mode == "mean":
+            return phi @ self.q_mean.T + self.bias  # (*, B, C)
+        if self.training and mode == "elbo" and torch.is_grad_enabled():
+            self._update_precision(phi, phi @ self.q_mean.T + self.bias)
+        v = self._value(mode, num_samples if num_samples is not None else leading_samples)
+        if num_samples is not None:
+            phi = phi.unsqueeze(0)  # (1, *, B, R)
+        lv, la = v.shape[:-2], phi.shape[:-1]
+        if len(lv) < len(la):  # aligned from the left, as SparseGP
+            v = v.reshape(lv + (1,) * (len(la) - len(lv)) + v.shape[-2:])
+        return (phi.unsqueeze(-2) * v).sum(-1) + self.bias  # (S?, *, B, C)

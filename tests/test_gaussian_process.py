@@ -1,0 +1,435 @@
+"""Sparse-GP global posteriors: the maths against dense Gaussian-process computations and closed
+forms, the Pyro/ELBO plumbing (global site outside the data plate, KL charged once), and a task
+where the posterior's spread is larger off the training data than on it."""
+
+from __future__ import annotations
+
+import pyro
+import pytest
+import torch
+from torch.distributions import MultivariateNormal, kl_divergence
+
+from bayesattn import AttentionConfig, TransformerClassifier
+from bayesattn.gaussian_process import (
+    get_covariance,
+    matern52_covariance,
+    rbf_covariance,
+    sparse_gp_marginals,
+    whitened_kl,
+    whitened_projection,
+)
+from bayesattn.nn.attention import BayesianMultiheadAttention
+from bayesattn.nn.gp_read import SparseGP, SparseGPReadout
+from bayesattn.nn.modes import attention_mode, collect_kl, global_values
+from bayesattn.uncertainty import predict
+
+D64 = torch.float64
+
+
+def _dense_posterior(X, y, noise, xs, cov, ls, os):
+    """Exact GP regression posterior at xs (an independent dense computation)."""
+    K = cov(X, X, ls, os) + noise * torch.eye(len(X), dtype=D64)
+    Ks = cov(xs, X, ls, os)
+    mean = Ks @ torch.linalg.solve(K, y)
+    var = os - (Ks * torch.linalg.solve(K, Ks.T).T).sum(-1)
+    return mean, var
+
+
+@pytest.mark.parametrize("name", ["rbf", "matern52"])
+def test_sparse_gp_with_exact_inducing_posterior_equals_dense_gp(name):
+    """With the inducing inputs at the training inputs and q(u) the exact posterior over u, the
+    sparse GP's predictive is the dense GP's, to 1e-6 in float64."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(12, 3, generator=g, dtype=D64) * 4  # (M, D)
+    y = torch.randn(12, 2, generator=g, dtype=D64)  # (M, P)
+    xs = torch.rand(9, 3, generator=g, dtype=D64) * 5
+    ls, os, noise = torch.tensor(1.3, dtype=D64), torch.tensor(0.7, dtype=D64), 0.1
+    cov = get_covariance(name)
+    Kzz = cov(X, X, ls, os)
+    Lz = torch.linalg.cholesky(Kzz)
+    Kn = Kzz + noise * torch.eye(12, dtype=D64)
+    # exact posterior of u = f(X), whitened (v = L^{-1} u): m = L^T Kn^{-1} y, S = I - L^T Kn^{-1} L
+    m = Lz.T @ torch.linalg.solve(Kn, y)
+    S = torch.eye(12, dtype=D64) - Lz.T @ torch.linalg.solve(Kn, Lz)
+    Ls = torch.linalg.cholesky((S + S.T) / 2)
+    a, r = whitened_projection(xs[None], X[None], ls[None], os[None], name, jitter=0.0)
+    mean, var = sparse_gp_marginals(a, r, m.T[None], Ls[None])  # (1, N, P), (1, N)
+    dmean, dvar = _dense_posterior(X, y, noise, xs, cov, ls, os)
+    torch.testing.assert_close(mean[0], dmean, atol=1e-6, rtol=0)
+    torch.testing.assert_close(var[0], dvar, atol=1e-6, rtol=0)
+
+
+def test_covariances_closed_forms():
+    x1, x2 = torch.tensor([[0.0, 0.0]], dtype=D64), torch.tensor([[3.0, 4.0]], dtype=D64)
+    ls, os = torch.tensor([2.0], dtype=D64), torch.tensor([1.5], dtype=D64)
+    r = 5.0 / 2.0
+    assert float(rbf_covariance(x1, x2, ls, os)) == pytest.approx(1.5 * torch.exp(torch.tensor(-r * r / 2)).item())
+    s5 = 5**0.5
+    expect = 1.5 * (1 + s5 * r + 5 * r * r / 3) * torch.exp(torch.tensor(-s5 * r)).item()
+    assert float(matern52_covariance(x1, x2, ls, os)) == pytest.approx(expect)
+    with pytest.raises(ValueError, match="covariance"):
+        get_covariance("periodic")  # type: ignore[arg-type]
+
+
+def test_variance_reverts_to_prior_far_from_inducing_keys():
+    """Far from every inducing input the posterior variance is the prior's sigma^2 and the mean
+    0, whatever q(v) learned; at an inducing input it is the learned one."""
+    torch.manual_seed(0)
+    gp = SparseGP(2, 4, 3, num_inducing=6, outputscale=2.0, lengthscale=0.5).double()
+    with torch.no_grad():
+        gp.q_mean.normal_()
+        gp.q_tril_rawdiag.fill_(-4.0)  # a confident posterior: S ≈ 0.018² I
+    far = gp.inducing.detach()[:, :1] + 100.0  # (G, 1, D)
+    mean, var = (t.detach() for t in gp.marginals(far))
+    torch.testing.assert_close(var, gp.outputscale.detach()[:, None].expand(2, 1), atol=1e-8, rtol=0)
+    assert float(mean.abs().max()) < 1e-8
+    near_mean, near_var = gp.marginals(gp.inducing.detach()[:, :1])
+    assert float(near_var.max()) < 0.01 * float(var.min())
+
+
+def test_kl_matches_torch_closed_form():
+    torch.manual_seed(1)
+    gp = SparseGP(3, 2, 4, num_inducing=5).double()
+    with torch.no_grad():
+        gp.q_mean.normal_()
+        gp.q_tril_offdiag.normal_()
+        gp.q_tril_rawdiag.normal_()
+    L = gp.q_scale_tril()  # (G, M, M)
+    q = MultivariateNormal(gp.q_mean, scale_tril=L.unsqueeze(1).expand(3, 4, 5, 5))
+    p = MultivariateNormal(torch.zeros_like(gp.q_mean), scale_tril=torch.eye(5, dtype=D64).expand(3, 4, 5, 5))
+    expect = kl_divergence(q, p).sum()
+    torch.testing.assert_close(gp.kl(), expect)
+    torch.testing.assert_close(whitened_kl(gp.q_mean, L), expect)
+    torch.testing.assert_close(kl_divergence(gp.posterior(), gp.prior()), expect)
+    with pytest.raises(ValueError, match="q_scale_tril"):
+        whitened_kl(gp.q_mean, L[:, :4, :4])
+
+
+def test_sampled_read_matches_its_marginals():
+    """Draws in "guide" mode (one global value per sample, conditional noise per input) have the
+    closed-form posterior mean and variance (Monte Carlo, 20000 draws)."""
+    torch.manual_seed(2)
+    gp = SparseGP(1, 2, 1, num_inducing=4).double()
+    with torch.no_grad():
+        gp.q_mean.normal_()
+        gp.q_tril_rawdiag.fill_(-1.0)
+    x = torch.randn(1, 3, 2, dtype=D64)  # (G, N, D)
+    with attention_mode("guide"), pyro.poutine.block(), torch.no_grad():
+        f = gp(x, num_samples=20000)  # (S, G, N, P)
+    mean, var = gp.marginals(x)
+    torch.testing.assert_close(f.mean(0), mean.detach(), atol=0.03, rtol=0)
+    torch.testing.assert_close(f.var(0)[..., 0], var.detach(), atol=0.03, rtol=0.05)
+    with attention_mode("mean"):
+        torch.testing.assert_close(gp(x), mean.detach())
+
+
+def _gp_net(seed: int = 0) -> TransformerClassifier:
+    torch.manual_seed(seed)
+    return TransformerClassifier(
+        2, input_dim=2, d_model=8, nhead=2, num_layers=1, dim_feedforward=16, dropout=0.0,
+        max_len=4, attention=AttentionConfig(readout="sparse_gp", readout_kwargs={"num_inducing": 8}),
+    ).double()  # fmt: skip
+
+
+def test_elbo_charges_global_kl_once_and_scales_likelihood_by_n_over_b():
+    """loss = -(N/B) sum_b log p(y_b | ...) + beta KL_global: two num_data with the same draws
+    identify both terms; the KL part is the closed form, not scaled by N/B."""
+    net = _gp_net().eval()  # eval: no initialisation from the first batch between the calls
+    with torch.no_grad():
+        net.head.q_mean.normal_()  # KL(q || p) well away from 0
+    x, y = torch.randn(6, 3, 2, dtype=D64), torch.tensor([0, 1, 0, 1, 1, 0])
+    losses = {}
+    for n in (6, 60):
+        torch.manual_seed(3)
+        losses[n] = net.elbo_loss(x, y, num_data=n, beta=0.5)[0]
+    ll = (losses[6] - losses[60]) * 6 / (60 - 6)  # sum_b log p(y_b | ...)
+    kl = (losses[6] + ll) / 0.5
+    torch.testing.assert_close(kl, net.head.kl(), atol=1e-9, rtol=0)
+    assert float(net.head.kl()) > 1.0  # so a KL scaled by N/B would be caught
+    # the global site is drawn once per pass even with particles
+    with collect_kl() as col:
+        net.forward_logits(x, None, 3)
+    assert list(col.global_terms) == ["head.inducing_values"]
+    assert col.global_values["head.inducing_values"].shape == (3, 1, 2, 8)
+
+
+def test_svi_trace_keeps_the_global_site_outside_the_data_plate():
+    net = _gp_net()
+    x, y = torch.randn(4, 3, 2, dtype=D64), torch.tensor([0, 1, 0, 1])
+    pyro.clear_param_store()
+    gtr = pyro.poutine.trace(net.guide).get_trace(x, y, 40)
+    mtr = pyro.poutine.trace(pyro.poutine.replay(net.model, trace=gtr)).get_trace(x, y, 40)
+    site = "head.inducing_values"
+    for tr in (gtr, mtr):
+        assert tr.nodes[site]["scale"] == 1.0 and not tr.nodes[site]["cond_indep_stack"]
+    assert mtr.nodes["obs"]["scale"] == pytest.approx(10.0)  # N / B
+    assert gtr.nodes[site]["value"].shape == (1, 2, 8)
+
+
+def test_predict_shares_one_global_draw_per_sample_across_batches():
+    """predict draws the inducing values once, ``(S, ...)``, and every chunk reads the same."""
+    net = _gp_net().eval()
+    x = torch.randn(10, 3, 2, dtype=D64)
+    seen = []
+    orig = net.head._value
+
+    def spy(mode, n):
+        v = orig(mode, n)
+        seen.append(v)
+        return v
+
+    net.head._value = spy  # type: ignore[method-assign]
+    predict(net, x, num_samples=5, batch_size=3, keep_attention=False)
+    assert len(seen) == 4 and all(v.shape == (5, 1, 2, 8) for v in seen)
+    assert all(v is seen[0] for v in seen)  # the same draws for every chunk
+
+
+def test_attention_gp_read_shapes_modes_and_validation():
+    torch.manual_seed(0)
+    gp = SparseGP(2, 4, 4, num_inducing=5)
+    mha = BayesianMultiheadAttention(8, 2, batch_first=True, gp_read=gp)
+    assert mha.is_bayesian
+    x = torch.randn(3, 5, 8)
+    with pyro.poutine.block():
+        y, w = mha(x, x, x, num_samples=4)
+    assert y.shape == (4, 3, 5, 8) and w.shape == (4, 3, 5, 5)
+    assert float((y[0] - y[1]).abs().max()) > 0  # draws differ
+    with attention_mode("mean"):
+        ym, _ = mha(x, x, x)
+        ys, _ = mha(x, x, x, num_samples=2)
+    assert ym.shape == (3, 5, 8) and torch.equal(ys[0], ys[1])
+    # mean mode: softmax attention + out_proj(merged heads of the GP's mean function a^T m)
+    with torch.no_grad():
+        gp.q_mean.normal_()
+    plain = BayesianMultiheadAttention(8, 2, batch_first=True)
+    plain.load_state_dict({k: v for k, v in mha.state_dict().items() if "gp_read" not in k})
+    with attention_mode("mean"), torch.no_grad():
+        ym, _ = mha(x, x, x)
+        q = mha._projections(x, x, x, True)[0].reshape(3, 5, 2, 4).transpose(1, 2)  # (B,H,T,Dh)
+        mean_f = gp.marginals(q)[0].transpose(1, 2).reshape(3, 5, 8)  # (B, T, E)
+        expect = plain(x, x, x)[0] + mean_f @ mha.out_proj.weight.T
+    torch.testing.assert_close(ym, expect)
+    with pytest.raises(ValueError, match="gp_read"):
+        BayesianMultiheadAttention(8, 2, gp_read=SparseGP(3, 4, 4))
+    with pytest.raises(TypeError, match="gp_read"):
+        BayesianMultiheadAttention(8, 2, gp_read=torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+
+
+def test_attention_config_validates_gp_options():
+    with pytest.raises(ValueError, match="read must be one of"):
+        AttentionConfig(read="gp")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not options of readout="):
+        AttentionConfig(readout="sparse_gp", readout_kwargs={"inducing": 3})
+    with pytest.raises(ValueError, match="not options of readout="):
+        AttentionConfig(readout="random_features", readout_kwargs={"num_inducing": 3})
+    with pytest.raises(ValueError, match="given with read='softmax'"):
+        AttentionConfig(read_kwargs={"num_inducing": 3})
+    with pytest.raises(ValueError, match="num_inducing"):
+        AttentionConfig(read="sparse_gp", read_kwargs={"num_inducing": 0})
+    with pytest.raises(ValueError, match="kernel"):
+        AttentionConfig(read="sparse_gp", kernel="local")
+    cfg = AttentionConfig(read="sparse_gp", layers="last")
+    net = TransformerClassifier(2, vocab_size=5, d_model=8, nhead=2, num_layers=2, attention=cfg)
+    assert net.bayesian_layers == ["encoder.layers.1.self_attn"]
+    with net.pyro_context:  # site names are module paths, defined inside the network's context
+        names = [m.site_name for m in net.global_latents()]
+    assert names == [
+        "encoder.layers.1.self_attn.gp_read.inducing_values"
+    ]
+
+
+def test_global_posterior_spread_is_larger_off_the_training_data():
+    """A sparse-GP read-out trained by the ELBO on inputs near the origin: its posterior variance
+    (and the predictive's mutual information) is much larger far from them than on them."""
+    torch.manual_seed(0)
+    gp = SparseGPReadout(2, 2, num_inducing=10)
+    x = torch.randn(200, 2) * 0.7
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.Adam(gp.parameters(), lr=0.05)
+    gp.train()
+    for _ in range(150):
+        opt.zero_grad()
+        with collect_kl() as col:
+            logits = gp(x)
+        ll = torch.distributions.Categorical(logits=logits).log_prob(y).sum()
+        (-(ll) + col.global_total()).backward()
+        opt.step()
+    gp.eval()
+    far = torch.randn(200, 2) * 0.7 + torch.tensor([6.0, 6.0])
+    _, var_on = gp.marginals(x[:, None, None, :])
+    _, var_off = gp.marginals(far[:, None, None, :])
+    assert float(var_off.mean()) > 3 * float(var_on.mean())
+    with torch.no_grad(), attention_mode("guide"), pyro.poutine.block():
+        v = gp.posterior().sample((64,))
+        with global_values({gp.site_name: v}):
+            p_on = torch.softmax(gp(x.expand(64, 200, 2), leading_samples=64), -1)
+            p_off = torch.softmax(gp(far.expand(64, 200, 2), leading_samples=64), -1)
+
+    def mi(p):
+        ent = lambda q: -(q * q.clamp_min(1e-12).log()).sum(-1)  # noqa: E731
+        return ent(p.mean(0)) - ent(p).mean(0)
+
+    assert float(mi(p_off).mean()) > 3 * float(mi(p_on).mean())
+    assert float(gp.kl()) > 1.0  # the posterior moved away from the prior
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_keep_the_global_posterior_in_sync(tmp_path):
+    """2-process DDP (gloo, CPU): both ranks scale the ELBO to the full data set, start from
+    rank 0's data-initialised inducing inputs, and end with identical global posteriors."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("lightning")
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port), PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )  # fmt: skip
+    for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "SLURM_NTASKS", "SLURM_JOB_ID"):
+        env.pop(k, None)
+    out = tmp_path / "ddp"
+    proc = subprocess.run(
+        [sys.executable, str(root / "tests" / "ddp_gp_run.py"), "--out", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"DDP run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    r0, r1 = (torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2))
+    assert r0["world"] == 2 and r0["num_data"] == r1["num_data"] == 32  # not the 16-example shard
+    assert bool(r0["state"]["head.initialised"])
+    for k, v in r0["state"].items():
+        torch.testing.assert_close(v, r1["state"][k], atol=1e-12, rtol=0, msg=k)
+    assert r0["kl"] > 0.0
+
+
+def test_random_fourier_features_approximate_the_rbf_covariance():
+    from bayesattn.gaussian_process import random_fourier_features
+
+    g = torch.Generator().manual_seed(0)
+    R, D = 40000, 3
+    W, b = torch.randn(R, D, generator=g, dtype=D64), 2 * torch.pi * torch.rand(R, generator=g, dtype=D64)
+    x = torch.randn(5, D, generator=g, dtype=D64)
+    ls, os = torch.tensor(1.5, dtype=D64), torch.tensor(2.0, dtype=D64)
+    phi = random_fourier_features(x, W, b, ls, os)
+    torch.testing.assert_close(phi @ phi.T, rbf_covariance(x, x, ls, os), atol=0.05, rtol=0)
+
+
+def test_laplace_covariance_closed_form():
+    from bayesattn.gaussian_process import laplace_covariance
+
+    g = torch.Generator().manual_seed(1)
+    f = torch.randn(20, 6, generator=g, dtype=D64)
+    P = f.T @ f / 20
+    expect = torch.linalg.inv(torch.eye(6, dtype=D64) + 50 * P)
+    torch.testing.assert_close(laplace_covariance(P, 50), expect)
+
+
+def test_random_feature_readout_variance_is_larger_off_the_training_features():
+    """The SNGP-style read-out after ELBO training: phi^T Sigma phi (the logits' posterior
+    variance) is small on the training features and back near the prior's sigma^2 far away."""
+    from bayesattn.nn.gp_read import RandomFeatureGPReadout
+
+    torch.manual_seed(0)
+    head = RandomFeatureGPReadout(2, 2, num_features=128, momentum=0.9)
+    x = torch.randn(200, 2) * 0.7
+    y = (x[:, 0] > 0).long()
+    opt = torch.optim.Adam(head.parameters(), lr=0.05)
+    head.train()
+    for _ in range(60):
+        opt.zero_grad()
+        with collect_kl() as col:
+            col.num_data = 200
+            logits = head(x)
+        ll = torch.distributions.Categorical(logits=logits).log_prob(y).sum()
+        (-ll + col.global_total()).backward()
+        opt.step()
+    head.eval()
+    Sigma = head.covariance()
+    far = torch.randn(200, 2) * 0.7 + 6.0
+
+    def var(z):
+        phi = head.features(z)
+        return (phi @ Sigma * phi).sum(-1)
+
+    assert float(var(far).mean()) > 3 * float(var(x).mean())
+    assert float(var(far).mean()) == pytest.approx(1.0, abs=0.35)  # the prior's sigma^2
+    with torch.no_grad(), attention_mode("mean"):
+        acc = (head(x).argmax(-1) == y).float().mean()
+    assert float(acc) > 0.9
+    assert float(head.kl()) > 1.0
+
+
+def test_posthoc_gp_read_on_a_frozen_torch_model():
+    """Fitted on a calibration split of a frozen model: the model is unchanged, predictions on
+    the calibration inputs are those of temperature scaling up to small noise, and far from them
+    the samples disagree (mutual information) while they barely do on them."""
+    from bayesattn import calibration as C
+    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    x = torch.randn(400, 2)
+    y = (x[:, 0] + 0.3 * torch.randn(400) > 0).long()
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(100):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    read = fit_posthoc_gp(model, x[:300], y[:300], model[2], seed=0)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert not model[2]._forward_pre_hooks  # the hook is gone
+    p_in = read.sample_probs(x[300:], 64, seed=1)  # (S, B, C)
+    far = torch.randn(100, 2) * 0.5 + torch.tensor([0.0, 8.0])
+    p_far = read.sample_probs(far, 64, seed=2)
+    assert p_in.shape == (64, 100, 2)
+    with torch.no_grad():
+        ts = torch.softmax(model(x[300:]) / read.temperature, -1)
+    assert float((p_in.mean(0) - ts).abs().mean()) < 0.05
+
+    def mi(p):
+        ent = lambda q: -(q * q.clamp_min(1e-12).log()).sum(-1)  # noqa: E731
+        return ent(p.mean(0)) - ent(p).mean(0)
+
+    assert float(mi(p_far).mean()) > 5 * float(mi(p_in).mean())
+    assert float(read.variance(far).mean()) > 5 * float(read.variance(x[300:]).mean())
+    assert C.ood_auroc(mi(p_in), mi(p_far)) > 0.9
+    with pytest.raises(TypeError, match="head"):
+        fit_posthoc_gp(model, x, y, "2")  # type: ignore[arg-type]
+
+
+def test_gp_read_on_a_converted_torch_model():
+    """convert() then a GP read on the converted layer: the site is named by module path and the
+    vectorised predictive draws one global value per sample."""
+    from torch import nn
+
+    import bayesattn
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Linear(4, 8)
+            self.layer = nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True)
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(self.layer(self.embed(x)).mean(-2))
+
+    torch.manual_seed(0)
+    model = Model().eval()
+    bayesattn.convert(model)
+    att = model.layer.self_attn
+    att.gp_read = SparseGP(2, 4, 4)
+    assert att.gp_read.site_name == "layer.self_attn.gp_read.inducing_values"
+    x = torch.randn(5, 6, 4)
+    res = predict(model, x, num_samples=4, vectorised=True)
+    assert res.probs.shape == (4, 5, 3) and float(res.mutual_information.mean()) > 0
+    with collect_kl() as col:
+        model(x)
+    assert list(col.global_terms) == ["layer.self_attn.gp_read.inducing_values"]
