@@ -40,7 +40,10 @@ PAGES: list[tuple[str, dict[str, Any]]] = [
     ("results/", {"images": 1}),
     ("notebooks/", {}),
     ("notebooks/01_attention_as_inference/", {"maths": True, "images": 3}),
-    ("notebooks/02_digits_uncertainty/", {"images": 3, "screenshot": "notebook-02.png"}),
+    (
+        "notebooks/02_digits_uncertainty/",
+        {"images": 3, "screenshot": "notebook-02.png", "scroll_to": ".jupyter-wrapper img"},
+    ),
     ("notebooks/04_arviz_diagnostics/", {"maths": True, "images": 2}),
     ("api/functional/", {"maths": True}),
 ]
@@ -196,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
             for path, want in PAGES:
                 print(f"  ... /{path}", flush=True)
                 results[path or "/"] = check_page(page, base + path, want)
+                if "scroll_to" in want:  # show a figure, not only the first cells
+                    page.locator(want["scroll_to"]).first.scroll_into_view_if_needed()
+                    page.mouse.wheel(0, 300)
+                    page.wait_for_timeout(300)
                 if "screenshot" in want:
                     page.screenshot(path=str(out / want["screenshot"]))
             context.close()

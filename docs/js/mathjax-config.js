@@ -20,6 +20,9 @@ window.MathJax = {
     linebreaks: { automatic: true },
   },
   "fast-preview": { disabled: true },  // its preview uses TeX fonts the package does not ship
+  // its hidden MathML copy asks for TeX fonts the package does not ship
+  AssistiveMML: { disabled: true },
+  menuSettings: { assistiveMML: false },
   showMathMenu: false,
   messageStyle: "none",
 };
