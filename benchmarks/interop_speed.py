@@ -18,6 +18,7 @@ import argparse
 import copy
 
 import torch
+from _results import table, write_results
 from _timing import interleaved
 from torch import nn
 
@@ -53,6 +54,7 @@ def main() -> None:
     print(f"B={B} T={T} d={D} heads={H} layers={L} S={S} threads={args.threads}")
 
     with torch.no_grad():
+
         def bay_mean():
             with attention_mode("mean"):
                 bay(x)
@@ -65,6 +67,7 @@ def main() -> None:
     print("\ninference (eval, no_grad), ms and ratio to torch:")
     for k, v in r.items():
         print(f"  {k:18s} {v:8.3f} ms  x{v / r['torch']:.2f}")
+    tables = [_table("Inference (eval, no_grad)", r, "torch")]
 
     def fb(m):
         return lambda: m(x).sum().backward()
@@ -73,8 +76,10 @@ def main() -> None:
     print("\nforward+backward (ordinary path for both):")
     for k, v in r.items():
         print(f"  {k:18s} {v:8.3f} ms  x{v / r['torch']:.2f}")
+    tables.append(_table("Forward+backward (the ordinary path for both)", r, "torch"))
 
     with torch.no_grad():
+
         def torch_s():
             for _ in range(S):
                 ref(x)
@@ -88,6 +93,21 @@ def main() -> None:
     print(f"\nposterior predictive, {S} samples (vs {S} deterministic torch passes):")
     for k, v in r.items():
         print(f"  {k:18s} {v:8.3f} ms  x{v / r['torch x S']:.2f}")
+    tables.append(
+        _table(f"Posterior predictive of {S} samples against {S} torch passes", r, "torch x S")
+    )
+    shapes = f"B={B}, T={T}, d={D}, heads={H}, layers={L}"
+    for t in tables:
+        t["title"] += f" ({shapes})"
+    path = write_results(
+        "interop_speed", "A torch model after bayesattn.convert against itself", tables
+    )
+    print(f"wrote {path}")
+
+
+def _table(title: str, r: dict[str, float], base: str) -> dict:
+    rows = [[k, round(v, 3), round(v / r[base], 3)] for k, v in r.items()]
+    return table(title, ["candidate", "ms", f"ratio vs {base}"], rows)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
   removed: the site's own MathJax typesets the notebooks' maths too.
 * ``docs/benchmarks.md`` holds the marker ``<!-- benchmark-results -->``; it is replaced by every
   ``benchmarks/results/*.json`` (schema in ``benchmarks/_results.py``) rendered as Markdown tables,
-  with a line plot for each table whose first column is a numeric sweep (T, S, lengths, ...).
+  with a line plot for each table whose first column is a numeric sweep (T, S, lengths, ...) and
+  the figures a result file lists (files beside it).
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ PLOT_DIR = "benchmarks-plots"  # under site/
 # nbconvert's <script src="https://...">, its MathJax configuration block, and the mermaid loader
 _CDN_SCRIPT = re.compile(r"<script[^>]*\ssrc=\"(?:https?://[^\"]*)?\"[^>]*>\s*</script>", re.S)
 _MATHJAX_CONFIG = re.compile(r"<script type=\"text/x-mathjax-config\">.*?</script>", re.S)
-_MERMAID = re.compile(r"<script type=\"module\">(?:(?!</script>).)*mermaid(?:(?!</script>).)*</script>", re.S)
+_MERMAID = re.compile(
+    r"<script type=\"module\">(?:(?!</script>).)*mermaid(?:(?!</script>).)*</script>", re.S
+)
 
 _pending_plots: dict[str, Any] = {}
+_pending_figures: list[Path] = []  # figure files listed by result files, copied into the site
 
 
 def mathjax_dir() -> Path:
@@ -68,7 +72,8 @@ def _number(v: Any) -> float | None:
 
 def plottable(tab: dict[str, Any]) -> tuple[list[float], dict[str, list[float]]] | None:
     """``(x, {column: y})`` when the first column is a numeric sweep (>= 3 distinct values, one
-    row each) and at least one other column is numeric in every row; else None."""
+    row each) and at least one other column is numeric in every row; else None. Only the ratio
+    columns are plotted when there are any."""
     rows = tab["rows"]
     xs = [_number(r[0]) for r in rows]
     if len(rows) < 3 or any(x is None for x in xs) or len(set(xs)) != len(xs):
@@ -80,12 +85,25 @@ def plottable(tab: dict[str, Any]) -> tuple[list[float], dict[str, list[float]]]
             ys[col] = [float(v) for v in vals if v is not None]
     if not ys:
         return None
+    ratios = {k: v for k, v in ys.items() if "ratio" in k.lower() or "speed-up" in k.lower()}
+    ys = ratios or ys  # ratios share one axis; absolute times only when there is no ratio
     return [float(x) for x in xs if x is not None], ys
 
 
-def render_results(results_dir: Path = RESULTS_DIR, plots: dict[str, Any] | None = None) -> str:
+def _img(title: str, name: str) -> str:
+    # raw HTML: the file is written into the site after the build, not a docs file mkdocs checks
+    alt = html.escape(title, quote=True)
+    return f'<p><img class="bench-plot" alt="{alt}" src="../{PLOT_DIR}/{name}"></p>\n'
+
+
+def render_results(
+    results_dir: Path = RESULTS_DIR,
+    plots: dict[str, Any] | None = None,
+    figures: list[Path] | None = None,
+) -> str:
     """Markdown for every result file: a heading, the run's machine line, its tables (and plots:
-    ``plots`` collects ``{file name: (title, x label, x, ys)}`` for the hook to draw)."""
+    ``plots`` collects ``{file name: (title, x label, x, ys)}`` for the hook to draw) and the
+    figures it lists (``figures`` collects their paths, for the hook to copy)."""
     files = sorted(results_dir.glob("*.json"))
     if not files:
         return "*No benchmark results yet: run `make bench`.*\n"
@@ -111,11 +129,18 @@ def render_results(results_dir: Path = RESULTS_DIR, plots: dict[str, Any] | None
             if xy is not None and plots is not None:
                 name = f"{doc['benchmark']}-{k}.svg"
                 plots[name] = (tab["title"], tab["columns"][0], *xy)
-                out.append(f"![{html.escape(tab['title'])}](../{PLOT_DIR}/{name})\n")
+                out.append(_img(tab["title"], name))
+        for fig in doc.get("figures", []):
+            src = results_dir / fig
+            if src.is_file() and figures is not None:
+                figures.append(src)
+                out.append(_img(Path(fig).stem, Path(fig).name))
     return "\n".join(out) + "\n"
 
 
-def draw_plot(path: Path, title: str, xlabel: str, x: list[float], ys: dict[str, list[float]]) -> None:
+def draw_plot(
+    path: Path, title: str, xlabel: str, x: list[float], ys: dict[str, list[float]]
+) -> None:
     """One small SVG line plot (log x when the sweep spans a factor of 8 or more)."""
     import matplotlib
 
@@ -143,7 +168,9 @@ def draw_plot(path: Path, title: str, xlabel: str, x: list[float], ys: dict[str,
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if MARKER in markdown:
         _pending_plots.clear()
-        markdown = markdown.replace(MARKER, render_results(plots=_pending_plots))
+        _pending_figures.clear()
+        rendered = render_results(plots=_pending_plots, figures=_pending_figures)
+        markdown = markdown.replace(MARKER, rendered)
     return markdown
 
 
@@ -158,3 +185,6 @@ def on_post_build(config: Any) -> None:
     shutil.copytree(mathjax_dir(), site / "assets" / "mathjax", dirs_exist_ok=True)
     for name, (title, xlabel, x, ys) in _pending_plots.items():
         draw_plot(site / PLOT_DIR / name, title, xlabel, x, ys)
+    for fig in _pending_figures:
+        (site / PLOT_DIR).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(fig, site / PLOT_DIR / fig.name)

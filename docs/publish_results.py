@@ -82,8 +82,12 @@ def publish(run: Path, dest: Path) -> list[str]:
     """Write ``dest/index.md`` and the figures from ``run``; returns the figure names."""
     report = run / "report.md"
     if not report.is_file():
-        raise FileNotFoundError(f"{report} not found: run `bayesattn study` (or `make study`) first")
-    results = json.loads((run / "results.json").read_text()) if (run / "results.json").is_file() else {}
+        raise FileNotFoundError(
+            f"{report} not found: run `bayesattn study` (or `make study`) first"
+        )
+    results = (
+        json.loads((run / "results.json").read_text()) if (run / "results.json").is_file() else {}
+    )
     import bayesattn
 
     env = results.get("environment", {})
@@ -132,7 +136,9 @@ def publish(run: Path, dest: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--from", dest="run", default="bayesattn-study", help="the study's --out folder")
+    ap.add_argument(
+        "--from", dest="run", default="bayesattn-study", help="the study's --out folder"
+    )
     ap.add_argument("--to", dest="dest", default=str(ROOT / "docs" / "results"))
     args = ap.parse_args(argv)
     try:
