@@ -200,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  ... /{path}", flush=True)
                 results[path or "/"] = check_page(page, base + path, want)
                 if "scroll_to" in want:  # show a figure, not only the first cells
-                    page.locator(want["scroll_to"]).first.scroll_into_view_if_needed()
-                    page.mouse.wheel(0, 300)
+                    page.eval_on_selector(
+                        want["scroll_to"], "e => e.scrollIntoView({block: 'center'})"
+                    )
                     page.wait_for_timeout(300)
                 if "screenshot" in want:
                     page.screenshot(path=str(out / want["screenshot"]))
