@@ -141,7 +141,8 @@ def render_results(
 def draw_plot(
     path: Path, title: str, xlabel: str, x: list[float], ys: dict[str, list[float]]
 ) -> None:
-    """One small SVG line plot (log x when the sweep spans a factor of 8 or more)."""
+    """One small SVG line plot: log x when the sweep spans a factor of 8 or more (ticks at the
+    measured values), log y when the values do; the title without its parenthesised details."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -152,8 +153,13 @@ def draw_plot(
         ax.plot(x, y, marker="o", label=label)
     if min(x) > 0 and max(x) / min(x) >= 8:
         ax.set_xscale("log", base=2)
+        ax.set_xticks(x, [f"{v:g}" for v in x])
+        ax.minorticks_off()
+    values = [v for y in ys.values() for v in y if v == v]
+    if values and min(values) > 0 and max(values) / min(values) >= 30:
+        ax.set_yscale("log")
     ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title.split(" (")[0], fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
