@@ -16,7 +16,7 @@ VENV312   ?= .venv312
 ARVIZ1_TESTS := tests/test_arviz1.py tests/test_diagnostics.py \
 	tests/test_recommended.py::test_prediction_to_arviz_reads_any_predictor_and_loo_runs
 
-.PHONY: venv install test test-fast test-arviz1 lint docs study bench clean
+.PHONY: venv install test test-fast test-arviz1 lint docs docs-check docs-results notebooks study bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -47,8 +47,22 @@ test-arviz1: $(VENV312)/.installed
 test-fast: $(VENV)/.installed lint  # the inner loop: everything but the slow tests (CI runs all)
 	$(PY) -m pytest -q -m "not slow"
 
-docs: $(VENV)/.installed  # the user guide + API reference, strict, into site/
-	$(VENV)/bin/mkdocs build --strict
+docs: $(VENV)/.installed  # the user guide, notebooks, results + API reference, strict, into site/
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# the built site in headless Chromium (system package: apt-get install chromium): maths typeset,
+# images shown, no request leaving the machine; screenshots + report.json in site-check/
+docs-check: docs
+	$(PY) docs/check_site.py site --out site-check
+
+# the latest study run (STUDY=its --out folder) into docs/results/, the site's Results page
+STUDY ?= bayesattn-study
+docs-results: $(VENV)/.installed
+	$(PY) docs/publish_results.py --from $(STUDY)
+
+# re-execute every notebook at full size (one thread) and store its outputs (minutes each)
+notebooks: $(VENV)/.installed
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) notebooks/execute.py
 
 # the study extra: laplace-torch and backpack-for-pytorch declare torchvision, which last-layer
 # Laplace never imports and whose wheel for the CPU torch does not import; so they go in without
@@ -65,10 +79,11 @@ $(VENV)/.study-installed: $(VENV)/.installed
 study: $(VENV)/.study-installed
 	$(VENV)/bin/bayesattn study $(ARGS)
 
+# every benchmark writes benchmarks/results/<name>.json, rendered in docs/benchmarks.md;
+# BENCH_ARGS=--quick for a smoke run
+BENCHMARKS := attention_speed training_speed interop_speed predictive_speed long_sequence long_task
 bench: $(VENV)/.installed
-	$(PY) benchmarks/attention_speed.py
-	$(PY) benchmarks/training_speed.py
-	$(PY) benchmarks/interop_speed.py
+	for b in $(BENCHMARKS); do $(PY) benchmarks/$$b.py $(BENCH_ARGS) || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(VENV312) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV312) build *.egg-info .pytest_cache .ruff_cache site site-check

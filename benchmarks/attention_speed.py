@@ -16,6 +16,7 @@ import itertools
 from functools import partial
 
 import torch
+from _results import table, write_results
 from _timing import interleaved
 
 from bayesattn.nn.attention import BayesianMultiheadAttention
@@ -61,6 +62,11 @@ def main() -> None:
     ours = BayesianMultiheadAttention(E, H, batch_first=True).eval()
     ours.load_state_dict(ref.state_dict())
 
+    mean_rows: dict[str, list[list[object]]] = {
+        "forward, need_weights=False": [],
+        "forward, need_weights=True": [],
+        "forward+backward": [],
+    }
     print("\n## posterior-mean mode vs torch.nn.MultiheadAttention (ratio = ours / torch)")
     print(f"{'T':>6} {'weights':>8} {'pass':>9} {'torch ms':>10} {'ours ms':>10} {'ratio':>7}")
     for T in [] if args.skip_mean else lengths:
@@ -79,6 +85,7 @@ def main() -> None:
                 f"{T:>6} {str(need_w):>8} {'fwd':>9} {res['torch']:>10.2f} {res['ours']:>10.2f} "
                 f"{res['ours'] / res['torch']:>7.3f}"
             )
+            mean_rows[f"forward, need_weights={need_w}"].append(_row(T, res["torch"], res["ours"]))
         xg = x.clone().requires_grad_(True)
         res = interleaved(
             {"torch": partial(_fwd_bwd, ref, xg), "ours": partial(_fwd_bwd, ours, xg)}, r
@@ -87,11 +94,13 @@ def main() -> None:
             f"{T:>6} {'False':>8} {'fwd+bwd':>9} {res['torch']:>10.2f} {res['ours']:>10.2f} "
             f"{res['ours'] / res['torch']:>7.3f}"
         )
+        mean_rows["forward+backward"].append(_row(T, res["torch"], res["ours"]))
 
     print("\n## stochastic layer: S samples in one pass vs S separate calls (speed-up = sep/vec)")
     print(
         f"{'family':>16} {'T':>6} {'S':>3} {'separate ms':>12} {'vectorised ms':>14} {'speed-up':>9}"
     )
+    stoch_rows = []
     for fam, T, S in itertools.product(args.families, args.stoch_lengths, (1, 8)):
         stoch = BayesianMultiheadAttention(E, H, batch_first=True, family=fam).eval()
         stoch.load_state_dict(ref.state_dict())
@@ -108,6 +117,41 @@ def main() -> None:
             f"{fam:>16} {T:>6} {S:>3} {res['sep']:>12.2f} {res['vec']:>14.2f} "
             f"{res['sep'] / res['vec']:>9.2f}x"
         )
+        stoch_rows.append(
+            [
+                fam,
+                T,
+                S,
+                round(res["sep"], 3),
+                round(res["vec"], 3),
+                round(res["sep"] / res["vec"], 3),
+            ]
+        )
+    shapes = f"B={B}, E={E}, H={H}"
+    tables = [
+        table(
+            f"Posterior-mean mode against torch.nn.MultiheadAttention, {name} ({shapes})",
+            ["T", "torch ms", "ours ms", "ratio ours/torch"],
+            rows,
+        )
+        for name, rows in mean_rows.items()
+        if rows
+    ]
+    tables.append(
+        table(
+            f"Stochastic layer: S samples in one vectorised pass against S separate calls ({shapes})",
+            ["family", "T", "S", "separate ms", "vectorised ms", "speed-up separate/vectorised"],
+            stoch_rows,
+        )
+    )
+    path = write_results(
+        "attention_speed", "BayesianMultiheadAttention against torch.nn.MultiheadAttention", tables
+    )
+    print(f"wrote {path}")
+
+
+def _row(T: int, torch_ms: float, ours_ms: float) -> list[object]:
+    return [T, round(torch_ms, 3), round(ours_ms, 3), round(ours_ms / torch_ms, 3)]
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import argparse
 import copy
 
 import torch
+from _results import table, write_results
 from _timing import interleaved
 from torch import nn
 
@@ -55,6 +56,7 @@ def main() -> None:
     x = torch.randn(B, T, D)
     print(f"B={B} T={T} d={D} heads={H} layers={L} S={S} threads={args.threads}")
 
+    tables: list[dict] = []
     pad = torch.zeros(B, T, dtype=torch.bool)
     pad[B // 2 :, T // 2 :] = True  # half the batch padded to half length
     for label, kpm in (("no padding", None), ("padding", pad)):
@@ -71,8 +73,11 @@ def main() -> None:
         print(f"\ninference (eval, no_grad, {label}), ms and ratio to torch:")
         for k, v in r.items():
             print(f"  {k:18s} {v:8.3f} ms  x{v / r['torch']:.2f}")
+        tables.append(_table(f"Inference (eval, no_grad, {label})", r, "torch"))
 
+    shapes = f"B={B}, T={T}, d={D}, heads={H}, layers={L}"
     if args.inference_only:
+        _write(tables, shapes)
         return
 
     def fb(m):
@@ -82,8 +87,10 @@ def main() -> None:
     print("\nforward+backward (ordinary path for both):")
     for k, v in r.items():
         print(f"  {k:18s} {v:8.3f} ms  x{v / r['torch']:.2f}")
+    tables.append(_table("Forward+backward (the ordinary path for both)", r, "torch"))
 
     with torch.no_grad():
+
         def torch_s():
             for _ in range(S):
                 ref(x)
@@ -97,6 +104,24 @@ def main() -> None:
     print(f"\nposterior predictive, {S} samples (vs {S} deterministic torch passes):")
     for k, v in r.items():
         print(f"  {k:18s} {v:8.3f} ms  x{v / r['torch x S']:.2f}")
+    tables.append(
+        _table(f"Posterior predictive of {S} samples against {S} torch passes", r, "torch x S")
+    )
+    _write(tables, shapes)
+
+
+def _write(tables: list[dict], shapes: str) -> None:
+    for t in tables:
+        t["title"] += f" ({shapes})"
+    path = write_results(
+        "interop_speed", "A torch model after bayesattn.convert against itself", tables
+    )
+    print(f"wrote {path}")
+
+
+def _table(title: str, r: dict[str, float], base: str) -> dict:
+    rows = [[k, round(v, 3), round(v / r[base], 3)] for k, v in r.items()]
+    return table(title, ["candidate", "ms", f"ratio vs {base}"], rows)
 
 
 if __name__ == "__main__":

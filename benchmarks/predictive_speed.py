@@ -12,7 +12,9 @@ same rounds (interleaved, median over rounds, fixed thread count):
 * ``MC dropout S=…`` and ``ensemble ×M``: the baselines (:func:`~bayesattn.uncertainty.predict_mc_dropout`,
   :func:`~bayesattn.uncertainty.predict_ensemble`).
 
-Run: ``python benchmarks/predictive_speed.py [--rounds 20] [--threads 1] [--batch 256]``
+Writes ``benchmarks/results/predictive_speed.json`` (see ``_results.py``).
+
+Run: ``python benchmarks/predictive_speed.py [--rounds 20] [--threads 1] [--batch 256] [--quick]``
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ import time
 
 import pyro
 import torch
+from _results import table, write_results
 
 from bayesattn.nn.blocks import AttentionConfig
 from bayesattn.nn.networks import VisionTransformer
 from bayesattn.uncertainty import predict, predict_ensemble, predict_mc_dropout
+
+SAMPLES = (1, 8, 32)
 
 
 def vit(attention: AttentionConfig | None, d_model: int) -> VisionTransformer:
@@ -56,9 +61,9 @@ def configs(d_model: int, ensemble: int) -> dict:
             return det(x)
 
     out = {"deterministic forward": forward}
-    for S in (1, 8, 32):
+    for S in SAMPLES:
         out[f"recommended S={S}"] = lambda x, S=S: predict(rec, x, S, keep_attention=False)
-    for S in (8, 32):
+    for S in SAMPLES:
         out[f"dirichlet, every layer S={S}"] = lambda x, S=S: predict(
             old, x, S, keep_attention=False
         )
@@ -75,7 +80,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--d-model", type=int, default=32)
     ap.add_argument("--ensemble", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="5 rounds of a batch of 64 (smoke run)")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.warmup, args.batch = 5, 1, 64
     torch.set_num_threads(args.threads)
     fns = configs(args.d_model, args.ensemble)
     x = torch.rand(args.batch, 8, 8, generator=torch.Generator().manual_seed(1))
@@ -92,9 +100,33 @@ def main() -> None:
     )
     base = statistics.median(times["deterministic forward"])
     print(f"{'configuration':<32} {'ms/example':>11} {'vs forward':>11}")
-    for name, ts in times.items():
-        m = statistics.median(ts)
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    for name, m in med.items():
         print(f"{name:<32} {1e3 * m / args.batch:11.4f} {m / base:10.2f}x")
+    shapes = f"batch {args.batch}, d_model={args.d_model}, median of {args.rounds} rounds"
+    rows = [[n, round(1e3 * m / args.batch, 4), round(m / base, 3)] for n, m in med.items()]
+    by_s = [
+        [S]
+        + [round(med[f"{k} S={S}"] / base, 3) for k in ("recommended", "dirichlet, every layer")]
+        for S in SAMPLES
+    ]
+    path = write_results(
+        "predictive_speed",
+        "Posterior-predictive cost against one deterministic pass",
+        [
+            table(
+                f"Every configuration ({shapes})",
+                ["configuration", "ms/example", "ratio vs forward"],
+                rows,
+            ),
+            table(
+                f"Cost against the number of samples S ({shapes})",
+                ["S", "recommended: ratio vs forward", "dirichlet every layer: ratio vs forward"],
+                by_s,
+            ),
+        ],
+    )
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

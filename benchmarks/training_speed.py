@@ -30,6 +30,7 @@ import time
 
 import pyro
 import torch
+from _results import table, write_results
 from torch import nn
 
 from bayesattn.inference import TrainConfig, Trainer
@@ -43,9 +44,7 @@ NUM_DATA = 100 * B
 def bayes_net(family: str | None = "dirichlet", pooling: str = "mean") -> TransformerClassifier:
     """``family="recommended"``: :meth:`AttentionConfig.recommended` (use with CLS pooling)."""
     att = (
-        AttentionConfig.recommended()
-        if family == "recommended"
-        else AttentionConfig(family=family)
+        AttentionConfig.recommended() if family == "recommended" else AttentionConfig(family=family)
     )
     return TransformerClassifier(
         CLASSES,
@@ -207,7 +206,10 @@ def main() -> None:
         help="attention families to time (particle runs use the first)",
     )
     ap.add_argument("--no-particles", action="store_true", help="skip the 8-particle runs")
+    ap.add_argument("--quick", action="store_true", help="5 rounds, one family, no particles")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.warmup, args.families, args.no_particles = 5, 1, args.families[:1], True
     torch.set_num_threads(args.threads)
     print(
         f"torch {torch.__version__}, pyro {pyro.__version__}, threads={torch.get_num_threads()}; "
@@ -219,9 +221,24 @@ def main() -> None:
     base_cls = res["plain (attention=None), cls pooling"]
     print(f"\nmedian of {args.rounds} interleaved steps after {args.warmup} warm-up rounds")
     print(f"{'configuration':<42} {'ms/step':>9} {'vs plain':>9}  (cls rows: vs plain cls)")
+    rows = []
     for name, ms in res.items():
         ref = base_cls if name.endswith("cls pooling") else base
         print(f"{name:<42} {ms:9.2f} {ms / ref:8.2f}x")
+        rows.append([name, round(ms, 3), round(ms / ref, 3)])
+    path = write_results(
+        "training_speed",
+        "Training-step cost against plain PyTorch",
+        [
+            table(
+                f"One optimiser step, median of {args.rounds} interleaved rounds "
+                f"({LAYERS} layers, d_model={D}, T={T}, B={B}; cls rows against plain cls)",
+                ["configuration", "ms/step", "ratio vs plain"],
+                rows,
+            )
+        ],
+    )
+    print(f"wrote {path}")
     if args.profile:
         profile(args.top)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib.util
+import json
+import os
 import re
 import subprocess
 import sys
@@ -203,20 +205,255 @@ _HAVE_MKDOCS = all(
 )
 
 
-@pytest.mark.skipif(not _HAVE_MKDOCS, reason="mkdocs + mkdocstrings[python] not installed")
-def test_docs_build_strict(tmp_path):
+def _load(name: str):
+    """A script of ``docs/`` (not a package) as a module."""
+    spec = importlib.util.spec_from_file_location(f"_docs_{name}", DOCS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory) -> Path:
+    """``mkdocs build --strict`` of the whole site (user guide, notebooks, results, API), once."""
+    if not _HAVE_MKDOCS:
+        pytest.skip("mkdocs + mkdocstrings[python] not installed")
+    site = tmp_path_factory.mktemp("docs") / "site"
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     seconds = time.perf_counter() - t0
     assert proc.returncode == 0, (
         f"mkdocs build --strict failed (rc={proc.returncode}, {seconds:.1f} s):\n"
         f"{proc.stdout[-5000:]}\n{proc.stderr[-10000:]}"
     )
-    assert (tmp_path / "site" / "index.html").is_file()
-    assert (tmp_path / "site" / "api" / "functional" / "index.html").is_file()
+    return site
+
+
+def test_docs_build_strict(built_site: Path):
+    assert (built_site / "index.html").is_file()
+    assert (built_site / "api" / "functional" / "index.html").is_file()
+    assert (built_site / "results" / "index.html").is_file()
+    assert (built_site / "assets" / "mathjax" / "MathJax.js").is_file(), "MathJax not copied"
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):  # every notebook is a page
+        page = built_site / "notebooks" / nb.stem / "index.html"
+        assert page.is_file(), f"{nb.name} has no page"
+        assert "<img" in page.read_text(encoding="utf-8"), f"{nb.name}'s page shows no figure"
+
+
+# attributes that make a browser fetch something to display the page
+_FETCHING = {
+    "script": ("src",),
+    "img": ("src", "srcset"),
+    "source": ("src", "srcset"),
+    "iframe": ("src",),
+    "video": ("src", "poster"),
+    "audio": ("src",),
+    "embed": ("src",),
+    "object": ("data",),
+    "link": ("href",),  # stylesheets, icons, preloads, manifests (rel="canonical" etc. excepted)
+}
+_LINK_RELS_NOT_FETCHED = {"canonical", "alternate", "next", "prev", "author", "license", "help"}
+_CSS_URL = re.compile(r"url\(\s*['\"]?((?:https?:)?//[^'\")]+)")
+_IMPORT = re.compile(r"@import\s+['\"]((?:https?:)?//[^'\"]+)")
+
+
+def _external(url: str) -> bool:
+    return url.strip().lower().startswith(("http://", "https://", "//"))
+
+
+def external_resources(html_text: str) -> list[str]:
+    """URLs on another host that a page would fetch to display itself: script/img/iframe/...
+    sources, stylesheet/icon/preload links, CSS ``url(...)`` and ``@import`` in inline styles.
+    Plain ``<a href>`` links are not fetched and are not reported."""
+    from html.parser import HTMLParser
+
+    found: list[str] = []
+
+    class Parser(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            a = {k: v or "" for k, v in attrs}
+            if tag == "link" and set(a.get("rel", "").lower().split()) & _LINK_RELS_NOT_FETCHED:
+                return
+            for attr in _FETCHING.get(tag, ()):
+                for url in a.get(attr, "").split(","):
+                    url = url.strip().split(" ")[0]
+                    if url and _external(url):
+                        found.append(f"<{tag} {attr}={url}>")
+            if "style" in a:
+                found.extend(_CSS_URL.findall(a["style"]))
+
+    Parser().feed(html_text)
+    found += _CSS_URL.findall(html_text) + _IMPORT.findall(html_text)
+    return found
+
+
+def test_external_resource_check_can_fail():
+    page = (
+        '<html><head><script src="https://cdn.example.org/mathjax.js"></script>'
+        '<link rel="stylesheet" href="//fonts.example.org/css">'
+        '<link rel="canonical" href="https://example.org/page/">'
+        "<style>@font-face { src: url('https://fonts.example.org/a.woff2') }</style></head>"
+        '<body><a href="https://example.org">a link is fine</a><img src="fig.png">'
+        '<img srcset="small.png 1x, https://img.example.org/big.png 2x"></body></html>'
+    )
+    found = external_resources(page)
+    assert "<script src=https://cdn.example.org/mathjax.js>" in found
+    assert "<link href=//fonts.example.org/css>" in found
+    assert "https://fonts.example.org/a.woff2" in found
+    assert "<img srcset=https://img.example.org/big.png>" in found
+    assert len(found) == 4, found  # not the canonical link, the <a>, nor the local image
+
+
+def test_built_site_needs_no_network(built_site: Path):
+    """No page or stylesheet of the site fetches anything from another host (maths included:
+    MathJax is served from the site), and every page with maths loads the site's own MathJax."""
+    problems = {}
+    for page in sorted(built_site.rglob("*.html")):
+        text = page.read_text(encoding="utf-8")
+        found = external_resources(text)
+        if found:
+            problems[str(page.relative_to(built_site))] = found
+        if 'class="arithmatex"' in text:
+            assert "assets/mathjax/MathJax.js" in text, f"{page}: maths but no MathJax"
+    for css in sorted(built_site.rglob("*.css")):
+        found = _CSS_URL.findall(css.read_text(encoding="utf-8")) + _IMPORT.findall(
+            css.read_text(encoding="utf-8")
+        )
+        if found:
+            problems[str(css.relative_to(built_site))] = found
+    assert not problems, f"the site fetches from other hosts: {problems}"
+
+
+def test_notebook_pages_lose_their_cdn_scripts():
+    hooks = _load("hooks")
+    page = (
+        '<script src="https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/latest.js"> </script>'
+        '<script type="text/x-mathjax-config">MathJax.Hub.Config({})</script>'
+        '<script src=""> </script>'
+        '<script type="module">const m = await import("https://cdn/mermaid.mjs")</script>'
+        '<script src="../../assets/mathjax/MathJax.js"></script><p>kept</p>'
+    )
+    assert hooks.strip_cdn_scripts(page) == (
+        '<script src="../../assets/mathjax/MathJax.js"></script><p>kept</p>'
+    )
+
+
+def _result_file(tmp_path: Path) -> Path:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from _results import table, write_results
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return write_results(
+        "demo",
+        "Demo | speed",
+        [
+            table(
+                "by T",
+                ["T", "ms", "ratio ours/torch"],
+                [[64, 1.5, 1.1], [128, 3.0, 1.2], [256, 7.0, 1.05]],
+            ),
+            table("by name", ["candidate", "ms"], [["a", 1.0], ["b", 2.0]]),
+        ],
+        out_dir=tmp_path,
+    )
+
+
+def test_benchmark_results_render_as_tables_and_plots(tmp_path: Path):
+    hooks = _load("hooks")
+    _result_file(tmp_path)
+    plots: dict = {}
+    md = hooks.render_results(tmp_path, plots=plots)
+    assert "### Demo \\| speed" in md or "### Demo | speed" in md
+    assert "| T | ms | ratio ours/torch |" in md
+    assert "| 128 | 3 | 1.2 |" in md
+    assert "| a | 1 |" in md
+    assert "torch thread(s)" in md and "bayesattn" in md  # the machine line
+    # one plot: the T sweep, of its ratio column only; none for the table without a sweep
+    assert list(plots) == ["demo-0.svg"]
+    title, xlabel, x, ys = plots["demo-0.svg"]
+    assert (xlabel, x, list(ys)) == ("T", [64.0, 128.0, 256.0], ["ratio ours/torch"])
+    hooks.draw_plot(tmp_path / "p.svg", title, xlabel, x, ys)
+    assert (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
+    assert "No benchmark results" in hooks.render_results(tmp_path / "empty")
+
+
+def test_committed_benchmark_results_follow_the_schema():
+    files = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+    assert files, "no committed benchmark results (run `make bench`)"
+    for f in files:
+        doc = json.loads(f.read_text())
+        assert doc["benchmark"] == f.stem
+        assert {"date", "machine", "threads", "torch", "bayesattn"} <= set(doc["meta"])
+        for t in doc["tables"]:
+            assert all(len(r) == len(t["columns"]) for r in t["rows"]), (f.name, t["title"])
+
+
+def test_study_report_is_published_with_its_provenance(tmp_path: Path):
+    publish = _load("publish_results")
+    run = tmp_path / "run"
+    run.mkdir()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(15, 2), dpi=100)  # 1500 px wide: scaled down
+    fig.savefig(run / "pareto.png")
+    plt.close(fig)
+    (run / "report.md").write_text(
+        "# bayesattn uncertainty study\n\nIntro.\n\n| m | acc |\n|---|---|\n| a | 0.9 |\n\n"
+        "## Quality\n\n![pareto](pareto.png)\n\n```python\n# not a heading\n```\n"
+    )
+    from bayesattn.study import StudyConfig
+
+    cfg = {k: v for k, v in vars(StudyConfig.quick()).items()}
+    (run / "results.json").write_text(json.dumps({"config": cfg}, default=list))
+    dest = tmp_path / "results"
+    dest.mkdir()
+    (dest / "old.png").write_bytes(b"stale")
+    assert publish.publish(run, dest) == ["pareto.png"]
+    page = (dest / "index.md").read_text()
+    assert page.startswith("# Results\n")
+    assert "A quick smoke run" in page and "bayesattn " in page and "Produced 20" in page
+    assert "bayesattn uncertainty study" not in page  # its title replaced by the page's
+    assert "\n### Quality\n" in page and "\n# not a heading\n" in page
+    assert "| a | 0.9 |" in page and "![pareto](pareto.png)" in page
+    assert sorted(p.name for p in dest.iterdir()) == ["index.md", "pareto.png"]
+    from PIL import Image
+
+    with Image.open(dest / "pareto.png") as im:
+        assert im.width == publish.MAX_WIDTH
+    cfg_default = {k: v for k, v in vars(StudyConfig()).items()}
+    assert publish.settings_kind(json.loads(json.dumps(cfg_default, default=list))) == "default"
+    assert publish.settings_kind({**cfg_default, "epochs": 3}) == "custom"
+
+
+def test_published_results_page_exists():
+    page = DOCS / "results" / "index.md"
+    assert page.is_file(), "run `make docs-results` (after `make study`)"
+    assert "Produced " in page.read_text() and "bayesattn " in page.read_text()
+
+
+@pytest.mark.slow
+def test_site_in_a_real_browser(built_site: Path):
+    """``docs/check_site.py`` on the built site in headless Chromium: maths typeset, images shown,
+    no request to another host. Screenshots go to ``site-check/``. Skipped when there is no
+    system Chromium (``apt-get install chromium``; ``.ci/run`` installs it where it can)."""
+    check = _load("check_site")
+    if check.find_chromium() is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium): browser check skipped")
+    pytest.importorskip("playwright")
+    rc = check.main([str(built_site), "--out", str(ROOT / "site-check")])
+    report = json.loads((ROOT / "site-check" / "report.json").read_text())
+    assert rc == 0, json.dumps(report, indent=1)
+    assert report["external_requests"] == [] and report["passed"]
+    assert (ROOT / "site-check" / "landing.png").is_file()

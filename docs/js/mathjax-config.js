@@ -1,13 +1,28 @@
-// MathJax settings for pymdownx.arithmatex (generic mode): \( \) inline, \[ \] / $$ display.
+// MathJax 2.7 (served from this site, see docs/hooks.py), set before MathJax.js loads.
+// pymdownx.arithmatex (generic) wraps page maths in .arithmatex as \( \) and \[ \]; notebook
+// markdown cells (inside .jupyter-wrapper) keep $ $ and $$ $$. Nothing else is typeset.
 window.MathJax = {
-  tex: {
-    inlineMath: [["\\(", "\\)"]],
-    displayMath: [["\\[", "\\]"]],
+  // the combined configuration shipped with the package (TeX input, HTML-CSS output)
+  config: ["TeX-AMS-MML_HTMLorMML-full.js"],
+  tex2jax: {
+    inlineMath: [["$", "$"], ["\\(", "\\)"]],
+    displayMath: [["$$", "$$"], ["\\[", "\\]"]],
     processEscapes: true,
     processEnvironments: true,
+    ignoreClass: "md-container",
+    processClass: "arithmatex|jupyter-wrapper",
   },
-  options: {
-    ignoreHtmlClass: ".*|",
-    processHtmlClass: "arithmatex",
+  "HTML-CSS": {
+    availableFonts: [],
+    preferredFont: null,
+    webFont: "STIX-Web",
+    imageFont: null,
+    linebreaks: { automatic: true },
   },
+  "fast-preview": { disabled: true },  // its preview uses TeX fonts the package does not ship
+  // its hidden MathML copy asks for TeX fonts the package does not ship
+  AssistiveMML: { disabled: true },
+  menuSettings: { assistiveMML: false },
+  showMathMenu: false,
+  messageStyle: "none",
 };
