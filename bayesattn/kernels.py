@@ -766,8 +766,9 @@ def cluster_topk_support(
        \lVert q\rVert r_c`, so the cluster's unnormalised posterior mass is at most
        :math:`u_{ic} = n_c\exp(s(q_i\cdot\mu_c + \lVert q_i\rVert r_c))` (the masks only lower it;
        with ``is_causal`` :math:`n_c` counts the cluster's keys :math:`j \le i`).
-       Each query probes the ``probes`` clusters (default :math:`\lceil C/8\rceil`) of largest
-       :math:`u_{ic}`, scores their keys exactly and keeps its ``topk`` best.
+       Each query probes the ``probes`` clusters (default :math:`\lceil C/8\rceil`) whose best
+       possible key scores highest, :math:`q_i\cdot\mu_c + \lVert q_i\rVert r_c`, scores their
+       keys exactly and keeps its ``topk`` best.
     3. With :math:`Z_S` the mass of the kept keys, :math:`Z_P` that of all probed keys and
        :math:`U_i = \sum_{c\ \text{not probed}} u_{ic}`, the dropped mass satisfies
        :math:`\delta_i \le 1 - Z_S / (Z_P + U_i)` (:math:`x/(a+x)` grows with :math:`x`): that is
@@ -846,12 +847,14 @@ def cluster_topk_support(
         qc = qf[:, s:e] * sc  # (N, n, D)
         with torch.no_grad():
             qd = qc.detach()
-            ub = (
-                torch.bmm(qd, mu.transpose(1, 2))
-                + qd.norm(dim=-1, keepdim=True) * radius.unsqueeze(1)
-                + (log_n.unsqueeze(1) if upto is None else upto[:, pos_c(s, e)].log())
-            )  # (N, n, C) log of the bound u_ic
-            probe = ub.topk(P, dim=-1).indices  # (N, n, P)
+            top_score = torch.bmm(qd, mu.transpose(1, 2)) + qd.norm(
+                dim=-1, keepdim=True
+            ) * radius.unsqueeze(1)  # (N, n, C) the highest score a key of c can have
+            log_nq = log_n.unsqueeze(1) if upto is None else upto[:, pos_c(s, e)].log()
+            ub = top_score + log_nq  # (N, n, C) log of the bound u_ic
+            # best first: the clusters whose best key could score highest (a lone needle key
+            # widens its cluster's radius, so that cluster is probed)
+            probe = top_score.masked_fill(log_nq == _NEG_INF, _NEG_INF).topk(P, dim=-1).indices
             rest = ub.scatter(-1, probe, _NEG_INF)
             log_u = torch.logsumexp(rest, dim=-1)  # (N, n)
             cand = members[ar, probe].reshape(N, e - s, P * cap)  # (N, n, M)
