@@ -766,9 +766,11 @@ def cluster_topk_support(
        \lVert q\rVert r_c`, so the cluster's unnormalised posterior mass is at most
        :math:`u_{ic} = n_c\exp(s(q_i\cdot\mu_c + \lVert q_i\rVert r_c))` (the masks only lower it;
        with ``is_causal`` :math:`n_c` counts the cluster's keys :math:`j \le i`).
-       Each query probes the ``probes`` clusters (default :math:`\lceil C/8\rceil`) whose best
-       possible key scores highest, :math:`q_i\cdot\mu_c + \lVert q_i\rVert r_c`, scores their
-       keys exactly and keeps its ``topk`` best.
+       Clusters are cut into buckets of at most :math:`\lceil T_k/C\rceil` keys (same centroid,
+       own radius and count), so every query scores the same number of candidates. Each query
+       probes the ``probes`` buckets (default 8) whose best possible key scores highest,
+       :math:`q_i\cdot\mu_c + \lVert q_i\rVert r_c`, scores their keys exactly and keeps its
+       ``topk`` best: :math:`8\lceil T_k/C\rceil \approx 8\sqrt{T_k}` scored keys per query.
     3. With :math:`Z_S` the mass of the kept keys, :math:`Z_P` that of all probed keys and
        :math:`U_i = \sum_{c\ \text{not probed}} u_{ic}`, the dropped mass satisfies
        :math:`\delta_i \le 1 - Z_S / (Z_P + U_i)` (:math:`x/(a+x)` grows with :math:`x`): that is
@@ -776,7 +778,7 @@ def cluster_topk_support(
 
     Masks: ``key_padding_mask`` (bool, ``True`` = padded, broadcastable to ``(…, Tk)``, e.g.
     ``(B, 1, Tk)`` for ``(B, H, ·, ·)`` inputs) and ``is_causal`` (key ``j > i`` dropped). Cost:
-    :math:`O(T(C + P\,T/C)D)` for balanced clusters instead of :math:`O(T^2 D)`.
+    :math:`O(T(C + P\,T/C)D) = O(T^{3/2} D)` instead of :math:`O(T^2 D)`.
 
     Shape:
         q ``(…, Tq, D)``, k ``(…, Tk, D)`` → logits/log_prior/index ``(…, Tq, K)`` with
@@ -793,7 +795,7 @@ def cluster_topk_support(
     C = check_int("num_clusters", num_clusters if num_clusters is not None else
                   math.ceil(math.sqrt(Tk)), 1)  # fmt: skip
     C = min(C, Tk)
-    P = min(check_int("probes", probes if probes is not None else math.ceil(C / 8), 1), C)
+    P = check_int("probes", probes if probes is not None else 8, 1)
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     N = math.prod(lead)
     qf = q.expand(lead + (Tq, D)).reshape(N, Tq, D)
@@ -818,26 +820,46 @@ def cluster_topk_support(
             .norm(dim=-1)
             .masked_fill(~valid, 0.0)
         )  # (N, Tk)
-        radius = torch.zeros(N, C + 1, dtype=kd.dtype, device=kd.device).scatter_reduce(
-            1, assign, dist, reduce="amax"
-        )[:, :C]  # (N, C)
-        # members of each cluster, padded with -1: (N, C, cap)
-        order = torch.argsort(assign, dim=-1, stable=True)  # (N, Tk)
+        # clusters cut into buckets of at most cap = ceil(Tk / C) keys (a big cluster becomes
+        # several buckets with its centroid), so every query scores exactly P·cap candidates
+        cap = max(math.ceil(Tk / C), 1)
+        order = torch.argsort(assign, dim=-1, stable=True)  # (N, Tk) keys sorted by cluster
         sa = assign.gather(1, order)
-        cap = max(int(cnt.max()), 1)
-        first = torch.cumsum(cnt, 1) - cnt  # (N, C) start of each cluster in the sorted order
-        first = torch.cat([first, first.new_zeros(N, 1)], 1)
-        rank = torch.arange(Tk, device=kd.device) - first.gather(1, sa).long()  # (N, Tk)
-        slot = torch.where(sa < C, sa * cap + rank.clamp(0, cap - 1), C * cap)
-        members = torch.full((N, C * cap + 1), -1, dtype=torch.long, device=kd.device)
-        members = members.scatter(1, slot, order)[:, : C * cap].view(N, C, cap)
-        log_n = cnt.log()  # -inf for empty clusters
-        upto = None  # causal: keys j <= i of each cluster, (N, Tk, C)
+        cnt_all = torch.cat([cnt, (~valid).sum(1, keepdim=True).to(cnt.dtype)], 1)  # (N, C+1)
+        first = (torch.cumsum(cnt_all, 1) - cnt_all).long()  # start of each cluster in order
+        rank = torch.arange(Tk, device=kd.device) - first.gather(1, sa)  # (N, Tk)
+        nb = torch.ceil(cnt / cap).long()  # (N, C) buckets per cluster
+        boff = torch.cumsum(nb, 1) - nb
+        NB = max(int(nb.sum(1).max()), 1)
+        bucket = torch.where(
+            sa < C,
+            boff.gather(1, sa.clamp_max(C - 1)) + torch.div(rank, cap, rounding_mode="floor"),
+            NB,
+        )  # (N, Tk) bucket of each sorted key; NB: padded keys
+        slot = torch.where(sa < C, bucket * cap + rank % cap, NB * cap)
+        members = torch.full((N, NB * cap + 1), -1, dtype=torch.long, device=kd.device)
+        members = members.scatter(1, slot, order)[:, : NB * cap].view(N, NB, cap)
+        ones = torch.ones_like(kd[..., 0])
+        b_cnt = torch.zeros(N, NB + 1, dtype=kd.dtype, device=kd.device)
+        b_cnt = b_cnt.scatter_add_(1, bucket, ones)[:, :NB]  # (N, NB)
+        b_clu = torch.zeros(N, NB + 1, dtype=torch.long, device=kd.device)
+        b_clu = b_clu.scatter(1, bucket, sa.clamp_max(C - 1))[:, :NB]  # cluster of each bucket
+        b_mu = mu.gather(1, b_clu.unsqueeze(-1).expand(N, NB, D))  # (N, NB, D)
+        b_rad = torch.zeros(N, NB + 1, dtype=kd.dtype, device=kd.device).scatter_reduce(
+            1, bucket, dist.gather(1, order), reduce="amax"
+        )[:, :NB]  # (N, NB) radius of each bucket around its centroid
+        log_n = b_cnt.log()  # -inf for empty buckets
+        upto = None  # causal: keys j <= i of each bucket, (N, Tk, NB)
         if is_causal:
-            onehot = torch.zeros(N, Tk, C + 1, dtype=kd.dtype, device=kd.device)
-            upto = onehot.scatter_(2, assign.unsqueeze(-1), 1.0)[..., :C].cumsum(1)
+            by_pos = torch.zeros_like(bucket).scatter(1, order, bucket)  # bucket of key j
+            onehot = torch.zeros(N, Tk, NB + 1, dtype=kd.dtype, device=kd.device)
+            upto = onehot.scatter_(2, by_pos.unsqueeze(-1), 1.0)[..., :NB].cumsum(1)
+        P = min(P, NB)
+        mu, radius = b_mu, b_rad
     logits, lps, idxs, bounds = [], [], [], []
     ar = torch.arange(N, device=q.device).view(N, 1, 1)
+    flat = (members.clamp_min(0) + ar * Tk).reshape(-1)
+    kb = kf.reshape(N * Tk, D).index_select(0, flat).view(N * NB, cap * D)  # keys by bucket
 
     def pos_c(s: int, e: int) -> Tensor:
         return torch.arange(s, e, device=q.device).clamp_max(Tk - 1)
@@ -857,12 +879,14 @@ def cluster_topk_support(
             probe = top_score.masked_fill(log_nq == _NEG_INF, _NEG_INF).topk(P, dim=-1).indices
             rest = ub.scatter(-1, probe, _NEG_INF)
             log_u = torch.logsumexp(rest, dim=-1)  # (N, n)
-            cand = members[ar, probe].reshape(N, e - s, P * cap)  # (N, n, M)
+            cand = members.gather(1, probe.reshape(N, -1, 1).expand(-1, -1, cap))
+            cand = cand.reshape(N, e - s, P * cap)  # (N, n, M) candidate keys, -1: none
             ok = cand >= 0
             if is_causal:
                 ok = ok & (cand <= torch.arange(s, e, device=q.device).view(1, -1, 1))
             cidx = cand.clamp_min(0)
-        kc = kf[ar, cidx]  # (N, n, M, D)
+        rows = (probe + ar * NB).reshape(-1)  # whole buckets: contiguous (cap·D) rows
+        kc = kb.index_select(0, rows).view(N, e - s, P * cap, D)  # (N, n, M, D)
         lg = torch.matmul(kc, qc.unsqueeze(-1)).squeeze(-1)  # (N, n, M)
         lp = torch.zeros(ok.shape, dtype=q.dtype, device=q.device).masked_fill(~ok, _NEG_INF)
         kk = min(topk, lg.shape[-1])

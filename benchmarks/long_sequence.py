@@ -4,7 +4,8 @@ For each length T (default 2k, 8k, 32k; B=1, E=256, H=8, one thread) and each pa
 
 * ``mean``    posterior-mean output only (``need_weights=False``; dense uses fused SDPA),
 * ``weights`` posterior-mean output *and* the weights (``need_weights=True``, per head),
-* ``S=8``     Dirichlet attention posterior, 8 weight draws in one pass (``num_samples=8``),
+* ``S=8``     a Bayesian layer (``--family``, default logistic-normal: drawing is cheap, so the
+              path measures attention, not a Gamma sampler), 8 weight draws in one pass,
 
 one ``BayesianMultiheadAttention`` runs dense and with each kernel (``local`` window 64,
 ``local_global`` window 64 + the token at position 0, ``topk`` k=64, ``cluster_topk`` k=64,
@@ -15,11 +16,13 @@ one ``BayesianMultiheadAttention`` runs dense and with each kernel (``local`` wi
   process's peak resident set (``getrusage`` maxrss, which sees torch's allocations) minus its
   resident set just before the call.
 * **Time**: per (path, T), one subprocess times every method that ran, alternately
-  (``_timing.interleaved``, median), so load drifts on a shared machine hit all alike.
+  (``_timing.interleaved``, median), so load drifts on a shared machine hit all alike. Cases too
+  slow to repeat (T > 8192, S=8 above T = 2048, or a first call over ``--slow-s`` seconds) are
+  timed by their single call in the memory subprocess (marked "single call").
 
 Not run (reported as such): dense/torch cases whose predicted peak (the last measured one of that
 path scaled by T²) exceeds ``--max-gib``; exact ``topk`` above ``--topk-max`` (it scores every key,
-O(T²) time); ``tiled`` S=8 above ``--tiled-draws-max`` (O(S·T²) draws, however little memory); the
+O(T²) time) and ``cluster_topk`` above ``--cluster-max`` (its gathers are slow on CPU); ``tiled`` S=8 above ``--tiled-draws-max`` (O(S·T²) draws, however little memory); the
 ``tiled`` weights path (its weights are the dense matrix, by request). Ratios: ``speed-up`` = baseline
 time / method time, ``mem`` = method peak / baseline peak. Results: printed, and
 ``benchmarks/results/long_sequence.json`` with ``long_sequence.png`` (time and memory against T).
@@ -56,6 +59,9 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+FAMILY = "logistic_normal"  # S=8 path; set by --family
+
+
 def make_call(method: str, path: str, T: int, E: int, H: int):
     """A no-argument function running one forward pass of ``method`` on ``path``."""
     import torch
@@ -78,7 +84,7 @@ def make_call(method: str, path: str, T: int, E: int, H: int):
     if method == "lowrank":
         opts["max_len"] = T
     kernel = get_kernel(method, **opts) if method != "dense" else None
-    fam = "dirichlet" if path == "S=8" else None
+    fam = FAMILY if path == "S=8" else None
     m = BayesianMultiheadAttention(E, H, batch_first=True, family=fam, kernel=kernel).eval()
 
     def call():
@@ -138,6 +144,8 @@ def _skip_reason(method: str, path: str, T: int, args, last: dict) -> str | None
         return "n/a (no posterior)"
     if method == "topk" and T > args.topk_max:
         return f"not run (T > {args.topk_max}: scores every key)"
+    if method == "cluster_topk" and T > args.cluster_max:
+        return f"not run (T > {args.cluster_max}: slow gathers on CPU)"
     if method == "tiled" and path == "weights":
         return "n/a (= dense: weights asked for)"
     if method == "tiled" and path == "S=8" and T > args.tiled_draws_max:
@@ -159,6 +167,9 @@ def main() -> None:
     ap.add_argument("--max-gib", type=float, default=8.0, help="skip dense cases predicted above")
     ap.add_argument("--topk-max", type=int, default=8192)
     ap.add_argument("--tiled-draws-max", type=int, default=2048)
+    ap.add_argument("--cluster-max", type=int, default=8192)
+    ap.add_argument("--slow-s", type=float, default=20.0, help="single-call timing above this")
+    ap.add_argument("--family", default="logistic_normal", help="family of the S=8 path")
     ap.add_argument("--methods", nargs="+", default=list(KERNELS), choices=list(KERNELS))
     ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     ap.add_argument("--out", default="long_sequence", help="results name (benchmarks/results/)")
@@ -166,6 +177,8 @@ def main() -> None:
     ap.add_argument("--mem", nargs=3, metavar=("METHOD", "PATH", "T"), help=argparse.SUPPRESS)
     ap.add_argument("--time", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global FAMILY
+    FAMILY = args.family
     if args.mem:
         method, path, T = args.mem
         print(json.dumps(run_memory(method, path, int(T), args.embed, args.heads)))
@@ -182,7 +195,7 @@ def main() -> None:
           f"{ {k: v for k, v in KERNELS.items() if v} }")  # fmt: skip
     res: dict[tuple[int, str, str], dict] = {}
     last: dict[tuple[str, str], tuple[int, int]] = {}
-    common = ["--embed", str(args.embed), "--heads", str(args.heads)]
+    common = ["--embed", str(args.embed), "--heads", str(args.heads), "--family", args.family]
     for T in lengths:
         for path in paths:
             ran = []
@@ -197,7 +210,12 @@ def main() -> None:
                 if "error" in r:
                     print(f"T={T:6d} {path:8s} {m:12s} FAILED: {r['error']}", flush=True)
                     continue
-                ran.append(m)
+                single = T > 8192 or (path == "S=8" and T > 2048) or r["first_call_s"] > args.slow_s
+                if single:
+                    r["ms"] = 1e3 * r["first_call_s"]
+                    r["timing"] = "single call"
+                else:
+                    ran.append(m)
                 if m in ("dense", "torch"):
                     last[(m, path)] = (T, max(r["peak_bytes"], 1))
                 print(f"T={T:6d} {path:8s} {m:12s} peak {_fmt_mem(r['peak_bytes'])} "
@@ -247,7 +265,13 @@ def report(res, lengths, paths, methods, args) -> None:
                 )
                 md = _ratio(res, T, path, m, "dense", "peak_bytes")
                 mt = _ratio(res, T, path, m, "torch", "peak_bytes")
-                note = r.get("skipped") or r.get("error") or r.get("time_error") or ""
+                note = (
+                    r.get("skipped")
+                    or r.get("error")
+                    or r.get("time_error")
+                    or r.get("timing")
+                    or ""
+                )
                 rows.append(
                     [T, path, m, ms, None if pk is None else pk / 2**20, sd, st, md, mt, note]
                 )

@@ -1,16 +1,22 @@
 r"""Attention kernels a :class:`~bayesattn.nn.attention.BayesianMultiheadAttention` can run on:
 thin modules over the pure functions of :mod:`bayesattn.kernels`.
 
-=====================  ==========================================  ============================
-kernel                 support of query ``i``                      cost (time / memory)
-=====================  ==========================================  ============================
-:class:`LocalKernel`   keys ``|i - j| <= window`` (a hard window   ``O(T·w)`` / ``O(T·w)``
-                       prior, computed block by block)
-:class:`TopKKernel`    its ``k`` most probable keys; the dropped   ``O(T²)`` / ``O(T·k)``
-                       posterior mass is reported
-:class:`LowRankKernel` ``rank`` learned mixtures of keys and       ``O(T·r)`` / ``O(T·r)``
-                       values along the sequence (Linformer)
-=====================  ==========================================  ============================
+==========================  ==========================================  =====================
+kernel                      support of query ``i``                      cost (time / memory)
+==========================  ==========================================  =====================
+:class:`LocalKernel`        keys ``|i - j| <= window`` (a hard window   ``O(T·w)`` / ``O(T·w)``
+                            prior, computed block by block)
+:class:`LocalGlobalKernel`  its window plus the global tokens; a        ``O(T·(w+G))`` /
+                            global token's query reads every key        ``O(T·(w+G))``
+:class:`TopKKernel`         its ``k`` most probable keys; the dropped   ``O(T²)`` / ``O(T·k)``
+                            posterior mass is reported
+:class:`ClusterTopKKernel`  ``k`` best keys of the k-means clusters it  ``O(T·√T)`` / ``O(T·k)``
+                            probes; a bound on the dropped mass
+:class:`TiledKernel`        every key (exact), queries in tiles; draws  ``O(T²)`` /
+                            made and read one tile at a time            ``O(S·tile·T)``
+:class:`LowRankKernel`      ``rank`` learned mixtures of keys and       ``O(T·r)`` / ``O(T·r)``
+                            values along the sequence (Linformer)
+==========================  ==========================================  =====================
 
 Every mode works on the support: posterior mean (``"mean"``), and draws of every family
 (``"guide"``, ``"model"``, ``"elbo"``), whose latent site then has event shape
@@ -21,7 +27,8 @@ torch's layout). ``record_weights`` stores dense weights (local, top-k) or the w
 
 Restrictions (a clear ``ValueError`` otherwise): no ``add_bias_kv``/``add_zero_attn``; the
 low-rank kernel takes only a ``key_padding_mask`` (a per-key prior, causal or ``attn_mask`` cannot
-be expressed on mixtures of keys) and at most ``max_len`` keys.
+be expressed on mixtures of keys) and at most ``max_len`` keys; the cluster top-k kernel takes a
+``key_padding_mask`` and ``is_causal`` only (its candidates are found per key).
 """
 
 from __future__ import annotations
@@ -439,8 +446,10 @@ _KERNELS: dict[str, type[AttentionKernel]] = {
 
 
 def get_kernel(name: KernelName | None, **kwargs: Any) -> AttentionKernel | None:
-    """Build a kernel by name: ``"local"`` (``window``), ``"topk"`` (``k``) or ``"lowrank"``
-    (``rank``, ``max_len``); ``"dense"`` or ``None`` give ``None`` (dense attention)."""
+    """Build a kernel by name: ``"local"`` (``window``), ``"local_global"`` (``window``,
+    ``global_tokens``), ``"topk"`` (``k``), ``"cluster_topk"`` (``k``, ``num_clusters``,
+    ``probes``), ``"tiled"`` (``tile``) or ``"lowrank"`` (``rank``, ``max_len``); ``"dense"`` or
+    ``None`` give ``None`` (dense attention)."""
     if name is None or name == "dense":
         if kwargs:
             raise ValueError(f"dense attention takes no kernel options; got {sorted(kwargs)}")
