@@ -420,6 +420,14 @@ def test_local_global_layer_equals_dense_layer_with_the_support_mask():
         atol=1e-6,
         rtol=0,
     )
+    # a key-relevance prior applies on the support (band, global keys and global rows)
+    alibi = DistanceDecayPrior(4)
+    d2 = BayesianMultiheadAttention(16, 4, batch_first=True, prior=alibi).double()
+    l2 = BayesianMultiheadAttention(
+        16, 4, batch_first=True, prior=alibi, kernel=LocalGlobalKernel(2, (0, 17), chunk_size=8)
+    ).double()
+    l2.load_state_dict(d2.state_dict(), strict=False)
+    torch.testing.assert_close(l2(x, x, x)[0], d2(x, x, x, attn_mask=mask)[0], atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="global_tokens"):
         LocalGlobalKernel(2, (-1,))
     with pytest.raises(ValueError, match="global_keys"):
