@@ -144,6 +144,8 @@ def _skip_reason(method: str, path: str, T: int, args, last: dict) -> str | None
         return "n/a (no posterior)"
     if method == "topk" and T > args.topk_max:
         return f"not run (T > {args.topk_max}: scores every key)"
+    if path == "S=8" and method not in args.s8_methods:
+        return "not run (--s8-methods)"
     if method == "cluster_topk" and T > args.cluster_max:
         return f"not run (T > {args.cluster_max}: slow gathers on CPU)"
     if method == "tiled" and path == "weights":
@@ -167,7 +169,9 @@ def main() -> None:
     ap.add_argument("--max-gib", type=float, default=8.0, help="skip dense cases predicted above")
     ap.add_argument("--topk-max", type=int, default=8192)
     ap.add_argument("--tiled-draws-max", type=int, default=2048)
-    ap.add_argument("--cluster-max", type=int, default=8192)
+    ap.add_argument("--cluster-max", type=int, default=2048)
+    ap.add_argument("--s8-methods", nargs="+", default=["dense", "local", "local_global", "tiled",
+                    "lowrank"], help="methods run in the S=8 path")  # fmt: skip
     ap.add_argument("--slow-s", type=float, default=20.0, help="single-call timing above this")
     ap.add_argument("--family", default="logistic_normal", help="family of the S=8 path")
     ap.add_argument("--methods", nargs="+", default=list(KERNELS), choices=list(KERNELS))

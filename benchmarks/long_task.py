@@ -166,7 +166,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--family", default=None, help="posterior family (default: deterministic)")
     ap.add_argument("--samples", type=int, default=8, help="posterior draws at evaluation")
-    ap.add_argument("--kinds", nargs="+", default=list(KINDS))
+    ap.add_argument("--kinds", nargs="*", default=list(KINDS))
+    ap.add_argument("--merge-from", nargs="+", default=[], metavar="JSON",
+                    help="earlier results files whose rows are kept (kinds run now replace "
+                         "theirs); with --kinds and nothing after it, only merges")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="T=256, 30 steps (smoke run)")
     ap.add_argument("--progress", action="store_true", help="tqdm bars from the subprocesses")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
@@ -179,9 +182,26 @@ def main() -> None:
         return
     lengths = args.lengths or [args.length]
     all_rows: dict[int, dict] = {}
-    for T in lengths:
-        all_rows[T] = _run_length(T, args)
+    for f in args.merge_from:
+        for T, kr in _read(f).items():
+            all_rows.setdefault(T, {}).update(kr)
+    for T in lengths if args.kinds else []:
+        all_rows.setdefault(T, {}).update(_run_length(T, args))
     _write(all_rows, args)
+
+
+def _read(path: str) -> dict[int, dict]:
+    """Rows of an earlier results file, as ``{T: {kind: result}}``."""
+    with open(path) as fh:
+        doc = json.load(fh)
+    main, dist = doc["tables"][0], doc["tables"][1]
+    out: dict[int, dict] = {}
+    for row in main["rows"]:
+        r = dict(zip(main["columns"], row, strict=True))
+        out.setdefault(r.pop("T"), {})[r.pop("kind")] = r
+    for row in dist["rows"]:
+        out[row[0]][row[1]]["acc_by_distance"] = row[2:]
+    return out
 
 
 def _run_length(T: int, args) -> dict:
