@@ -628,12 +628,14 @@ def local_global_support(
     lead = torch.broadcast_shapes(*(t.shape[:-2] for t in lps))
     lp_g = torch.cat([t.expand(lead + t.shape[-2:]) for t in lps], dim=-2)  # (…, Tq, G)
     assert band.log_prior is not None and band.index is not None  # local_support sets both
-    lead = torch.broadcast_shapes(band.log_prior.shape[:-2], lp_g.shape[:-2])
-    lp_all = torch.cat(
-        [band.log_prior.expand(lead + band.log_prior.shape[-2:]), lp_g.expand(lead + (Tq, G))], -1
-    )  # (…, Tq, K)
-    logits = torch.cat([band.logits, lg], dim=-1)  # (…, Tq, K)
-    index = torch.cat([band.index, gk.expand(Tq, G)], dim=-1)  # (Tq, K)
+    b_logits, b_lp, b_index = band.logits, band.log_prior, band.index
+    del band  # each band tensor is freed as soon as it is copied: peak 3, not 4, (…, Tq, K)
+    logits = torch.cat([b_logits, lg], dim=-1)  # (…, Tq, K)
+    del b_logits, lg
+    lead = torch.broadcast_shapes(b_lp.shape[:-2], lp_g.shape[:-2])
+    lp_all = torch.cat([b_lp.expand(lead + b_lp.shape[-2:]), lp_g.expand(lead + (Tq, G))], -1)
+    del b_lp
+    index = torch.cat([b_index, gk.expand(Tq, G)], dim=-1)  # (Tq, K)
     rows = _global_rows(gk, Tq)
     g_sup = None
     if rows is not None:
