@@ -180,9 +180,26 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="T = 256, 512 only (smoke run)")
     ap.add_argument("--mem", nargs=3, metavar=("METHOD", "PATH", "T"), help=argparse.SUPPRESS)
     ap.add_argument("--time", nargs="+", help=argparse.SUPPRESS)
+    ap.add_argument("--replot", metavar="JSON", help="only redraw the figure from a results file")
     args = ap.parse_args()
     global FAMILY
     FAMILY = args.family
+    if args.replot:  # redraw the figure from a results file
+        doc = json.load(open(args.replot))
+        t = doc["tables"][0]
+        res = {}
+        for row in t["rows"]:
+            r = dict(zip(t["columns"], row, strict=True))
+            if r["ms"] is not None:
+                res[(r["T"], r["path"], r["method"])] = {
+                    "ms": r["ms"], "peak_bytes": r["peak_mib"] * 2**20
+                }  # fmt: skip
+        lengths = sorted({k[0] for k in res})
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from _results import RESULTS_DIR
+
+        print(_figure(res, lengths, list(KERNELS), RESULTS_DIR, args.out))
+        return
     if args.mem:
         method, path, T = args.mem
         print(json.dumps(run_memory(method, path, int(T), args.embed, args.heads)))
@@ -346,10 +363,11 @@ def _figure(res, lengths, methods, out_dir, name) -> list[str]:
             ms = [(T, res.get((T, path, m), {}).get("peak_bytes")) for T in lengths]
             ts = [(T, v) for T, v in ts if v]
             ms = [(T, v / 2**20) for T, v in ms if v]
+            style = {"marker": "o", "label": m, "color": f"C{list(KERNELS).index(m)}"}
             if ts:
-                axes[0][j].plot(*zip(*ts, strict=True), marker="o", label=m)
+                axes[0][j].plot(*zip(*ts, strict=True), **style)
             if ms:
-                axes[1][j].plot(*zip(*ms, strict=True), marker="o", label=m)
+                axes[1][j].plot(*zip(*ms, strict=True), **style)
         axes[0][j].set_title(f"{path}: time per forward")
         axes[1][j].set_title(f"{path}: peak memory")
         axes[0][j].set_ylabel("ms")
@@ -358,7 +376,7 @@ def _figure(res, lengths, methods, out_dir, name) -> list[str]:
             axes[i][j].set_xscale("log", base=2)
             axes[i][j].set_yscale("log")
             axes[i][j].set_xlabel("T")
-    axes[0][1].legend(fontsize=8)
+    axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_dir / f"{name}.png", dpi=110)
