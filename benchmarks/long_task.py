@@ -16,7 +16,10 @@ held-out set at ``T``:
 ``--family dirichlet`` trains Bayesian attention (hybrid ELBO, analytic KL) instead and scores
 the posterior predictive of ``--samples`` draws.
 
-Usage: python benchmarks/long_task.py [--length 2048] [--steps 150] [--quick]
+Results (both lengths, every kind): ``benchmarks/results/long_task.json`` and
+``long_task_distance.png`` (accuracy against the needle's distance from the CLS token).
+
+Usage: python benchmarks/long_task.py [--lengths 2048 8192] [--steps 5] [--quick]
 """
 
 from __future__ import annotations
@@ -32,9 +35,13 @@ import time
 KINDS = {
     "dense": None,
     "local": {"window": 64},
+    "local_global": {"window": 64, "global_tokens": (0,)},  # position 0: the CLS token
     "topk": {"k": 16},
+    "cluster_topk": {"k": 16},
+    "tiled": {"tile": 512},
     "lowrank": {"rank": 64},
 }
+DISTANCE_BINS = 8  # accuracy against the needle's distance from the CLS token
 
 
 def _rss() -> int:
@@ -51,9 +58,7 @@ def build(kind: str, task, family: str | None, seed: int):
     kw = dict(KINDS[kind] or {})
     if kind == "lowrank":
         kw["max_len"] = task.x.shape[1] + 1  # + the CLS token
-    cfg = AttentionConfig(
-        family=family, kernel=None if kind == "dense" else kind, kernel_kwargs=kw
-    )
+    cfg = AttentionConfig(family=family, kernel=None if kind == "dense" else kind, kernel_kwargs=kw)
     torch.manual_seed(seed)
     return TransformerClassifier(
         task.num_classes,
@@ -126,7 +131,13 @@ def run_kind(kind: str, args) -> dict:
     near = test.pos < test.meta["near"]
     correct = (p.argmax(-1) == y).double()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    edges = torch.linspace(0, args.length, DISTANCE_BINS + 1)
+    by_dist = []
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        sel = (test.pos >= a) & (test.pos < b)
+        by_dist.append(float(correct[sel].mean()) if bool(sel.any()) else float("nan"))
     return {
+        "acc_by_distance": by_dist,
         "acc": float(correct.mean()),
         "acc_near": float(correct[near].mean()),
         "acc_far": float(correct[~near].mean()),
@@ -142,6 +153,9 @@ def run_kind(kind: str, args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--length", type=int, default=2048)
+    ap.add_argument("--lengths", type=int, nargs="+", default=None,
+                    help="run each length in turn (e.g. 2048 8192); one results file")  # fmt: skip
+    ap.add_argument("--out", default="long_task", help="results name (benchmarks/results/)")
     ap.add_argument("--pretrain-length", type=int, default=128, help="curriculum: short first")
     ap.add_argument("--pretrain-steps", type=int, default=150)
     ap.add_argument("--steps", type=int, default=5, help="training steps at --length")
@@ -152,7 +166,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--family", default=None, help="posterior family (default: deterministic)")
     ap.add_argument("--samples", type=int, default=8, help="posterior draws at evaluation")
-    ap.add_argument("--kinds", nargs="+", default=list(KINDS))
+    ap.add_argument("--kinds", nargs="*", default=list(KINDS))
+    ap.add_argument("--merge-from", nargs="+", default=[], metavar="JSON",
+                    help="earlier results files whose rows are kept (kinds run now replace "
+                         "theirs); with --kinds and nothing after it, only merges")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="T=256, 30 steps (smoke run)")
     ap.add_argument("--progress", action="store_true", help="tqdm bars from the subprocesses")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
@@ -163,17 +180,53 @@ def main() -> None:
     if args.one:
         print(json.dumps(run_kind(args.one, args)))
         return
+    lengths = args.lengths or [args.length]
+    all_rows: dict[int, dict] = {}
+    for f in args.merge_from:
+        for T, kr in _read(f).items():
+            all_rows.setdefault(T, {}).update(kr)
+    for T in lengths if args.kinds else []:
+        all_rows.setdefault(T, {}).update(_run_length(T, args))
+    _write(all_rows, args)
+
+
+def _read(path: str) -> dict[int, dict]:
+    """Rows of an earlier results file, as ``{T: {kind: result}}``."""
+    with open(path) as fh:
+        doc = json.load(fh)
+    main, dist = doc["tables"][0], doc["tables"][1]
+    out: dict[int, dict] = {}
+    for row in main["rows"]:
+        r = dict(zip(main["columns"], row, strict=True))
+        out.setdefault(r.pop("T"), {})[r.pop("kind")] = r
+    for row in dist["rows"]:
+        out[row[0]][row[1]]["acc_by_distance"] = row[2:]
+    return out
+
+
+def _run_length(T: int, args) -> dict:
+    args.length = T
     print(
-        f"needle retrieval, T={args.length}: {args.pretrain_steps} steps at T={args.pretrain_length}"
-        f" then {args.steps} at T={args.length}, batch {args.batch}, "
+        f"needle retrieval, T={T}: {args.pretrain_steps} steps at T={args.pretrain_length}"
+        f" then {args.steps} at T={T}, batch {args.batch}, "
         f"family={args.family or 'none (posterior mean)'}, seed {args.seed}, 1 thread"
     )
     rows = {}
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    skip = ("--progress", "--lengths", "--length", "--out")
+    argv, it = [], iter(sys.argv[1:])
+    for a in it:  # drop the multi-length options; each subprocess runs one length
+        if a in skip[1:]:
+            while True:
+                nxt = next(it, None)
+                if nxt is None or nxt.startswith("--"):
+                    if nxt is not None:
+                        argv.append(nxt)
+                    break
+        elif a != "--progress":
+            argv.append(a)
     for kind in args.kinds:
-        cmd = [sys.executable, __file__, "--one", kind] + [
-            a for a in sys.argv[1:] if a not in ("--progress",)
-        ]
+        cmd = [sys.executable, __file__, "--one", kind, "--length", str(T)] + argv
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode != 0:
             print(f"{kind}: FAILED\n{r.stderr[-2000:]}")
@@ -182,13 +235,64 @@ def main() -> None:
         print(f"  {kind} done", flush=True)
     cols = ["acc", "acc_near", "acc_far", "nll", "ece", "brier"]
     cost = ["train_ms_per_step", "eval_ms_per_example", "peak_mib"]
-    print(f"\n{'kind':8s} " + " ".join(f"{c:>8s}" for c in cols)
+    print(f"\n{'kind':12s} " + " ".join(f"{c:>8s}" for c in cols)
           + f" {'ms/step':>9s} {'ms/ex':>8s} {'peak MiB':>9s} {'step vs dense':>13s}")  # fmt: skip
     d = rows.get("dense")
     for kind, r in rows.items():
         rel = f"{r['train_ms_per_step'] / d['train_ms_per_step']:12.2f}x" if d else "-"
-        print(f"{kind:8s} " + " ".join(f"{r[c]:8.3f}" for c in cols)
+        print(f"{kind:12s} " + " ".join(f"{r[c]:8.3f}" for c in cols)
               + f" {r[cost[0]]:9.1f} {r[cost[1]]:8.2f} {r[cost[2]]:9.1f} {rel:>13s}")  # fmt: skip
+    return rows
+
+
+def _write(all_rows: dict[int, dict], args) -> None:
+    """benchmarks/results/<out>.json and a figure of accuracy against needle distance."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _results import RESULTS_DIR, table, write_results
+
+    cols = ["T", "kind", "acc", "acc_near", "acc_far", "nll", "ece", "brier",
+            "train_ms_per_step", "eval_ms_per_example", "peak_mib"]  # fmt: skip
+    rows = [[T, k] + [r[c] for c in cols[2:]] for T, kr in all_rows.items() for k, r in kr.items()]
+    dist_cols = ["T", "kind"] + [f"bin{i}" for i in range(DISTANCE_BINS)]
+    drows = [[T, k] + r["acc_by_distance"] for T, kr in all_rows.items() for k, r in kr.items()]
+    figures = []
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, len(all_rows), figsize=(5 * len(all_rows), 3.6), squeeze=False)
+        for ax, (T, kr) in zip(axes[0], all_rows.items(), strict=True):
+            centres = [(i + 0.5) * T / DISTANCE_BINS for i in range(DISTANCE_BINS)]
+            for k, r in kr.items():
+                ax.plot(centres, r["acc_by_distance"], marker="o", label=k)
+            ax.set_xlabel("needle distance from the CLS token")
+            ax.set_ylabel("accuracy")
+            ax.set_title(f"needle retrieval, T = {T}")
+            ax.set_ylim(0, 1.05)
+        axes[0][-1].legend(fontsize=8)
+        fig.tight_layout()
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        name = f"{args.out}_distance.png"
+        fig.savefig(RESULTS_DIR / name, dpi=110)
+        figures.append(name)
+    except ImportError:  # pragma: no cover - matplotlib is an optional extra
+        pass
+    path = write_results(
+        args.out,
+        "Needle retrieval at long T: accuracy and cost of each attention kind",
+        [
+            table("accuracy and cost (chance = 1/num_values)", cols, rows),
+            table(
+                f"accuracy by needle distance ({DISTANCE_BINS} equal bins of [0, T))",
+                dist_cols,
+                drows,
+            ),  # fmt: skip
+        ],
+        figures,
+    )
+    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":

@@ -19,16 +19,28 @@ from bayesattn.families import get_family
 from bayesattn.kernels import (
     SupportWeights,
     chunk_log_prior,
+    cluster_topk_support,
     dense_support_mask,
     local_attention,
+    local_global_support,
     local_support,
     lowrank_project,
     lowrank_support,
     support_attend,
+    tiled_attention,
+    tiled_posterior_read,
     topk_support,
 )
 from bayesattn.nn.blocks import AttentionConfig
-from bayesattn.nn.kernels import LocalKernel, LowRankKernel, TopKKernel, get_kernel
+from bayesattn.nn.kernels import (
+    ClusterTopKKernel,
+    LocalGlobalKernel,
+    LocalKernel,
+    LowRankKernel,
+    TiledKernel,
+    TopKKernel,
+    get_kernel,
+)
 from bayesattn.nn.networks import TransformerClassifier
 from bayesattn.priors import DistanceDecayPrior
 
@@ -224,8 +236,15 @@ def _dense_and_reduced(kind: str):
     kw = dict(batch_size=1, num_heads=2, tgt_len=9, src_len=9)
     dense = BF.mask_to_log_prior(None, kpm, **kw)
     fn = chunk_log_prior(None, kpm, **kw)
-    s = local_support(q, k, 2, fn, chunk_size=4) if kind == "local" else topk_support(q, k, 4, fn)
+    if kind == "local":
+        s = local_support(q, k, 2, fn, chunk_size=4)
+    elif kind == "local_global":
+        s = local_global_support(q, k, 1, torch.tensor([0, 6]), fn, chunk_size=4)
+    else:
+        s = topk_support(q, k, 4, fn)
     restricted = dense + dense_support_mask(s).float()  # (1, 2, 9, 9)
+    if s.global_rows is not None:  # the main support leaves the global rows empty (read densely)
+        restricted = restricted.index_fill(-2, s.global_rows, float("-inf"))
     return q, BF.attention_logits(q, k), restricted, s
 
 
@@ -237,7 +256,7 @@ def _scatter(latent_red: torch.Tensor, s, like: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("kind", ["local", "topk"])
+@pytest.mark.parametrize("kind", ["local", "local_global", "topk"])
 def test_family_on_support_is_the_dense_family_restricted_to_it(family, kind):
     torch.manual_seed(0)
     fam = get_family(family, num_heads=2, head_dim=8)
@@ -252,7 +271,8 @@ def test_family_on_support_is_the_dense_family_restricted_to_it(family, kind):
             d_den = fam.model(restricted, logits)
         lat = d_red.rsample((50,))  # (50, 1, 2, 9, K)
         w = fam.to_weights(lat, allowed)
-        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-5, rtol=0)
+        live = allowed.any(-1).float().expand(w.shape[:-1])  # local_global: global rows empty
+        torch.testing.assert_close(w.sum(-1), live, atol=1e-5, rtol=0)
         assert bool((w.masked_fill(allowed, 0.0) == 0).all())  # nothing on empty slots
         # same draws have the same density under the dense family restricted to the same keys
         lat_dense = _scatter(lat, s, logits)
@@ -279,7 +299,7 @@ def test_dirichlet_mean_on_support_is_the_exact_restricted_posterior():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("kernel", ["local", "topk", "lowrank"])
+@pytest.mark.parametrize("kernel", ["local", "local_global", "topk", "cluster_topk", "lowrank"])
 def test_layer_samples_on_support_in_every_mode(family, kernel):
     torch.manual_seed(0)
     kern = get_kernel(kernel, **({"max_len": 32} if kernel == "lowrank" else {}))
@@ -292,7 +312,10 @@ def test_layer_samples_on_support_in_every_mode(family, kernel):
         assert y.shape == (3, 2, 20, 16)
         K = w.weights.shape[-1]
         assert tr.nodes["latent"]["value"].shape[-3:] == (4, 20, K)
-        torch.testing.assert_close(w.weights.sum(-1), torch.ones(3, 2, 4, 20), atol=1e-5, rtol=0)
+        rows = w.weights if w.index is None else w.to_dense()  # with the global rows
+        torch.testing.assert_close(rows.sum(-1), torch.ones(rows.shape[:-1]), atol=1e-5, rtol=0)
+        if kernel == "local_global":  # the CLS row is its own site, over every key
+            assert tr.nodes["global/latent"]["value"].shape[-3:] == (4, 1, 20)
     with collect_kl() as col:
         y, _ = m(x, x, x, num_samples=2)
     (y.sum() + col.total().sum()).backward()
@@ -337,3 +360,229 @@ def test_state_dict_of_torch_mha_loads_and_bad_options_raise():
     b = BayesianMultiheadAttention(16, 4, batch_first=True, add_bias_kv=True, kernel="local")
     with pytest.raises(ValueError, match="add_bias_kv"):
         b(x, x, x)
+
+
+# ------------------------------------------------------------------------- local + global
+def _local_global_mask(T, window, glob):
+    """Independent reference: 0 where query i may read key j (band, global key, global query)."""
+    i, j = torch.arange(T).unsqueeze(-1), torch.arange(T)
+    g = torch.zeros(T, dtype=torch.bool)
+    g[list(glob)] = True
+    ok = ((i - j).abs() <= window) | g[j] | g.unsqueeze(-1)
+    return torch.zeros(T, T, dtype=torch.float64).masked_fill(~ok, float("-inf"))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("chunk", [6, None])
+def test_local_global_equals_dense_attention_on_the_same_support(causal, chunk):
+    q, k, v = qkv()
+    glob = [0, 5, 20]
+    dense, fn = masks(2, 3, 37, causal)
+    lp = dense + _local_global_mask(37, 3, glob)
+    out_d, w_d = BF.attention(q, k, v, lp)
+    s = local_global_support(q, k, 3, torch.tensor(glob), fn, chunk_size=chunk)
+    assert s.logits.shape == (2, 3, 37, 7 + 3) and s.global_support.logits.shape == (2, 3, 3, 37)
+    torch.testing.assert_close(dense + dense_support_mask(s), lp.expand_as(w_d))
+    w, gw = s.posterior_weights(), s.global_support.posterior_weights()
+    sw = SupportWeights(w, s.index, 37, global_rows=s.global_rows, global_weights=gw)
+    torch.testing.assert_close(sw.to_dense(), w_d, atol=1e-6, rtol=0)
+    torch.testing.assert_close(support_attend(w, s, v, chunk_size=chunk), out_d, atol=1e-6, rtol=0)
+    out_f = local_attention(q, k, v, 3, fn, chunk_size=chunk, global_keys=torch.tensor(glob))
+    torch.testing.assert_close(out_f, out_d, atol=1e-6, rtol=0)
+    # each key appears once in a support: a global key inside the band is not repeated
+    ok = s.allowed().expand(s.logits.shape)
+    idx = s.index.expand(ok.shape).masked_fill(~ok, -1)
+    srt = idx.sort(-1).values
+    assert bool(((srt[..., 1:] != srt[..., :-1]) | (srt[..., 1:] < 0)).all())
+
+
+def test_local_global_layer_equals_dense_layer_with_the_support_mask():
+    torch.manual_seed(0)
+    x = torch.randn(2, 30, 16, dtype=torch.float64)
+    mask = _local_global_mask(30, 2, [0, 17])
+    dense = BayesianMultiheadAttention(16, 4, batch_first=True).double()
+    lg = BayesianMultiheadAttention(
+        16, 4, batch_first=True, kernel=LocalGlobalKernel(2, (0, 17), chunk_size=8)
+    ).double()
+    lg.load_state_dict(dense.state_dict())
+    y_d, w_d = dense(x, x, x, attn_mask=mask, average_attn_weights=False)
+    y_l, w_l = lg(x, x, x, average_attn_weights=False)
+    torch.testing.assert_close(y_l, y_d, atol=1e-6, rtol=0)
+    torch.testing.assert_close(w_l.to_dense(), w_d, atol=1e-6, rtol=0)
+    torch.testing.assert_close(lg(x, x, x, need_weights=False)[0], y_d, atol=1e-6, rtol=0)
+    # CLS read-out: one query row (position 0, global) reads every key, as dense does
+    torch.testing.assert_close(lg(x[:, :1], x, x)[0], dense(x[:, :1], x, x)[0], atol=1e-6, rtol=0)
+    kpm = torch.zeros(2, 30, dtype=torch.bool)
+    kpm[1, 20:] = True
+    torch.testing.assert_close(
+        lg(x, x, x, key_padding_mask=kpm)[0],
+        dense(x, x, x, key_padding_mask=kpm, attn_mask=mask)[0],
+        atol=1e-6,
+        rtol=0,
+    )
+    # a key-relevance prior applies on the support (band, global keys and global rows)
+    alibi = DistanceDecayPrior(4)
+    d2 = BayesianMultiheadAttention(16, 4, batch_first=True, prior=alibi).double()
+    l2 = BayesianMultiheadAttention(
+        16, 4, batch_first=True, prior=alibi, kernel=LocalGlobalKernel(2, (0, 17), chunk_size=8)
+    ).double()
+    l2.load_state_dict(d2.state_dict(), strict=False)
+    torch.testing.assert_close(l2(x, x, x)[0], d2(x, x, x, attn_mask=mask)[0], atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="global_tokens"):
+        LocalGlobalKernel(2, (-1,))
+    with pytest.raises(ValueError, match="global_keys"):
+        local_global_support(x[None], x[None], 2, torch.tensor([0.5]))
+
+
+# ------------------------------------------------------------------ top-k through clusters
+def _clustered(T=256, D=8, C=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    centres = 3 * torch.randn(C, D, generator=g, dtype=torch.float64)
+    k = centres[torch.randint(0, C, (2, 2, T), generator=g)] + 0.3 * torch.randn(
+        2, 2, T, D, generator=g, dtype=torch.float64
+    )
+    q = centres[torch.randint(0, C, (2, 2, T), generator=g)] + 0.3 * torch.randn(
+        2, 2, T, D, generator=g, dtype=torch.float64
+    )
+    v = torch.randn(2, 2, T, D, generator=g, dtype=torch.float64)
+    return q, k, v
+
+
+def test_cluster_topk_probing_every_cluster_is_exact_topk():
+    q, k, v = qkv()
+    exact = topk_support(q, k, 6)
+    s = cluster_topk_support(q, k, 6, num_clusters=5, probes=100)  # every bucket
+    assert torch.equal(s.index.sort(-1).values, exact.index.sort(-1).values)
+    torch.testing.assert_close(s.dropped_mass, exact.dropped_mass, atol=1e-9, rtol=0)
+    torch.testing.assert_close(
+        support_attend(s.posterior_weights(), s, v),
+        support_attend(exact.posterior_weights(), exact, v),
+        atol=1e-9,
+        rtol=0,
+    )
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cluster_topk_recall_and_its_bound_holds(causal):
+    q, k, v = _clustered()
+    T = 256
+    kpm = torch.zeros(2, 1, T, dtype=torch.bool)
+    kpm[1, 0, -30:] = True
+    s = cluster_topk_support(q, k, 8, key_padding_mask=kpm, is_causal=causal, probes=4)
+    lp = torch.zeros(2, 1, 1, T, dtype=torch.float64).masked_fill(kpm[:, :, None], float("-inf"))
+    if causal:
+        lp = lp + BF.causal_log_prior(T, T).double()
+    exact = topk_support(q, k, 8, lambda a, b, idx: lp[..., a:b, :].expand(2, 1, b - a, T))
+    ok = s.allowed().expand(s.logits.shape)
+    ex_ok = exact.allowed().expand(exact.logits.shape)
+    mine = SupportWeights(ok.double(), s.index, T).to_dense() > 0
+    best = SupportWeights(ex_ok.double(), exact.index, T).to_dense() > 0
+    recall = (mine & best).sum() / best.sum()
+    # clustered keys: candidates hold nearly every true top-8 key (causal: 0.918 measured)
+    assert float(recall) > (0.9 if causal else 0.95)
+    assert s.index.shape[-1] == 8 and float(s.index.max()) < T
+    # the reported bound is >= the mass actually dropped (dense posterior), for every query
+    w_full = BF.posterior_weights(BF.attention_logits(q, k), lp)
+    dropped = 1 - (w_full * mine).sum(-1)
+    assert bool((s.dropped_mass >= dropped - 1e-9).all())
+    assert float(s.dropped_mass.min()) >= 0 and float(s.dropped_mass.max()) <= 1
+    # ... and so bounds the read's error against exact dense attention
+    err = (support_attend(s.posterior_weights(), s, v) - BF.attend(w_full, v)).norm(dim=-1)
+    assert bool((err <= 2 * s.dropped_mass * v.norm(dim=-1).amax(-1, keepdim=True) + 1e-9).all())
+
+
+def test_cluster_topk_layer_masks_and_refusals():
+    torch.manual_seed(0)
+    m = BayesianMultiheadAttention(16, 4, batch_first=True, kernel=ClusterTopKKernel(4, 3, 100))
+    d = BayesianMultiheadAttention(16, 4, batch_first=True, kernel=TopKKernel(4))
+    d.load_state_dict(m.state_dict())
+    x = torch.randn(2, 24, 16)
+    kpm = torch.zeros(2, 24, dtype=torch.bool)
+    kpm[0, 10:] = True
+    # every cluster probed: the layer equals exact top-k (padding included)
+    y, w = m(x, x, x, key_padding_mask=kpm)
+    y_d, w_d = d(x, x, x, key_padding_mask=kpm)
+    torch.testing.assert_close(y, y_d, atol=1e-5, rtol=0)
+    torch.testing.assert_close(w.dropped_mass, w_d.dropped_mass, atol=1e-5, rtol=0)
+    causal = torch.ones(24, 24, dtype=torch.bool).triu(1)  # torch: the hint stands for the mask
+    kw = dict(attn_mask=causal, is_causal=True, need_weights=False)
+    torch.testing.assert_close(m(x, x, x, **kw)[0], d(x, x, x, **kw)[0], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="attn_mask"):
+        m(x, x, x, attn_mask=torch.zeros(24, 24))
+    p = BayesianMultiheadAttention(16, 4, prior=DistanceDecayPrior(4), kernel="cluster_topk")
+    with pytest.raises(ValueError, match="DistanceDecayPrior"):
+        p(x[0], x[0], x[0])
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        cluster_topk_support(x[None], x[None], 2, key_padding_mask=torch.zeros(1, 24))
+
+
+# ------------------------------------------------------------- tiled exact attention, O(T)
+def test_tiled_attention_and_tiled_reads_equal_dense():
+    q, k, v = qkv()
+    dense, fn = masks(2, 3, 37, True)
+    out_d, w_d = BF.attention(q, k, v, dense)
+    torch.testing.assert_close(tiled_attention(q, k, v, fn, tile=5), out_d, atol=1e-9, rtol=0)
+    torch.testing.assert_close(tiled_attention(q, k, v, tile=8), BF.attention(q, k, v)[0])
+
+    def mean_draws(lg, lp, qt):  # S = 2 copies of the exact posterior of the tile
+        return BF.posterior_weights(lg, lp).expand((2,) + lg.shape)
+
+    out = tiled_posterior_read(q, k, v, mean_draws, fn, tile=6)
+    torch.testing.assert_close(out, out_d.expand((2,) + out_d.shape), atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["dirichlet", "logistic_normal"])
+def test_tiled_layer_draws_are_the_dense_family_per_tile(family):
+    """Tile sites concatenated = one draw of the dense layer's family: same density, and the
+    read equals the dense read of those weights."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 21, 16, dtype=torch.float64)
+    m = BayesianMultiheadAttention(
+        16, 4, batch_first=True, family=family, kernel=TiledKernel(tile=8)
+    ).double()
+    with attention_mode("guide"):
+        tr = pyro.poutine.trace(lambda: m(x, x, x, need_weights=False, num_samples=3)).get_trace()
+        y = tr.nodes["_RETURN"]["value"][0]
+        names = [n for n, s in tr.nodes.items() if s["type"] == "sample"]
+        assert names == ["tile0/latent", "tile8/latent", "tile16/latent"]
+        lat = torch.cat([tr.nodes[n]["value"] for n in names], dim=-2)  # (3, 2, 4, 21, 21)
+        tr.compute_log_prob()
+        lp_tiles = sum(tr.nodes[n]["log_prob"] for n in names)
+        # the same latent through the dense layer's own site
+        dense = BayesianMultiheadAttention(16, 4, batch_first=True, family=family).double()
+        dense.load_state_dict(m.state_dict())
+        cond = pyro.poutine.condition(data={"latent": lat})
+        t2 = pyro.poutine.trace(cond(lambda: dense(x, x, x, num_samples=3))).get_trace()
+    t2.compute_log_prob()
+    torch.testing.assert_close(t2.nodes["latent"]["log_prob"], lp_tiles, atol=1e-6, rtol=1e-9)
+    torch.testing.assert_close(t2.nodes["_RETURN"]["value"][0], y, atol=1e-9, rtol=0)
+    with collect_kl() as col:
+        m(x, x, x, need_weights=False, num_samples=2)
+    assert col.total().shape == (2, 2)
+
+
+# ------------------------------------------------------------------ empty and dead inputs
+@pytest.mark.parametrize(
+    "kernel", ["local", "local_global", "topk", "cluster_topk", "tiled", "lowrank"]
+)
+def test_zero_length_and_fully_padded_inputs_behave_like_dense(kernel):
+    torch.manual_seed(0)
+    dense = BayesianMultiheadAttention(16, 4, batch_first=True)
+    m = BayesianMultiheadAttention(16, 4, batch_first=True, kernel=kernel)
+    m.load_state_dict(dense.state_dict(), strict=False)
+    for tq, tk in ((0, 0), (0, 5), (3, 0)):
+        q, kv = torch.randn(2, tq, 16), torch.randn(2, tk, 16)
+        y, w = m(q, kv, kv)
+        assert y.shape == (2, tq, 16)
+        torch.testing.assert_close(y, dense(q, kv, kv)[0])  # no key: zeros (+ output bias)
+        assert w.weights.shape[:3] == (2, 4, tq)
+    x = torch.randn(2, 6, 16)
+    kpm = torch.zeros(2, 6, dtype=torch.bool)
+    kpm[1] = True  # every key of the second sequence padded
+    with torch.no_grad():
+        y, w = m(x, x, x, key_padding_mask=kpm)
+        y_d = dense(x, x, x, key_padding_mask=kpm)[0]
+    torch.testing.assert_close(y[1], y_d[1], atol=1e-5, rtol=0)  # no key: out_proj's bias
+    assert float(w.weights[1].abs().max()) == 0.0  # no weight anywhere, as in dense attention
+    rows = w.weights[0] if w.index is None else w.to_dense()[0]
+    torch.testing.assert_close(rows.sum(-1), torch.ones(rows.shape[:-1]))

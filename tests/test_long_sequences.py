@@ -65,6 +65,25 @@ def test_long_task_toy_run_for_every_kernel():
     assert math.isfinite(r["nll"])
 
 
+def test_long_sequence_benchmark_runs_every_method_and_path():
+    spec = importlib.util.spec_from_file_location(
+        "long_sequence", ROOT / "benchmarks" / "long_sequence.py"
+    )
+    ls = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ls)
+    outs = {}
+    for method in ls.KERNELS:
+        for path in ls.PATHS:
+            if method == "torch" and path == "S=8":
+                continue
+            y = ls.make_call(method, path, 40, 16, 2)()[0]
+            assert y.shape == ((8, 1, 40, 16) if path == "S=8" else (1, 40, 16))
+            outs[(method, path)] = y
+    # exact kinds agree with dense on the posterior mean (same seed, same weights)
+    for m in ("tiled", "topk"):  # k = 64 >= T: every key
+        torch.testing.assert_close(outs[(m, "mean")], outs[("dense", "mean")], atol=1e-5, rtol=0)
+
+
 # ------------------------------------------------------------------------------- geometry
 def _vit(family="dirichlet", layers=2):
     torch.manual_seed(0)

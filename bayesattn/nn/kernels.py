@@ -1,16 +1,22 @@
 r"""Attention kernels a :class:`~bayesattn.nn.attention.BayesianMultiheadAttention` can run on:
 thin modules over the pure functions of :mod:`bayesattn.kernels`.
 
-=====================  ==========================================  ============================
-kernel                 support of query ``i``                      cost (time / memory)
-=====================  ==========================================  ============================
-:class:`LocalKernel`   keys ``|i - j| <= window`` (a hard window   ``O(T·w)`` / ``O(T·w)``
-                       prior, computed block by block)
-:class:`TopKKernel`    its ``k`` most probable keys; the dropped   ``O(T²)`` / ``O(T·k)``
-                       posterior mass is reported
-:class:`LowRankKernel` ``rank`` learned mixtures of keys and       ``O(T·r)`` / ``O(T·r)``
-                       values along the sequence (Linformer)
-=====================  ==========================================  ============================
+==========================  ==========================================  =====================
+kernel                      support of query ``i``                      cost (time / memory)
+==========================  ==========================================  =====================
+:class:`LocalKernel`        keys ``|i - j| <= window`` (a hard window   ``O(T·w)`` / ``O(T·w)``
+                            prior, computed block by block)
+:class:`LocalGlobalKernel`  its window plus the global tokens; a        ``O(T·(w+G))`` /
+                            global token's query reads every key        ``O(T·(w+G))``
+:class:`TopKKernel`         its ``k`` most probable keys; the dropped   ``O(T²)`` / ``O(T·k)``
+                            posterior mass is reported
+:class:`ClusterTopKKernel`  ``k`` best keys of the k-means clusters it  ``O(T·√T)`` / ``O(T·k)``
+                            probes; a bound on the dropped mass
+:class:`TiledKernel`        every key (exact), queries in tiles; draws  ``O(T²)`` /
+                            made and read one tile at a time            ``O(S·tile·T)``
+:class:`LowRankKernel`      ``rank`` learned mixtures of keys and       ``O(T·r)`` / ``O(T·r)``
+                            values along the sequence (Linformer)
+==========================  ==========================================  =====================
 
 Every mode works on the support: posterior mean (``"mean"``), and draws of every family
 (``"guide"``, ``"model"``, ``"elbo"``), whose latent site then has event shape
@@ -21,7 +27,8 @@ torch's layout). ``record_weights`` stores dense weights (local, top-k) or the w
 
 Restrictions (a clear ``ValueError`` otherwise): no ``add_bias_kv``/``add_zero_attn``; the
 low-rank kernel takes only a ``key_padding_mask`` (a per-key prior, causal or ``attn_mask`` cannot
-be expressed on mixtures of keys) and at most ``max_len`` keys.
+be expressed on mixtures of keys) and at most ``max_len`` keys; the cluster top-k kernel takes a
+``key_padding_mask`` and ``is_causal`` only (its candidates are found per key).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
+from pyro.contrib.autoname import scope
 from torch import Tensor, nn
 
 from .. import kernels as K
@@ -43,7 +51,10 @@ if TYPE_CHECKING:
 __all__ = [
     "AttentionKernel",
     "LocalKernel",
+    "LocalGlobalKernel",
     "TopKKernel",
+    "ClusterTopKKernel",
+    "TiledKernel",
     "LowRankKernel",
     "get_kernel",
     "kernel_attention",
@@ -55,6 +66,7 @@ class AttentionKernel(nn.Module):
 
     name = "dense"
     supports_masks = True  # attn_mask, is_causal and key-relevance priors
+    supports_causal = True  # is_causal (when supports_masks is False)
 
     def support(
         self,
@@ -78,6 +90,21 @@ class AttentionKernel(nn.Module):
     ) -> Tensor | None:
         """Posterior-mean output without weights (a faster path), or ``None`` to use the
         support."""
+        return None
+
+    def sample_output(
+        self,
+        layer: Any,
+        mode: str,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        log_prior: K.ChunkLogPrior | None,
+        num_samples: int | None,
+        dropout_p: float,
+    ) -> Tensor | None:
+        """Output of posterior draws without returning weights (a leaner path), or ``None`` to
+        draw on the whole support."""
         return None
 
 
@@ -130,6 +157,73 @@ class LocalKernel(AttentionKernel):
         return f"window={self.window}"
 
 
+class LocalGlobalKernel(AttentionKernel):
+    r"""Local + global attention (Longformer, BigBird's window and global parts): query ``i``
+    reads keys ``|i - j| <= window`` and the ``global_tokens`` (positions, default ``(0,)``: a CLS
+    token prepended by the network); the global tokens' own queries read every key.
+
+    Equal to dense attention under the log-prior that is 0 on that support and ``-inf`` off it
+    (:func:`bayesattn.kernels.dense_support_mask`), at :math:`O(T(w + G))` cost. In the stochastic
+    modes the global queries' rows are a second latent site, ``global/<layer>.latent``, of event
+    shape ``(H, Gq, Tk)``."""
+
+    name = "local_global"
+
+    def __init__(
+        self,
+        window: int = 64,
+        global_tokens: tuple[int, ...] | list[int] = (0,),
+        chunk_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.window = check_int("window", window, 0)
+        self.chunk_size = check_int("chunk_size", chunk_size, 1, allow_none=True)
+        toks = tuple(int(check_int("global_tokens", t, 0)) for t in global_tokens)
+        self.global_tokens = toks
+
+    def _keys(self, device: torch.device) -> Tensor | None:
+        if not self.global_tokens:
+            return None
+        return torch.tensor(self.global_tokens, dtype=torch.long, device=device)
+
+    def support(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        log_prior: K.ChunkLogPrior | None,
+        key_padding_mask: Tensor | None,
+    ) -> tuple[K.ReducedSupport, Tensor]:
+        s = K.local_global_support(
+            q, k, self.window, self._keys(q.device), log_prior, chunk_size=self.chunk_size
+        )
+        return s, v
+
+    def mean_output(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        log_prior: K.ChunkLogPrior | None,
+        key_padding_mask: Tensor | None,
+        dropout_p: float,
+    ) -> Tensor:
+        return K.local_attention(
+            q,
+            k,
+            v,
+            self.window,
+            log_prior,
+            chunk_size=self.chunk_size,
+            dropout_p=dropout_p,
+            training=dropout_p > 0,
+            global_keys=self._keys(q.device),
+        )
+
+    def extra_repr(self) -> str:
+        return f"window={self.window}, global_tokens={self.global_tokens}"
+
+
 class TopKKernel(AttentionKernel):
     r"""Sparse top-k attention: each query reads the exact posterior restricted to its ``k``
     most probable keys; the dropped mass of the last call is kept in ``last_dropped_mass``
@@ -159,6 +253,127 @@ class TopKKernel(AttentionKernel):
         return f"k={self.k}"
 
 
+class ClusterTopKKernel(AttentionKernel):
+    r"""Top-k without scoring every key (routing attention): keys are clustered by k-means, each
+    query scores the keys of its ``probes`` most promising clusters and keeps its ``k`` best
+    (:func:`bayesattn.kernels.cluster_topk_support`). ``last_dropped_mass`` ``(…, B, H, Tq)``
+    holds an *upper bound* on the posterior mass each query dropped. Takes a
+    ``key_padding_mask`` and ``is_causal``, not an ``attn_mask`` or a key-relevance prior."""
+
+    name = "cluster_topk"
+    supports_masks = False
+
+    def __init__(
+        self,
+        k: int = 64,
+        num_clusters: int | None = None,
+        probes: int | None = None,
+        iters: int = 4,
+        chunk_size: int = 64,
+    ) -> None:
+        super().__init__()
+        self.k = check_int("k", k, 1)
+        self.num_clusters = check_int("num_clusters", num_clusters, 1, allow_none=True)
+        self.probes = check_int("probes", probes, 1, allow_none=True)
+        self.iters = check_int("iters", iters, 0)
+        self.chunk_size = check_int("chunk_size", chunk_size, 1)
+        self.last_dropped_mass: Tensor | None = None
+        self.is_causal = False  # set per call by kernel_attention
+
+    def support(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        log_prior: K.ChunkLogPrior | None,
+        key_padding_mask: Tensor | None,
+    ) -> tuple[K.ReducedSupport, Tensor]:
+        kpm = None
+        if key_padding_mask is not None:
+            kpm = _bool_padding(key_padding_mask).unsqueeze(-2)  # (B, 1, Tk)
+        s = K.cluster_topk_support(
+            q, k, self.k, key_padding_mask=kpm, is_causal=self.is_causal,
+            num_clusters=self.num_clusters, probes=self.probes, iters=self.iters,
+            chunk_size=self.chunk_size,
+        )  # fmt: skip
+        self.last_dropped_mass = s.dropped_mass
+        return s, v
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}, num_clusters={self.num_clusters}, probes={self.probes}"
+
+
+class TiledKernel(AttentionKernel):
+    r"""Exact dense attention in :math:`O(T)` memory: the posterior mean runs in query tiles of
+    ``tile`` rows (fused attention per tile), and in the stochastic modes each tile's weights are
+    drawn, read and dropped before the next (rows are independent given the logits), so ``S``
+    draws cost :math:`O(S\cdot\text{tile}\cdot T)` memory, never :math:`O(S T^2)`. Each tile is
+    its own latent site ``tile<start>/<layer>.latent`` (event shape ``(H, tile, Tk)``); in
+    ``"elbo"`` mode the KL is summed over tiles. The weights (all of them, ``(…, Tq, Tk)``) are
+    formed only when asked (``need_weights=True`` or ``record_weights``)."""
+
+    name = "tiled"
+
+    def __init__(self, tile: int = 512) -> None:
+        super().__init__()
+        self.tile = check_int("tile", tile, 1)
+
+    def support(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        log_prior: K.ChunkLogPrior | None,
+        key_padding_mask: Tensor | None,
+    ) -> tuple[K.ReducedSupport, Tensor]:
+        return K.dense_support(q, k, log_prior), v
+
+    def mean_output(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        log_prior: K.ChunkLogPrior | None,
+        key_padding_mask: Tensor | None,
+        dropout_p: float,
+    ) -> Tensor:
+        return K.tiled_attention(q, k, v, log_prior, tile=self.tile, dropout_p=dropout_p)
+
+    def sample_output(
+        self,
+        layer: Any,
+        mode: str,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        log_prior: K.ChunkLogPrior | None,
+        num_samples: int | None,
+        dropout_p: float,
+    ) -> Tensor | None:
+        if q.shape[-2] == 0:
+            return None
+        start = [0]
+
+        def draw(logits: Tensor, lp: Tensor | None, qt: Tensor) -> Tensor:
+            s = start[0]
+            start[0] += logits.shape[-2]
+            with scope(prefix=f"tile{s}"):
+                w = layer._sample_weights(mode, logits, lp, qt, k, num_samples)
+            return F.dropout(w, dropout_p, training=True) if dropout_p > 0 else w
+
+        return K.tiled_posterior_read(q, k, v, draw, log_prior, tile=self.tile)
+
+    def extra_repr(self) -> str:
+        return f"tile={self.tile}"
+
+
+def _bool_padding(key_padding_mask: Tensor) -> Tensor:
+    """A key padding mask as bool ``True`` = padded (a float mask: ``-inf`` entries)."""
+    if key_padding_mask.dtype == torch.bool:
+        return key_padding_mask
+    return key_padding_mask == float("-inf")
+
+
 class LowRankKernel(AttentionKernel):
     r"""Linformer attention: keys and values projected along the sequence to ``rank`` mixtures,
     :math:`\tilde K = E K`, :math:`\tilde V = F V`, with learned :math:`E, F\in\mathbb R^{r\times
@@ -168,6 +383,7 @@ class LowRankKernel(AttentionKernel):
 
     name = "lowrank"
     supports_masks = False
+    supports_causal = False
 
     def __init__(self, rank: int = 64, max_len: int = 4096) -> None:
         super().__init__()
@@ -186,7 +402,7 @@ class LowRankKernel(AttentionKernel):
         key_padding_mask: Tensor | None,
     ) -> tuple[K.ReducedSupport, Tensor]:
         k_r, v_r = K.lowrank_project(k, v, self.proj_k, self.proj_v, key_padding_mask)
-        return K.lowrank_support(q, k_r), v_r
+        return K.lowrank_support(q, k_r, dead=_all_padded(key_padding_mask, k)), v_r
 
     def mean_output(
         self,
@@ -198,24 +414,42 @@ class LowRankKernel(AttentionKernel):
         dropout_p: float,
     ) -> Tensor:
         k_r, v_r = K.lowrank_project(k, v, self.proj_k, self.proj_v, key_padding_mask)
-        return F.scaled_dot_product_attention(q, k_r, v_r, dropout_p=dropout_p)
+        out = F.scaled_dot_product_attention(q, k_r, v_r, dropout_p=dropout_p)
+        dead = _all_padded(key_padding_mask, k)
+        return out if dead is None else out.masked_fill(dead, 0.0)
 
     def extra_repr(self) -> str:
         return f"rank={self.rank}, max_len={self.max_len}"
 
 
+def _all_padded(key_padding_mask: Tensor | None, k: Tensor) -> Tensor | None:
+    """``(B, 1, 1, 1)`` bool: sequences whose every key is padded (their rows read nothing, as
+    in dense attention), or ``None`` when there are none. With ``Tk = 0`` every row is dead."""
+    if k.shape[-2] == 0:
+        return torch.ones((1,) * 4, dtype=torch.bool, device=k.device)
+    if key_padding_mask is None:
+        return None
+    dead = _bool_padding(key_padding_mask).all(-1)  # (B,)
+    return dead.view(-1, 1, 1, 1) if bool(dead.any()) else None
+
+
 #: A kernel by name (``"dense"``: every key, no kernel).
-KernelName = Literal["dense", "local", "topk", "lowrank"]
+KernelName = Literal["dense", "local", "local_global", "topk", "cluster_topk", "tiled", "lowrank"]
 _KERNELS: dict[str, type[AttentionKernel]] = {
     "local": LocalKernel,
+    "local_global": LocalGlobalKernel,
     "topk": TopKKernel,
+    "cluster_topk": ClusterTopKKernel,
+    "tiled": TiledKernel,
     "lowrank": LowRankKernel,
 }
 
 
 def get_kernel(name: KernelName | None, **kwargs: Any) -> AttentionKernel | None:
-    """Build a kernel by name: ``"local"`` (``window``), ``"topk"`` (``k``) or ``"lowrank"``
-    (``rank``, ``max_len``); ``"dense"`` or ``None`` give ``None`` (dense attention)."""
+    """Build a kernel by name: ``"local"`` (``window``), ``"local_global"`` (``window``,
+    ``global_tokens``), ``"topk"`` (``k``), ``"cluster_topk"`` (``k``, ``num_clusters``,
+    ``probes``), ``"tiled"`` (``tile``) or ``"lowrank"`` (``rank``, ``max_len``); ``"dense"`` or
+    ``None`` give ``None`` (dense attention)."""
     if name is None or name == "dense":
         if kwargs:
             raise ValueError(f"dense attention takes no kernel options; got {sorted(kwargs)}")
@@ -237,14 +471,20 @@ def _check_layer(layer: Any, attn_mask: Tensor | None, is_causal: bool) -> None:
         bad = []
         if attn_mask is not None:
             bad.append("attn_mask")
-        if is_causal:
+        if is_causal and not kern.supports_causal:
             bad.append("is_causal")
         if not isinstance(layer.prior, UniformPrior):
             bad.append(f"prior={type(layer.prior).__name__}")
         if bad:
+            why = (
+                "its slots are mixtures of keys"
+                if not kern.supports_causal
+                else "its candidates are found per key, not per (query, key) pair"
+            )
             raise ValueError(
-                f"kernel={kern.name!r} takes only a key_padding_mask: its slots are mixtures of "
-                f"keys, so {', '.join(bad)} cannot be applied"
+                f"kernel={kern.name!r} takes only a key_padding_mask"
+                f"{'' if not kern.supports_causal else ' and is_causal'}: {why}, so "
+                f"{', '.join(bad)} cannot be applied"
             )
 
 
@@ -295,25 +535,43 @@ def kernel_attention(
             dtype=q.dtype,
             device=q.device,
         )
+    if isinstance(kern, ClusterTopKKernel):
+        kern.is_causal = bool(is_causal) and attn_mask is None
     mode = layer.mode()
     dropout_p = layer.dropout if layer.training else 0.0
-    if mode == "mean" and not need_weights and not layer.record_weights:
-        out = kern.mean_output(q, k, v, lp_fn, key_padding_mask, dropout_p)
+    if not need_weights and not layer.record_weights:
+        if mode == "mean":
+            out = kern.mean_output(q, k, v, lp_fn, key_padding_mask, dropout_p)
+        else:
+            out = kern.sample_output(layer, mode, q, k, v, lp_fn, num_samples, dropout_p)
         if out is not None:
             return out, None
     support, v_read = kern.support(q, k, v, lp_fn, key_padding_mask)
+    g, rows = support.global_support, support.global_rows
+    gw: Tensor | None = None
     if mode == "mean":
         w = support.posterior_weights()  # (…, B, H, Tq, K)
+        gw = g.posterior_weights() if g is not None else None  # (…, B, H, Gq, Tk)
     else:
         w = layer._sample_weights(mode, support.logits, support.log_prior, q, k, num_samples)
-    sw = K.SupportWeights(w, support.index, Tk, support.dropped_mass, average_attn_weights)
+        if g is not None and rows is not None:  # the global queries' rows: a second site
+            with scope(prefix="global"):
+                gw = layer._sample_weights(
+                    mode, g.logits, g.log_prior, q.index_select(-2, rows), k, num_samples
+                )
+    sw = K.SupportWeights(
+        w, support.index, Tk, support.dropped_mass, average_attn_weights, rows, gw
+    )
     if layer.record_weights:
-        rec = K.SupportWeights(w.detach(), support.index, Tk)
+        rec = K.SupportWeights(
+            w.detach(), support.index, Tk, None, False, rows, None if gw is None else gw.detach()
+        )
         layer.last_weights = rec.to_dense() if support.index is not None else rec.weights
     if dropout_p > 0:
         w = F.dropout(w, dropout_p, training=True)
-        sw.weights = w
-    out = K.support_attend(w, support, v_read)  # (*S, …, B, H, Tq, Dh)
+        gw = F.dropout(gw, dropout_p, training=True) if gw is not None else None
+        sw.weights, sw.global_weights = w, gw
+    out = K.support_attend(w, support, v_read, global_weights=gw)  # (*S, …, B, H, Tq, Dh)
     return out, (sw if need_weights else None)
 
 
@@ -335,6 +593,8 @@ def finish(
                 w.index = w.index.squeeze(-4)
             if w.dropped_mass is not None:
                 w.dropped_mass = w.dropped_mass.squeeze(-3)
+            if w.global_weights is not None:
+                w.global_weights = w.global_weights.squeeze(-4)
     elif not layer.batch_first:
         out = out.transpose(-3, -2)  # (…, Tq, B, E)
     return out, w
