@@ -26,10 +26,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 venv install: $(VENV)/.installed
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check bayesattn tests benchmarks examples notebooks
+	$(VENV)/bin/ruff check bayesattn tests benchmarks examples notebooks docs
 	$(VENV)/bin/mypy
 
-test: $(VENV)/.installed lint
+test: $(VENV)/.study-installed lint
 	BAYESATTN_EXPECT_ARVIZ_MAJOR=0 $(PY) -m pytest -q
 	$(MAKE) test-arviz1
 
@@ -44,7 +44,7 @@ $(VENV312)/.installed: pyproject.toml constraints-arviz1.txt
 test-arviz1: $(VENV312)/.installed
 	BAYESATTN_EXPECT_ARVIZ_MAJOR=1 $(VENV312)/bin/python -m pytest -q $(ARVIZ1_TESTS)
 
-test-fast: $(VENV)/.installed lint  # the inner loop: everything but the slow tests (CI runs all)
+test-fast: $(VENV)/.study-installed lint  # the inner loop: everything but the slow tests (CI runs all)
 	$(PY) -m pytest -q -m "not slow"
 
 docs: $(VENV)/.installed  # the user guide, notebooks, results + API reference, strict, into site/
