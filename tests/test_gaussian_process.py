@@ -433,3 +433,45 @@ def test_gp_read_on_a_converted_torch_model():
     with collect_kl() as col:
         model(x)
     assert list(col.global_terms) == ["layer.self_attn.gp_read.inducing_values"]
+
+
+def test_fit_posthoc_charges_a_gp_reads_global_kl_once_per_data_set():
+    """fit_posthoc's loss is the negative ELBO per example: mean(NLL + local KL) + KL_global / n,
+    checked against the same draws recomputed by hand."""
+    from torch import nn
+
+    import bayesattn
+    from bayesattn._validation import torch_generator
+    from bayesattn.interop.posthoc import family_parameters, fit_posthoc
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Linear(4, 8)
+            self.layer = nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True)
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(self.layer(self.embed(x)).mean(-2))
+
+    torch.manual_seed(0)
+    model = Model().eval()
+    bayesattn.convert(model)
+    model.layer.self_attn.gp_read = gp = SparseGP(2, 4, 4)
+    with torch.no_grad():
+        gp.q_mean.normal_()  # q(u) away from the prior: a KL of some nats
+    n = 12
+    x, y = torch.randn(n, 6, 4), torch.randint(0, 3, (n,))
+    torch.manual_seed(1)
+    cal = fit_posthoc(model, x, y, steps=1, batch_size=5, seed=0, lr=1e-12)
+    idx = torch.randint(0, n, (5,), generator=torch_generator(0))
+    torch.manual_seed(1)
+    with collect_kl() as col:
+        logits = model(x[idx])
+    glob = float(col.global_total())
+    assert glob > 1.0
+    nll = nn.functional.cross_entropy(logits, y[idx], reduction="none")
+    expected = (nll + col.total()).mean() + glob / n
+    assert cal.history[0] == pytest.approx(float(expected), rel=1e-5)
+    assert cal.history[0] - float((nll + col.total()).mean()) == pytest.approx(glob / n, rel=1e-4)
+    assert any(p is gp.q_mean for p in family_parameters(model))  # the read is fitted too

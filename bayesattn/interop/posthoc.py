@@ -65,18 +65,19 @@ __getattr__ = module_getattr(
 
 
 def family_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """Parameters of every attention family in ``model`` (torch or transformers)."""
+    """Parameters of every attention family in ``model`` (torch or transformers), and of every
+    GP read attached to a converted layer (``layer.gp_read``: inducing keys, scales, q(u))."""
     params: list[nn.Parameter] = []
     seen: set[int] = set()
     for m in model.modules():
         fam = m.family if isinstance(m, BayesianMultiheadAttention) else None
         fam = fam if fam is not None else getattr(m, "bayesattn_family", None)
-        if fam is None:
-            continue
-        for p in fam.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                params.append(p)
+        gp = m.gp_read if isinstance(m, BayesianMultiheadAttention) else None
+        for part in (fam, gp):
+            for p in part.parameters() if part is not None else ():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
     return params
 
 
@@ -85,8 +86,9 @@ def freeze_for_posthoc(model: nn.Module) -> list[nn.Parameter]:
     keep = family_parameters(model)
     if not keep:
         raise ValueError(
-            "model has no Bayesian attention with trainable family parameters: convert it first "
-            "(bayesattn.convert(model, family=...) or bayesattn.interop.hf.convert_hf)"
+            "model has no Bayesian attention with trainable family (or GP read) parameters: "
+            "convert it first (bayesattn.convert(model, family=...) or "
+            "bayesattn.interop.hf.convert_hf)"
         )
     ids = {id(p) for p in keep}
     for p in model.parameters():
@@ -208,7 +210,9 @@ def fit_posthoc(
                 kl = col.total()  # (B,) or 0.0
             _check_logits_labels(logits, yb, step)
             nll = nn.functional.cross_entropy(logits / log_t.exp(), yb, reduction="none")  # (B,)
-            loss = (nll + kl).mean()
+            # the negative ELBO per example: local KLs per example, a global latent's KL (a GP
+            # read's inducing values) once per data set, i.e. 1/n of it per example
+            loss = (nll + kl).mean() + col.global_total() / n
             opt.zero_grad(set_to_none=True)
             loss.backward()
             _check_step(loss, params + [log_t], step)  # before the step: parameters stay finite
