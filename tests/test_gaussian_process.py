@@ -404,25 +404,27 @@ def test_posthoc_gp_read_on_a_frozen_torch_model():
         fit_posthoc_gp(model, x, y, "2")  # type: ignore[arg-type]
 
 
+class _TorchModel(torch.nn.Module):
+    """A plain torch model (trained elsewhere) for the converted-model tests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(4, 8)
+        self.layer = torch.nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layer(self.embed(x)).mean(-2))
+
+
 def test_gp_read_on_a_converted_torch_model():
     """convert() then a GP read on the converted layer: the site is named by module path and the
     vectorised predictive draws one global value per sample."""
-    from torch import nn
 
     import bayesattn
 
-    class Model(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Linear(4, 8)
-            self.layer = nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True)
-            self.head = nn.Linear(8, 3)
-
-        def forward(self, x):
-            return self.head(self.layer(self.embed(x)).mean(-2))
-
     torch.manual_seed(0)
-    model = Model().eval()
+    model = _TorchModel().eval()
     bayesattn.convert(model)
     att = model.layer.self_attn
     att.gp_read = SparseGP(2, 4, 4)
@@ -444,18 +446,8 @@ def test_fit_posthoc_charges_a_gp_reads_global_kl_once_per_data_set():
     from bayesattn._validation import torch_generator
     from bayesattn.interop.posthoc import family_parameters, fit_posthoc
 
-    class Model(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Linear(4, 8)
-            self.layer = nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True)
-            self.head = nn.Linear(8, 3)
-
-        def forward(self, x):
-            return self.head(self.layer(self.embed(x)).mean(-2))
-
     torch.manual_seed(0)
-    model = Model().eval()
+    model = _TorchModel().eval()
     bayesattn.convert(model)
     model.layer.self_attn.gp_read = gp = SparseGP(2, 4, 4)
     with torch.no_grad():

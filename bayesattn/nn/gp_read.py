@@ -61,6 +61,31 @@ def _inv_softplus(x: float) -> float:
     return x + math.log(-math.expm1(-x))
 
 
+def draw_global(latent: Any, mode: str, num_samples: int | None) -> Tensor:
+    """One pass's value of a global latent (``latent`` has ``site_name``, ``posterior()``,
+    ``prior()`` and ``kl()``): a preset value (:func:`~bayesattn.nn.modes.global_values`) if given; in ``"elbo"``
+    mode a reparameterised draw from q, recorded once per pass with its KL in the open
+    :class:`~bayesattn.nn.modes.KLCollector` (a second call in the pass reuses it); otherwise a ``pyro.sample`` site
+    from q (``"guide"``) or the prior, with ``num_samples`` draws as a leading dim."""
+    name = latent.site_name
+    preset = current_global_values()
+    if preset is not None and name in preset:
+        return preset[name]
+    shape = torch.Size(() if num_samples is None else (num_samples,))
+    if mode == "elbo":
+        col = current_kl_collector()
+        if col is not None and name in col.global_values:
+            return col.global_values[name]
+        v = latent.posterior().rsample(shape)
+        if col is not None:
+            col.add_global(name, latent.kl(), v)
+        return v
+    d = latent.posterior() if mode == "guide" else latent.prior()
+    if num_samples is not None:
+        d = d.expand(shape)
+    return pyro.sample(name, d)
+
+
 class SparseGP(PyroModule):
     r"""``G`` independent sparse GPs :math:`\mathbb R^D\to\mathbb R^P` with a global posterior over
     their whitened inducing values (see the module docstring).
@@ -193,23 +218,7 @@ class SparseGP(PyroModule):
     # ---- the draw -----------------------------------------------------------------------------
     def _value(self, mode: str, num_samples: int | None) -> Tensor:
         """The inducing values ``(G, P, M)`` or ``(S, G, P, M)`` for this pass."""
-        name = self.site_name
-        preset = current_global_values()
-        if preset is not None and name in preset:
-            return preset[name]
-        shape = torch.Size(() if num_samples is None else (num_samples,))
-        if mode == "elbo":
-            col = current_kl_collector()
-            if col is not None and name in col.global_values:
-                return col.global_values[name]
-            v = self.posterior().rsample(shape)
-            if col is not None:
-                col.add_global(name, self.kl(), v)
-            return v
-        d = self.posterior() if mode == "guide" else self.prior()
-        if num_samples is not None:
-            d = d.expand(shape)
-        return pyro.sample(name, d)
+        return draw_global(self, mode, num_samples)
 
     def forward(
         self, x: Tensor, num_samples: int | None = None, leading_samples: int | None = None
@@ -393,23 +402,8 @@ class RandomFeatureGPReadout(PyroModule):
         self.num_data.fill_(float(n))
 
     def _value(self, mode: str, num_samples: int | None) -> Tensor:
-        name = self.site_name
-        preset = current_global_values()
-        if preset is not None and name in preset:
-            return preset[name]
-        shape = torch.Size(() if num_samples is None else (num_samples,))
-        if mode == "elbo":
-            col = current_kl_collector()
-            if col is not None and name in col.global_values:
-                return col.global_values[name]
-            v = self.posterior().rsample(shape)
-            if col is not None:
-                col.add_global(name, self.kl(), v)
-            return v
-        d = self.posterior() if mode == "guide" else self.prior()
-        if num_samples is not None:
-            d = d.expand(shape)
-        return pyro.sample(name, d)
+        """The output weights for this pass (one draw, or ``num_samples`` of them)."""
+        return draw_global(self, mode, num_samples)
 
     def forward(
         self, h: Tensor, num_samples: int | None = None, leading_samples: int | None = None
