@@ -44,7 +44,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=None, help="timed repeats (default 30, 5 quick)")
-    p.add_argument("--inference-only", action="store_true", help="skip backward and predictive")
+    p.add_argument("--inference-only", action="store_true", help="skip backward and predictive (prints only; results/*.json keeps the full run)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -76,8 +76,7 @@ def main() -> None:
         tables.append(_table(f"Inference (eval, no_grad, {label})", r, "torch"))
 
     shapes = f"B={B}, T={T}, d={D}, heads={H}, layers={L}"
-    if args.inference_only:
-        _write(tables, shapes)
+    if args.inference_only:  # a partial run: printed, not written over the full results file
         return
 
     def fb(m):
