@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train and score every uncertainty method (deterministic, temperature "
         "scaling, MC dropout, deep ensembles and their size curve, kNN and relative-Mahalanobis "
         "feature scores, last-layer Laplace, the recommended and every-layer Bayesian "
-        "attentions) on held-out class pairs × seeds; report means with 95%% intervals, paired "
+        "attentions) on held-out class pairs × seeds; report means with 95% intervals, paired "
         "differences, OOD AUROCs, far-OOD and corruption curves, costs, with figures and "
         "ArviZ files. Default: the digits, 2 held-out pairs × 3 seeds (about 15 minutes on 2 "
         "cores); --protocol full: both datasets, 5 pairs × 5 seeds.",
@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--quick", action="store_true", help="a smoke run of a minute or two")
     s.add_argument("--protocol", choices=["default", "full"], default="default",
-                   help="full: both datasets, 5 held-out pairs, 5 seeds (about an hour)")
+                   help="full: both datasets, 5 held-out pairs, 5 seeds (hours on 2 cores; "
+                   "docs/which-attention.md)")
     s.add_argument("--dataset", default=None, choices=list(DATASETS),
                    help="dataset (default digits; --protocol full runs both)")
     s.add_argument("--methods", nargs="+", choices=list(METHODS), default=None,
