@@ -121,20 +121,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_ddp_two_processes_equal_one_process_and_resume(tmp_path):
-    out = tmp_path / "ddp"
+def _run_two_processes(tmp_path, out, *args: str) -> list[dict]:
+    """``tests/ddp_run.py --devices 2 --out out *args`` in a fresh 2-process run (gloo, one
+    thread each); returns each rank's info record."""
     env = dict(
         os.environ,
         OMP_NUM_THREADS="1",
         MKL_NUM_THREADS="1",
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(_free_port()),
-        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        PYTHONPATH=str(ROOT) + os.pathsep + str(ROOT / "tests") + os.pathsep
+        + os.environ.get("PYTHONPATH", ""),
     )
     for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "SLURM_NTASKS", "SLURM_JOB_ID"):
         env.pop(k, None)
     proc = subprocess.run(
-        [sys.executable, str(HELPER), "--devices", "2", "--out", str(out)],
+        [sys.executable, str(HELPER), "--devices", "2", "--out", str(out), *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -142,7 +144,12 @@ def test_ddp_two_processes_equal_one_process_and_resume(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, f"DDP run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    infos = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_ddp_two_processes_equal_one_process_and_resume(tmp_path):
+    out = tmp_path / "ddp"
+    infos = _run_two_processes(tmp_path, out)
     assert len({i["pid"] for i in infos}) == 2  # two processes
     for r, info in enumerate(infos):
         assert info["rank"] == r and info["world_size"] == 2
@@ -166,28 +173,7 @@ def test_ddp_spawn_pickles_the_module_into_two_processes(tmp_path):
     KL-annealed pair) into 2 fresh processes; they train as 2-process DDP does, and rank 0's
     weights come back equal to a 1-process run with the same global batch."""
     out = tmp_path / "spawn"
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        MKL_NUM_THREADS="1",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
-        PYTHONPATH=str(ROOT) + os.pathsep + str(ROOT / "tests") + os.pathsep
-        + os.environ.get("PYTHONPATH", ""),
-    )
-    for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "SLURM_NTASKS", "SLURM_JOB_ID"):
-        env.pop(k, None)
-    proc = subprocess.run(
-        [sys.executable, str(HELPER), "--devices", "2", "--out", str(out), "--epochs", "1",
-         "--strategy", "ddp_spawn"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, f"ddp_spawn failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    infos = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    infos = _run_two_processes(tmp_path, out, "--epochs", "1", "--strategy", "ddp_spawn")
     assert len({i["pid"] for i in infos}) == 2  # two spawned workers
     assert all(i["world_size"] == 2 and i["global_step"] == 4 for i in infos)
     spawned = torch.load(out / "params.pt", weights_only=True)  # main process, after fit
