@@ -151,13 +151,18 @@ class LocalKernel(AttentionKernel):
             chunk_size=self.chunk_size,
             dropout_p=dropout_p,
             training=dropout_p > 0,
+            global_keys=self._keys(q.device),
         )
+
+    def _keys(self, device: torch.device) -> Tensor | None:
+        """Positions every query also reads (none for the plain window)."""
+        return None
 
     def extra_repr(self) -> str:
         return f"window={self.window}"
 
 
-class LocalGlobalKernel(AttentionKernel):
+class LocalGlobalKernel(LocalKernel):
     r"""Local + global attention (Longformer, BigBird's window and global parts): query ``i``
     reads keys ``|i - j| <= window`` and the ``global_tokens`` (positions, default ``(0,)``: a CLS
     token prepended by the network); the global tokens' own queries read every key.
@@ -175,9 +180,7 @@ class LocalGlobalKernel(AttentionKernel):
         global_tokens: tuple[int, ...] | list[int] = (0,),
         chunk_size: int | None = None,
     ) -> None:
-        super().__init__()
-        self.window = check_int("window", window, 0)
-        self.chunk_size = check_int("chunk_size", chunk_size, 1, allow_none=True)
+        super().__init__(window, chunk_size)
         toks = tuple(int(check_int("global_tokens", t, 0)) for t in global_tokens)
         self.global_tokens = toks
 
@@ -198,27 +201,6 @@ class LocalGlobalKernel(AttentionKernel):
             q, k, self.window, self._keys(q.device), log_prior, chunk_size=self.chunk_size
         )
         return s, v
-
-    def mean_output(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        log_prior: K.ChunkLogPrior | None,
-        key_padding_mask: Tensor | None,
-        dropout_p: float,
-    ) -> Tensor:
-        return K.local_attention(
-            q,
-            k,
-            v,
-            self.window,
-            log_prior,
-            chunk_size=self.chunk_size,
-            dropout_p=dropout_p,
-            training=dropout_p > 0,
-            global_keys=self._keys(q.device),
-        )
 
     def extra_repr(self) -> str:
         return f"window={self.window}, global_tokens={self.global_tokens}"
