@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch threads (default 1: the study's models are small, so one thread is fastest "
         "and gives the same numbers on any machine)",
     )
+    s.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="runs in parallel worker processes (default 1); the numbers do not change, only "
+        "the wall time (each worker uses --threads torch threads)",
+    )
     s.add_argument("--no-progress", action="store_true")
     return p
 
@@ -80,6 +87,7 @@ def _config(args: argparse.Namespace) -> Any:
         ("seeds", args.seeds),
         ("holdout_classes", args.holdout_classes),
         ("holdout_rotation", args.holdout_rotation),
+        ("jobs", args.jobs),
     ):
         if val is not None:
             kw[name] = tuple(val) if name in ("methods", "holdout_classes") else val

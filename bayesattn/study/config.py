@@ -39,7 +39,9 @@ class StudyConfig:
     cut of the ten classes into disjoint pairs (:func:`~bayesattn.data.holdout.rotation_pairs`,
     ``rotation_seed``; give one or the other, neither: ``K =`` :data:`DEFAULT_ROTATION`); every pair is run on ``seeds`` seeds (``seed, seed+1, …``: split,
     initialisation and sampling). Model fields left at ``None`` take :data:`MODEL_DEFAULTS`
-    of the dataset. ``quick()`` is the smoke preset, ``full()`` the whole protocol.
+    of the dataset. ``jobs > 1`` runs the (pair, seed) runs of a dataset on that many worker
+    processes (same numbers, less wall time on a machine with the cores). ``quick()`` is the
+    smoke preset, ``full()`` the whole protocol.
     """
 
     out: str = "bayesattn-study"
@@ -70,6 +72,7 @@ class StudyConfig:
     geometry: bool = True
     figures: bool = True
     progress: bool = True
+    jobs: int = 1
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -128,7 +131,7 @@ class StudyConfig:
             )
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"methods must not repeat a method; got {list(self.methods)}")
-        for name in ("seeds", "num_samples", "ensemble_size"):
+        for name in ("seeds", "num_samples", "ensemble_size", "jobs"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int; got {v!r}")

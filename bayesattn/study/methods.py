@@ -359,3 +359,59 @@ register_method(
     BayesianAttention("weights", "softmax attention, Bayesian Q/K/V/out projections",
                       lambda: None, tempered=False, weights=True)
 )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# global, distance-aware posteriors (issue 17; not run unless named: --methods ...)
+
+
+class PosthocGP(Deterministic):
+    """The deterministic network, frozen, with the post-hoc random-feature GP read of
+    :func:`bayesattn.interop.posthoc_gp.fit_posthoc_gp` on its pooled CLS features: temperature
+    and prior output scale chosen on validation NLL, the Gaussian posterior over the random
+    feature weights from the validation features; own score: the GP's posterior variance."""
+
+    name = "posthoc_gp"
+    description = "the deterministic network + a post-hoc random-feature GP read (validation)"
+    own_score = "GP variance"
+
+    def fit(self, run: Run) -> Fitted:
+        from ..interop.posthoc_gp import fit_posthoc_gp
+
+        f = super().fit(run)
+        t0 = time.perf_counter()
+        head = f.nets[0].head  # the GP reads the head's input: the pooled features
+        read = fit_posthoc_gp(head, run.features("val"), run.data.y_val, head, seed=run.seed)
+        f.train_seconds += time.perf_counter() - t0
+        f.state.update(read=read, run=run, num_samples=run.cfg.num_samples)
+        f.params = {"temperature": read.temperature, "outputscale": read.outputscale,
+                    "lengthscale": read.lengthscale,
+                    "chosen_by": "temperature and output scale on validation NLL; length "
+                                 "scale the median validation feature distance"}  # fmt: skip
+        return f
+
+    def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
+        z = fitted.state["run"].features("", x)
+        seed = int(torch.randint(0, 2**31 - 1, ()))  # the study seeds the global generator
+        probs = fitted.state["read"].sample_probs(z, fitted.state["num_samples"], seed=seed)
+        return PredictionResult(probs)
+
+    def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
+        return fitted.state["read"].variance(run.features("", x))
+
+
+register_method(PosthocGP())
+register_method(
+    BayesianAttention("sgpa", "sparse-GP attention read of the last layer (SGPA-style)",
+                      lambda: AttentionConfig(read="sparse_gp", layers="last",
+                                              read_kwargs={"init_mean": 1.0, "init_scale": 0.3}),
+                      tempered=False)
+)  # fmt: skip
+register_method(
+    BayesianAttention("gp_readout", "sparse variational GP readout of the CLS output (DUE-style)",
+                      lambda: AttentionConfig(readout="sparse_gp"), tempered=False)
+)  # fmt: skip
+register_method(
+    BayesianAttention("rff_readout", "random-feature GP readout with Laplace covariance (SNGP)",
+                      lambda: AttentionConfig(readout="random_features"), tempered=False)
+)  # fmt: skip

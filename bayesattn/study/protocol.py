@@ -61,11 +61,12 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
     bar = tqdm(total=total, desc="study", disable=not cfg.progress)
     for dataset in cfg.dataset_list:
         t_ds = time.perf_counter()
-        runs: list[dict[str, Any]] = []
-        for pair in pairs:
-            for seed in seeds:
-                first = not runs
-                runs.append(_one_run(cfg, out, Run.load(cfg, dataset, pair, seed), first, bar))
+        keys = [(pair, seed) for pair in pairs for seed in seeds]
+        if cfg.jobs == 1:
+            runs = [_one_run(cfg, out, Run.load(cfg, dataset, p, s), i == 0, bar)
+                    for i, (p, s) in enumerate(keys)]  # fmt: skip
+        else:
+            runs = _parallel_runs(cfg, out, dataset, keys, bar)
         block = pool(runs, list(cfg.methods))
         block["model"] = {k: _jsonable(v) for k, v in cfg.model(dataset).items()}
         block["seconds"] = time.perf_counter() - t_ds
@@ -75,6 +76,45 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
     results["seconds"] = time.perf_counter() - t_start
     finish_run(out, results, report.render(results), foreign)  # results.json last = complete
     return results
+
+
+class _NoBar:
+    def set_postfix_str(self, s: str) -> None: ...
+
+    def update(self, n: int = 1) -> None: ...
+
+
+def _run_job(cfg: StudyConfig, out: Path, dataset: str, key: tuple[tuple[int, ...], int],
+             first: bool, threads: int) -> dict[str, Any]:  # fmt: skip
+    """One run in a worker process (``threads`` torch threads)."""
+    torch.set_num_threads(threads)
+    return _one_run(cfg, out, Run.load(cfg, dataset, key[0], key[1]), first, _NoBar())
+
+
+def _parallel_runs(cfg: StudyConfig, out: Path, dataset: str,
+                   keys: list[tuple[tuple[int, ...], int]], bar: Any) -> list[dict[str, Any]]:  # fmt: skip
+    """The runs of ``dataset`` on ``cfg.jobs`` worker processes (each with the caller's torch threads), in
+    the order of ``keys``.
+
+    Every run seeds its own split, training and sampling, so the numbers are those of
+    ``jobs=1`` (``tests/test_study_protocol.py``); only the measured times differ (the runs
+    share the machine). Workers are forked where the platform allows (methods registered by the
+    calling script are then known to them), spawned elsewhere."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    threads = torch.get_num_threads()
+    with ProcessPoolExecutor(max_workers=cfg.jobs, mp_context=ctx) as pool_:
+        futures = {pool_.submit(_run_job, cfg, out, dataset, key, i == 0, threads): i
+                   for i, key in enumerate(keys)}  # fmt: skip
+        done: dict[int, dict[str, Any]] = {}
+        for fut in as_completed(futures):
+            i = futures[fut]
+            done[i] = fut.result()
+            bar.set_postfix_str(f"{dataset} {keys[i][0]} seed {keys[i][1]} done")
+            bar.update(len(cfg.methods))
+    return [done[i] for i in range(len(keys))]
 
 
 def _one_run(cfg: StudyConfig, out: Path, run: Run, first: bool, bar: Any) -> dict[str, Any]:
