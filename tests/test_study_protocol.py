@@ -212,3 +212,60 @@ def test_the_03_building_blocks_benchmarks_import_still_work():
     before = net.head.weight.detach().clone()
     assert _train(net, data, cfg, 0, bayes=False) > 0
     assert not torch.equal(before, net.head.weight)
+
+
+def _without_times(o):
+    """A results block without what depends on the machine's load (times, figure paths)."""
+    if isinstance(o, dict):
+        return {
+            k: _without_times(v)
+            for k, v in o.items()
+            if not (k.startswith("infer_ms") or "seconds" in k or k in ("figures", "first_run"))
+        }
+    if isinstance(o, list):
+        return [_without_times(v) for v in o]
+    return o
+
+
+@pytest.mark.slow
+def test_parallel_runs_give_the_numbers_of_one_process(tmp_path):
+    from bayesattn.study import run_study
+
+    kw = dict(methods=("deterministic", "mc_dropout", "recommended", "posthoc_gp"), seeds=2,
+              epochs=1, figures=False, progress=False, holdout_rotation=1)  # fmt: skip
+    one = run_study(StudyConfig.quick(out=str(tmp_path / "one"), **kw))
+    two = run_study(StudyConfig.quick(out=str(tmp_path / "two"), jobs=2, **kw))
+    assert two["config"]["jobs"] == 2
+    a, b = _without_times(one["datasets"]), _without_times(two["datasets"])
+    assert [r["seed"] for r in b["digits"]["runs"]] == [0, 1]  # in (pair, seed) order
+    assert a == b
+    with pytest.raises(ValueError, match="jobs"):
+        StudyConfig(jobs=0)
+
+
+def test_posthoc_gp_method_is_the_interop_read_on_the_pooled_features():
+    """The study's post-hoc GP: its predictive is fit_posthoc_gp's read of the network's head
+    on the pooled features (so it equals the read fitted on the head directly), its own score
+    the read's variance; it refits nothing of the network."""
+    import torch
+
+    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+    from bayesattn.study.runs import Run
+
+    cfg = StudyConfig.quick(epochs=1, methods=("posthoc_gp",), progress=False)
+    run = Run.load(cfg, "digits", (8, 9), 0)
+    m = get_method("posthoc_gp")
+    f = m.fit(run)
+    net = f.nets[0]
+    before = [p.detach().clone() for p in net.parameters()]
+    read = fit_posthoc_gp(net.head, run.features("val"), run.data.y_val, net.head, seed=0)
+    x = run.data.x_test[:16]
+    torch.manual_seed(3)
+    got = m.predict(f, x).probs
+    torch.manual_seed(3)
+    seed = int(torch.randint(0, 2**31 - 1, ()))
+    want = read.sample_probs(run.features("", x), cfg.num_samples, seed=seed)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(m.score(f, run, x), read.variance(run.features("", x)))
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    assert f.params["temperature"] == read.temperature > 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyro
 import torch
@@ -19,7 +19,9 @@ from ..data.mnist1d import load_mnist1d_data
 from ..inference import fit
 from ..nn.blocks import AttentionConfig
 from ..nn.networks import BayesianNetwork, TransformerClassifier, VisionTransformer
-from .config import StudyConfig
+
+if TYPE_CHECKING:  # the config validates method names against the registry, which uses Run
+    from .config import StudyConfig
 
 __all__ = ["Run", "SignalTransformer", "pooled_features"]
 
