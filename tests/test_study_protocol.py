@@ -267,5 +267,5 @@ def test_posthoc_gp_method_is_the_interop_read_on_the_pooled_features():
     want = read.sample_probs(run.features("", x), cfg.num_samples, seed=seed)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(m.score(f, run, x), read.variance(run.features("", x)))
-    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
     assert f.params["temperature"] == read.temperature > 0
