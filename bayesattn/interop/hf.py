@@ -53,9 +53,9 @@ from torch import Tensor, nn
 from .._deprecation import renamed_kwargs, renamed_submodule_hook
 from ..bayesian_read import sample_attention_weights
 from ..families import AttentionFamily, FamilyName, get_family
-from ..nn.attention import _current_mode_at_trace, _num_samples_at_trace
+from ..nn.attention import _current_mode_at_trace
 from ..nn.modes import AttentionMode, current_kl_collector, current_mode
-from ..nn.sampling import _NUM_SAMPLES, current_num_samples
+from ..nn.sampling import _NUM_SAMPLES, context_num_samples, current_num_samples
 
 __all__ = [
     "ATTN_NAME",
@@ -182,7 +182,7 @@ def bayesian_attention_forward(
                 logits = logits + attention_mask
         w = nn.functional.softmax(logits, dim=-1).type(value.dtype)
     else:
-        S = _num_samples_at_trace() if torch.compiler.is_compiling() else current_num_samples()
+        S = context_num_samples()
         if S is not None:
             raise ValueError(
                 f"bayesattn.num_samples({S}) cannot reach {type(module).__name__} from here: "

@@ -48,7 +48,7 @@ from ..priors import KeyRelevancePrior, UniformPrior
 from .gp_read import SparseGP
 from .kernels import AttentionKernel, KernelName, draw_weights, get_kernel, kernel_attention
 from .modes import AttentionMode, current_mode
-from .sampling import current_num_samples
+from .sampling import layer_num_samples
 
 if TYPE_CHECKING:
     from ..kernels import SupportWeights
@@ -145,7 +145,6 @@ def _check_finite(name: str, x: Tensor) -> None:
 
 
 _current_mode_at_trace = torch.compiler.assume_constant_result(current_mode)
-_num_samples_at_trace = torch.compiler.assume_constant_result(current_num_samples)
 
 
 def _nested_lengths(x: Tensor) -> list[int]:
@@ -572,8 +571,11 @@ class BayesianMultiheadAttention(PyroModule):
     ) -> tuple[Tensor, Tensor | SupportWeights | None]:
         """See the class docstring. ``num_samples`` draws that many weight samples in one pass
         (in ``"mean"`` mode, or without a family, the ``S`` draws are identical: a view,
-        so shapes do not depend on the mode); ``q_pos``/``k_pos`` are positions passed to
-        positional priors.
+        so shapes do not depend on the mode); it is the layer's one way in for the sample count:
+        left out, it defaults to ``bayesattn.num_samples(S)``'s ``S`` for a ``(B, T, E)`` input,
+        and an input that already has leading sample dims gets one draw per entry
+        (:func:`~bayesattn.nn.sampling.layer_num_samples`). ``q_pos``/``k_pos`` are positions
+        passed to positional priors.
 
         ``is_causal`` follows torch: it is a hint that ``attn_mask`` is causal and needs that mask
         (``RuntimeError`` otherwise); without ``key_padding_mask`` and with ``need_weights=False``
@@ -586,14 +588,11 @@ class BayesianMultiheadAttention(PyroModule):
             )  # fmt: skip
         attn_mask, is_causal = _causal_hint(attn_mask, key_padding_mask, is_causal, need_weights)
         self._validate(query, key, value, key_padding_mask, attn_mask)
-        if num_samples is not None:
-            check_int("num_samples", num_samples, 1)
+        # the one way in: the keyword, defaulting to bayesattn.num_samples(S) for an input
+        # without sample dims (bayesattn.nn.sampling.layer_num_samples)
+        reads_context = query.dim() == 3 and self.is_bayesian
+        num_samples = layer_num_samples(num_samples, reads_context=reads_context)
         self_attn = query is key and key is value
-        if num_samples is None and query.dim() == 3 and self.is_bayesian:
-            # set from outside: bayesattn.num_samples(S); read once at trace time when compiling
-            num_samples = (
-                _num_samples_at_trace() if torch.compiler.is_compiling() else current_num_samples()
-            )
         unbatched = query.dim() == 2
         query, key, value, key_padding_mask = self._batch_first(
             query, key, value, key_padding_mask, unbatched
