@@ -53,8 +53,7 @@ from torch import Tensor, nn
 from .._deprecation import renamed_kwargs, renamed_submodule_hook
 from ..bayesian_read import sample_attention_weights
 from ..families import AttentionFamily, FamilyName, get_family
-from ..nn.attention import _current_mode_at_trace
-from ..nn.modes import AttentionMode, current_kl_collector, current_mode
+from ..nn.modes import AttentionMode, context_mode, current_kl_collector
 from ..nn.sampling import _NUM_SAMPLES, context_num_samples, current_num_samples
 
 __all__ = [
@@ -91,7 +90,7 @@ def register() -> None:
 def _mode(fam: AttentionFamily | None) -> AttentionMode:
     if fam is None:
         return "mean"
-    m = _current_mode_at_trace() if torch.compiler.is_compiling() else current_mode()
+    m = context_mode()
     return "guide" if m is None else m
 
 

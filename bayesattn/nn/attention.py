@@ -47,7 +47,7 @@ from ..families import AttentionFamily, FamilyName, get_family
 from ..priors import KeyRelevancePrior, UniformPrior
 from .gp_read import SparseGP
 from .kernels import AttentionKernel, KernelName, draw_weights, get_kernel, kernel_attention
-from .modes import AttentionMode, current_mode
+from .modes import AttentionMode, context_mode, current_mode
 from .sampling import layer_num_samples
 
 if TYPE_CHECKING:
@@ -142,9 +142,6 @@ def _check_finite(name: str, x: Tensor) -> None:
     """Finite check that also works inside ``torch.compile``/``torch.export`` graphs (there it
     is an in-graph assert: :func:`bayesattn._validation.check_finite`)."""
     check_finite(name, x)
-
-
-_current_mode_at_trace = torch.compiler.assume_constant_result(current_mode)
 
 
 def _nested_lengths(x: Tensor) -> list[int]:
@@ -478,8 +475,7 @@ class BayesianMultiheadAttention(PyroModule):
         layer default (``"guide"`` with a family or a GP read, ``"mean"`` without)."""
         if not self.is_bayesian:
             return "mean"
-        # Dynamo cannot trace ContextVar.get: read the mode once at trace time (compile in one mode)
-        m = _current_mode_at_trace() if torch.compiler.is_compiling() else current_mode()
+        m = context_mode()  # read once at trace time inside torch.compile (compile in one mode)
         return "guide" if m is None else m
 
     # ------------------------------------------------------------------------------------------
