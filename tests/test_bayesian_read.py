@@ -13,7 +13,6 @@ import pyro
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import bayesattn.bayesian_read as BR
 import bayesattn.interop.hf as hf
@@ -98,18 +97,22 @@ def test_kernel_paths_draw_the_dense_draw(layer_and_input, calls):
 
 
 def test_hf_interop_draws_the_layer_draw(layer_and_input, calls):
-    """transformers' attention function with the layer's family and the same q, k: the same
-    draw (a bare module stands in for the transformers attention module)."""
+    """transformers' attention function of a converted model, given the layer's family and the
+    same q, k: the same draw, at the module's own site."""
+    transformers = pytest.importorskip("transformers")
     m, x = layer_and_input
     q, k = _qk(m, x)
     v = torch.randn(B, H, T, Dh)
-    module = nn.Module().eval()
-    setattr(module, hf._FAMILY_ATTR, m.family)
-    setattr(module, hf._SITE_ATTR, "encoder.0.latent")
+    cfg = transformers.BertConfig(
+        hidden_size=E, num_hidden_layers=1, num_attention_heads=H, intermediate_size=16,
+        vocab_size=10, attn_implementation="eager",
+    )  # fmt: skip
+    bert = hf.convert_hf(transformers.BertModel(cfg).eval(), family=m.family)  # a copy of it
+    (path, module), *_ = hf.hf_attention_modules(bert).items()
     _, w_hf = _seeded(lambda: hf.bayesian_attention_forward(module, q, k, v, None, Dh**-0.5))
     _, w = _seeded(lambda: m(x, x.clone(), x.clone(), average_attn_weights=False))
     torch.testing.assert_close(w_hf, w)
-    assert calls == [("guide", "encoder.0.latent"), ("guide", "latent")]
+    assert calls == [("guide", f"{path}.latent"), ("guide", "latent")]
 
 
 def test_elbo_kl_and_model_sites():

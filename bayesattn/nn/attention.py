@@ -46,7 +46,13 @@ from ..bayesian_read import add_key_prior
 from ..families import AttentionFamily, FamilyName, get_family
 from ..priors import KeyRelevancePrior, UniformPrior
 from .gp_read import SparseGP
-from .kernels import AttentionKernel, KernelName, draw_weights, get_kernel, kernel_attention
+from .kernels import (
+    AttentionKernel,
+    KernelName,
+    draw_attention_weights,
+    get_kernel,
+    kernel_attention,
+)
 from .modes import AttentionMode, context_mode, current_mode
 from .sampling import layer_num_samples
 
@@ -727,7 +733,7 @@ class BayesianMultiheadAttention(PyroModule):
             w = BF.posterior_weights(logits, log_prior)
         else:
             # the Bayesian read (bayesattn.bayesian_read) at this layer's sites, as on a support
-            w = draw_weights(self, mode, logits, log_prior, q, k, num_samples)
+            w = draw_attention_weights(self, mode, logits, log_prior, q, k, num_samples)
         if self.record_weights:
             self.last_weights = w.detach()  # before attention dropout: rows sum to 1
         if dropout_p > 0:

@@ -57,7 +57,7 @@ __all__ = [
     "LowRankKernel",
     "get_kernel",
     "kernel_attention",
-    "draw_weights",
+    "draw_attention_weights",
 ]
 
 
@@ -104,7 +104,7 @@ class AttentionKernel(nn.Module):
         dropout_p: float,
     ) -> Tensor | None:
         """Output of posterior draws without returning weights (a leaner path), or ``None`` to
-        draw on the whole support. Draw with :func:`draw_weights` (``layer``'s family and sites)."""
+        draw on the whole support. Draws go through :func:`draw_attention_weights`."""
         return None
 
 
@@ -340,7 +340,7 @@ class TiledKernel(AttentionKernel):
             s = start[0]
             start[0] += logits.shape[-2]
             with scope(prefix=f"tile{s}"):
-                w = draw_weights(layer, mode, logits, lp, qt, k, num_samples)
+                w = draw_attention_weights(layer, mode, logits, lp, qt, k, num_samples)
             return F.dropout(w, dropout_p, training=True) if dropout_p > 0 else w
 
         return K.tiled_posterior_read(q, k, v, draw, log_prior, tile=self.tile)
@@ -441,7 +441,7 @@ def get_kernel(name: KernelName | None, **kwargs: Any) -> AttentionKernel | None
     return _KERNELS[name](**kwargs)
 
 
-def draw_weights(
+def draw_attention_weights(
     layer: Any,  # a BayesianMultiheadAttention with a family
     mode: str,
     logits: Tensor,
@@ -566,10 +566,12 @@ def kernel_attention(
         w = support.posterior_weights()  # (…, B, H, Tq, K)
         gw = g.posterior_weights() if g is not None else None  # (…, B, H, Gq, Tk)
     else:
-        w = draw_weights(layer, mode, support.logits, support.log_prior, q, k, num_samples)
+        w = draw_attention_weights(
+            layer, mode, support.logits, support.log_prior, q, k, num_samples
+        )
         if g is not None and rows is not None:  # the global queries' rows: a second site
             with scope(prefix="global"):
-                gw = draw_weights(
+                gw = draw_attention_weights(
                     layer, mode, g.logits, g.log_prior, q.index_select(-2, rows), k, num_samples
                 )
     sw = K.SupportWeights(
