@@ -54,7 +54,7 @@ from .._deprecation import renamed_kwargs, renamed_submodule_hook
 from ..bayesian_read import sample_attention_weights
 from ..families import AttentionFamily, FamilyName, get_family
 from ..nn.modes import AttentionMode, context_mode, current_kl_collector
-from ..nn.sampling import _NUM_SAMPLES, context_num_samples, current_num_samples
+from ..nn.sampling import context_num_samples, current_num_samples, num_samples
 
 __all__ = [
     "ATTN_NAME",
@@ -248,8 +248,10 @@ def _samples_pre_hook(
             return v.repeat((S,) + (1,) * (v.dim() - 1))  # (S*B, ...)
         return v
 
+    inner = num_samples(None)  # left by _samples_post_hook
+    inner.__enter__()
     stack = module.__dict__.setdefault(_SAMPLES_ATTR, [])
-    stack.append((S, B, _NUM_SAMPLES.set(None)))
+    stack.append((S, B, inner))
     return tuple(rep(a) for a in args), {k: rep(v) for k, v in kwargs.items()}
 
 
@@ -268,8 +270,8 @@ def _samples_post_hook(
     stack = module.__dict__.get(_SAMPLES_ATTR)
     if not stack:
         return None
-    S, B, token = stack.pop()
-    _NUM_SAMPLES.reset(token)
+    S, B, inner = stack.pop()
+    inner.__exit__(None, None, None)
     if hasattr(output, "keys"):  # a transformers ModelOutput
         for k in list(output.keys()):
             output[k] = _split(output[k], S, B)
