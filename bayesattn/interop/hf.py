@@ -47,16 +47,14 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-import pyro
 import torch
 from torch import Tensor, nn
 
-from .. import functional as BF
 from .._deprecation import renamed_kwargs, renamed_submodule_hook
+from ..bayesian_read import sample_attention_weights
 from ..families import AttentionFamily, FamilyName, get_family
-from ..nn.attention import _current_mode_at_trace, _num_samples_at_trace
-from ..nn.modes import AttentionMode, current_kl_collector, current_mode
-from ..nn.sampling import _NUM_SAMPLES, current_num_samples
+from ..nn.modes import AttentionMode, context_mode, current_kl_collector
+from ..nn.sampling import context_num_samples, current_num_samples, num_samples
 
 __all__ = [
     "ATTN_NAME",
@@ -92,7 +90,7 @@ def register() -> None:
 def _mode(fam: AttentionFamily | None) -> AttentionMode:
     if fam is None:
         return "mean"
-    m = _current_mode_at_trace() if torch.compiler.is_compiling() else current_mode()
+    m = context_mode()
     return "guide" if m is None else m
 
 
@@ -137,9 +135,7 @@ def _refuse_unknown(module: nn.Module, kwargs: dict[str, Any]) -> None:
         )
 
 
-def _scores(
-    logits: Tensor, position_bias: Tensor | None, softcap: float | None
-) -> Tensor:
+def _scores(logits: Tensor, position_bias: Tensor | None, softcap: float | None) -> Tensor:
     """The model's own pre-mask scores: ``softcap·tanh(ℓ/softcap)`` (Gemma-2) and ``+ bias``
     (T5's relative position bias), in eager attention's order."""
     if softcap is not None:
@@ -185,7 +181,7 @@ def bayesian_attention_forward(
                 logits = logits + attention_mask
         w = nn.functional.softmax(logits, dim=-1).type(value.dtype)
     else:
-        S = _num_samples_at_trace() if torch.compiler.is_compiling() else current_num_samples()
+        S = context_num_samples()
         if S is not None:
             raise ValueError(
                 f"bayesattn.num_samples({S}) cannot reach {type(module).__name__} from here: "
@@ -196,8 +192,18 @@ def bayesian_attention_forward(
             )
         lp = _as_log_prior(attention_mask, logits.dtype)
         logits, lp = _dead_rows_uniform(logits, lp)
-        w = _sample_weights(fam, getattr(module, _SITE_ATTR, "latent"), mode, logits, lp, query,
-                            key)  # fmt: skip
+        site = getattr(module, _SITE_ATTR, "latent")
+        w = sample_attention_weights(  # (B, H, Tq, Tk): the draw of the torch layer
+            fam,
+            mode,
+            logits,
+            lp,
+            query,
+            key,
+            site=site,
+            weights_site=site.rsplit(".", 1)[0] + ".weights",
+            kl_sink=current_kl_collector(),
+        )
     w = nn.functional.dropout(w, p=dropout, training=module.training)
     out = torch.matmul(w, value)  # (B, H, Tq, D)
     return out.transpose(1, 2).contiguous(), w  # (B, Tq, H, D)
@@ -212,35 +218,6 @@ def _dead_rows_uniform(logits: Tensor, log_prior: Tensor | None) -> tuple[Tensor
     lp = log_prior.expand_as(logits)  # (B, H, Tq, Tk)
     dead = ~(lp > float("-inf")).any(-1, keepdim=True)  # (B, H, Tq, 1)
     return logits.masked_fill(dead, 0.0), lp.masked_fill(dead, 0.0)
-
-
-def _sample_weights(
-    fam: AttentionFamily,
-    site: str,
-    mode: AttentionMode,
-    logits: Tensor,
-    log_prior: Tensor | None,
-    q: Tensor,
-    k: Tensor,
-) -> Tensor:
-    """Draw simplex weights ``(B, H, Tq, Tk)`` at Pyro site ``site`` (as the torch layer does)."""
-    lp_full = log_prior.expand_as(logits) if log_prior is not None else None
-    allowed = None if lp_full is None else BF.allowed_keys(logits + lp_full)
-    if mode == "model":
-        d = fam.model(lp_full, logits, key=k)
-    else:
-        d = fam.guide(logits, lp_full, query=q)
-    if mode == "elbo":
-        latent = d.rsample()
-        col = current_kl_collector()
-        if col is not None:
-            col.add(site, fam.kl(d, fam.model(lp_full, logits, key=k)).sum((-2, -1)))  # (B,)
-        return fam.to_weights(latent, allowed)
-    latent = pyro.sample(site, d.to_event(2))
-    w = fam.to_weights(latent, allowed)
-    if mode == "model":
-        pyro.deterministic(site.rsplit(".", 1)[0] + ".weights", w, event_dim=3)
-    return w
 
 
 _SAMPLES_ATTR = "_bayesattn_sample_stack"
@@ -271,8 +248,10 @@ def _samples_pre_hook(
             return v.repeat((S,) + (1,) * (v.dim() - 1))  # (S*B, ...)
         return v
 
+    inner = num_samples(None)  # left by _samples_post_hook
+    inner.__enter__()
     stack = module.__dict__.setdefault(_SAMPLES_ATTR, [])
-    stack.append((S, B, _NUM_SAMPLES.set(None)))
+    stack.append((S, B, inner))
     return tuple(rep(a) for a in args), {k: rep(v) for k, v in kwargs.items()}
 
 
@@ -291,8 +270,8 @@ def _samples_post_hook(
     stack = module.__dict__.get(_SAMPLES_ATTR)
     if not stack:
         return None
-    S, B, token = stack.pop()
-    _NUM_SAMPLES.reset(token)
+    S, B, inner = stack.pop()
+    inner.__exit__(None, None, None)
     if hasattr(output, "keys"):  # a transformers ModelOutput
         for k in list(output.keys()):
             output[k] = _split(output[k], S, B)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-import pyro
 import torch
 import torch.nn.functional as F
 from pyro.infer.util import is_validation_enabled
@@ -43,12 +42,19 @@ from .._validation import (
     check_real,
     check_same_dtype,
 )
+from ..bayesian_read import add_key_prior
 from ..families import AttentionFamily, FamilyName, get_family
 from ..priors import KeyRelevancePrior, UniformPrior
 from .gp_read import SparseGP
-from .kernels import AttentionKernel, KernelName, finish, get_kernel, kernel_attention
-from .modes import AttentionMode, current_kl_collector, current_mode
-from .sampling import current_num_samples
+from .kernels import (
+    AttentionKernel,
+    KernelName,
+    draw_attention_weights,
+    get_kernel,
+    kernel_attention,
+)
+from .modes import AttentionMode, context_mode, current_mode
+from .sampling import layer_num_samples
 
 if TYPE_CHECKING:
     from ..kernels import SupportWeights
@@ -107,6 +113,19 @@ _PRIOR_FAMILY_KEY = re.compile(r"(^|\.)(prior|family|kernel|gp_read)\.")
 #: state_dicts saved before 0.3 hold the family under ``posterior.*``
 _OLD_FAMILY_KEYS = renamed_submodule_hook("posterior", "family")
 
+
+def _squeeze_support_batch(w: SupportWeights) -> None:
+    """Drop the batch dim of size 1 of support weights, in place, for an unbatched call:
+    ``(…, 1, H, Tq, K)`` → ``(…, H, Tq, K)`` (and the index, dropped mass, global rows alike)."""
+    w.weights = w.weights.squeeze(-4)
+    if w.index is not None and w.index.dim() >= 4:
+        w.index = w.index.squeeze(-4)
+    if w.dropped_mass is not None:
+        w.dropped_mass = w.dropped_mass.squeeze(-3)
+    if w.global_weights is not None:
+        w.global_weights = w.global_weights.squeeze(-4)
+
+
 class CausalHintError(RuntimeError, ValueError):
     """``is_causal=True`` without an ``attn_mask``: a ``RuntimeError`` with torch's message (code
     written for ``torch.nn.MultiheadAttention`` catches that) that is also a ``ValueError``
@@ -129,10 +148,6 @@ def _check_finite(name: str, x: Tensor) -> None:
     """Finite check that also works inside ``torch.compile``/``torch.export`` graphs (there it
     is an in-graph assert: :func:`bayesattn._validation.check_finite`)."""
     check_finite(name, x)
-
-
-_current_mode_at_trace = torch.compiler.assume_constant_result(current_mode)
-_num_samples_at_trace = torch.compiler.assume_constant_result(current_num_samples)
 
 
 def _nested_lengths(x: Tensor) -> list[int]:
@@ -311,9 +326,7 @@ class BayesianMultiheadAttention(PyroModule):
                 f"got {type(family).__name__}"
             )
         if family is not None and family.num_heads not in (1, num_heads):
-            raise ValueError(
-                f"family has {family.num_heads} heads but the layer has {num_heads}"
-            )
+            raise ValueError(f"family has {family.num_heads} heads but the layer has {num_heads}")
         self.family = family
         if isinstance(kernel, str) or kernel is None:
             kernel = get_kernel(kernel)
@@ -323,7 +336,9 @@ class BayesianMultiheadAttention(PyroModule):
         if gp_read is not None:
             if not isinstance(gp_read, SparseGP):
                 raise TypeError(f"gp_read must be None or a SparseGP; got {type(gp_read).__name__}")
-            if (gp_read.groups, gp_read.in_dim, gp_read.out_dim) != (num_heads,) + (self.head_dim,) * 2:
+            if (gp_read.groups, gp_read.in_dim, gp_read.out_dim) != (num_heads,) + (
+                self.head_dim,
+            ) * 2:
                 raise ValueError(
                     f"gp_read must map each of the {num_heads} heads' queries (head_dim "
                     f"{self.head_dim}) to head_dim outputs; got groups={gp_read.groups}, "
@@ -390,11 +405,7 @@ class BayesianMultiheadAttention(PyroModule):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # PyroModule.__call__ enters a Pyro context manager that torch.compile cannot trace;
         # a layer without Pyro parameters/samples needs none of it.
-        if (
-            torch.compiler.is_compiling()
-            and not self._pyro_params
-            and not self._pyro_samples
-        ):
+        if torch.compiler.is_compiling() and not self._pyro_params and not self._pyro_samples:
             return nn.Module.__call__(self, *args, **kwargs)
         return super().__call__(*args, **kwargs)
 
@@ -470,8 +481,7 @@ class BayesianMultiheadAttention(PyroModule):
         layer default (``"guide"`` with a family or a GP read, ``"mean"`` without)."""
         if not self.is_bayesian:
             return "mean"
-        # Dynamo cannot trace ContextVar.get: read the mode once at trace time (compile in one mode)
-        m = _current_mode_at_trace() if torch.compiler.is_compiling() else current_mode()
+        m = context_mode()  # read once at trace time inside torch.compile (compile in one mode)
         return "guide" if m is None else m
 
     # ------------------------------------------------------------------------------------------
@@ -563,8 +573,11 @@ class BayesianMultiheadAttention(PyroModule):
     ) -> tuple[Tensor, Tensor | SupportWeights | None]:
         """See the class docstring. ``num_samples`` draws that many weight samples in one pass
         (in ``"mean"`` mode, or without a family, the ``S`` draws are identical: a view,
-        so shapes do not depend on the mode); ``q_pos``/``k_pos`` are positions passed to
-        positional priors.
+        so shapes do not depend on the mode); it is the layer's one way in for the sample count:
+        left out, it defaults to ``bayesattn.num_samples(S)``'s ``S`` for a ``(B, T, E)`` input,
+        and an input that already has leading sample dims gets one draw per entry
+        (:func:`~bayesattn.nn.sampling.layer_num_samples`). ``q_pos``/``k_pos`` are positions
+        passed to positional priors.
 
         ``is_causal`` follows torch: it is a hint that ``attn_mask`` is causal and needs that mask
         (``RuntimeError`` otherwise); without ``key_padding_mask`` and with ``need_weights=False``
@@ -577,19 +590,15 @@ class BayesianMultiheadAttention(PyroModule):
             )  # fmt: skip
         attn_mask, is_causal = _causal_hint(attn_mask, key_padding_mask, is_causal, need_weights)
         self._validate(query, key, value, key_padding_mask, attn_mask)
-        if num_samples is not None:
-            check_int("num_samples", num_samples, 1)
+        # the one way in: the keyword, defaulting to bayesattn.num_samples(S) for an input
+        # without sample dims (bayesattn.nn.sampling.layer_num_samples)
+        reads_context = query.dim() == 3 and self.is_bayesian
+        num_samples = layer_num_samples(num_samples, reads_context=reads_context)
         self_attn = query is key and key is value
-        if num_samples is None and query.dim() == 3 and self.is_bayesian:
-            # set from outside: bayesattn.num_samples(S); read once at trace time when compiling
-            num_samples = (
-                _num_samples_at_trace() if torch.compiler.is_compiling() else current_num_samples()
-            )
         unbatched = query.dim() == 2
         query, key, value, key_padding_mask = self._batch_first(
             query, key, value, key_padding_mask, unbatched
         )  # (…, B, T, E)
-        Tq = query.shape[-2]
         q, k, v, attn_mask, key_padding_mask = self._heads(
             query, key, value, attn_mask, key_padding_mask, self_attn
         )  # (…, B, H, T, Dh)
@@ -598,7 +607,9 @@ class BayesianMultiheadAttention(PyroModule):
                 self, q, k, v, attn_mask, key_padding_mask, is_causal, q_pos, k_pos,
                 need_weights, average_attn_weights, num_samples,
             )  # fmt: skip
-            return finish(self, out, sw, unbatched)
+            if unbatched and sw is not None:
+                _squeeze_support_batch(sw)
+            return self._to_caller_layout(self._merge_heads(out), unbatched), sw
         log_prior = self._log_prior(attn_mask, key_padding_mask, is_causal, q, k, q_pos, k_pos)
         mode = self.mode()
         wmode = mode if self.family is not None else "mean"  # how the weights are drawn
@@ -615,7 +626,7 @@ class BayesianMultiheadAttention(PyroModule):
                     if w is not None:
                         w = w.expand((num_samples,) + w.shape)  # the softmax weights, S times
         return self._outputs(
-            out, w, "mean" if not drawn else "guide", Tq, num_samples, unbatched, need_weights,
+            out, w, "mean" if not drawn else "guide", num_samples, unbatched, need_weights,
             average_attn_weights,
         )  # fmt: skip
 
@@ -694,7 +705,7 @@ class BayesianMultiheadAttention(PyroModule):
             device=q.device,
         )  # (B|1, H|1, Tq|1, Tk) or None
         if not isinstance(self.prior, UniformPrior):
-            log_prior = self._add_prior(log_prior, q, k, q_pos, k_pos)
+            log_prior = add_key_prior(self.prior, log_prior, q, k, q_pos, k_pos)
         return log_prior
 
     def _read(
@@ -721,7 +732,8 @@ class BayesianMultiheadAttention(PyroModule):
         elif mode == "mean":
             w = BF.posterior_weights(logits, log_prior)
         else:
-            w = self._sample_weights(mode, logits, log_prior, q, k, num_samples)
+            # the Bayesian read (bayesattn.bayesian_read) at this layer's sites, as on a support
+            w = draw_attention_weights(self, mode, logits, log_prior, q, k, num_samples)
         if self.record_weights:
             self.last_weights = w.detach()  # before attention dropout: rows sum to 1
         if dropout_p > 0:
@@ -733,7 +745,6 @@ class BayesianMultiheadAttention(PyroModule):
         out: Tensor,
         w: Tensor | None,
         mode: AttentionMode,
-        Tq: int,
         num_samples: int | None,
         unbatched: bool,
         need_weights: bool,
@@ -742,16 +753,12 @@ class BayesianMultiheadAttention(PyroModule):
         """Heads merged and projected, back to the caller's layout; the weights as torch returns
         them (head-averaged unless ``average_attn_weights=False``; ``S`` identical copies of a
         deterministic read when ``num_samples`` is given)."""
-        out = out.transpose(-3, -2).reshape(out.shape[:-3] + (Tq, self.embed_dim))  # (…,B,Tq,E)
-        out = linear(out, self.out_proj.weight, self.out_proj.bias)
+        out = self._merge_heads(out)  # (…, B, Tq, E)
         if num_samples is not None and w is not None and mode == "mean":
             w = w.expand((num_samples,) + w.shape)  # deterministic: S identical draws
         if num_samples is not None and mode == "mean":
             out = out.expand((num_samples,) + out.shape)
-        if unbatched:
-            out = out.squeeze(-3)
-        elif not self.batch_first:
-            out = out.transpose(-3, -2)  # (…, Tq, B, E)
+        out = self._to_caller_layout(out, unbatched)
         if not need_weights or w is None:
             return out, None
         if average_attn_weights:
@@ -759,6 +766,26 @@ class BayesianMultiheadAttention(PyroModule):
         if unbatched:
             w = w.squeeze(-3 if average_attn_weights else -4)
         return out, w
+
+    def _merge_heads(self, out: Tensor) -> Tensor:
+        """Heads concatenated and projected out: ``(…, B, H, Tq, Dh)`` → ``(…, B, Tq, E)``."""
+        Tq = out.shape[-2]
+        out = out.transpose(-3, -2).reshape(out.shape[:-3] + (Tq, self.embed_dim))  # (…,B,Tq,E)
+        return linear(out, self.out_proj.weight, self.out_proj.bias)
+
+    def _to_caller_layout(self, out: Tensor, unbatched: bool) -> Tensor:
+        """``(…, B, Tq, E)`` back to the caller's layout: ``(…, Tq, E)`` unbatched, ``(…, Tq, B,
+        E)`` sequence-first."""
+        if unbatched:
+            return out.squeeze(-3)
+        if not self.batch_first:
+            return out.transpose(-3, -2)  # (…, Tq, B, E)
+        return out
+
+    def site_name(self, name: str) -> str:
+        """The Pyro site ``"<module path>.<name>"`` of this layer (``name`` for a root layer):
+        ``site_name("latent")`` holds the drawn latent, ``site_name("weights")`` the weights."""
+        return self._pyro_get_fullname(name)
 
     def _forward_nested(
         self,
@@ -804,23 +831,6 @@ class BayesianMultiheadAttention(PyroModule):
         pieces = [out[..., b, : q_len[b], :] for b in range(len(q_len))]
         return torch.nested.as_nested_tensor(pieces, layout=query.layout), w
 
-    def _add_prior(
-        self,
-        log_prior: Tensor | None,
-        q: Tensor,
-        k: Tensor,
-        q_pos: Tensor | None,
-        k_pos: Tensor | None,
-    ) -> Tensor:
-        """Add the key-relevance prior; leading sample dims are folded into the batch for it."""
-        lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3])  # (…, B)
-        pq = q.expand(lead + q.shape[-3:]).reshape((-1,) + q.shape[-3:])  # (N, H, Tq, Dh)
-        pk = k.expand(lead + k.shape[-3:]).reshape((-1,) + k.shape[-3:])  # (N, H, Tk, Dh)
-        lp = self.prior(pq, pk, q_pos, k_pos)  # (N|1, H|1, Tq|1, Tk)
-        if lp.shape[0] != 1:
-            lp = lp.reshape(lead + lp.shape[1:])  # (…, B, H|1, Tq|1, Tk)
-        return lp if log_prior is None else log_prior + lp
-
     def _fused(self, q: Tensor, k: Tensor, v: Tensor, log_prior: Tensor | None, p: float) -> Tensor:
         """``F.scaled_dot_product_attention`` with rows that have no allowed key set to zero."""
         dead = None
@@ -836,43 +846,6 @@ class BayesianMultiheadAttention(PyroModule):
         if dead is not None:
             out = out.masked_fill(dead, 0.0)
         return out
-
-    def _sample_weights(
-        self,
-        mode: str,
-        logits: Tensor,
-        log_prior: Tensor | None,
-        q: Tensor,
-        k: Tensor,
-        num_samples: int | None,
-    ) -> Tensor:
-        fam = self.family
-        assert fam is not None
-        lp_full = log_prior.expand_as(logits) if log_prior is not None else None
-        allowed = None if lp_full is None else BF.allowed_keys(logits + lp_full)  # None: all
-        if mode == "model":
-            d = fam.model(lp_full, logits, key=k)
-        else:
-            d = fam.guide(logits, lp_full, query=q)
-        if num_samples is not None:
-            d = d.expand(torch.Size((num_samples,)) + d.batch_shape)
-            if allowed is not None:
-                allowed = allowed.expand((num_samples,) + allowed.shape)
-        if mode == "elbo":
-            latent = d.rsample()
-            col = current_kl_collector()
-            if col is not None:
-                p = fam.model(lp_full, logits, key=k)
-                if num_samples is not None:
-                    p = p.expand(d.batch_shape)
-                kl = fam.kl(d, p)  # (…, B, H, Tq)
-                col.add(self._pyro_get_fullname("latent"), kl.sum((-2, -1)))  # (…, B)
-            return fam.to_weights(latent, allowed)
-        latent = pyro.sample(self._pyro_get_fullname("latent"), d.to_event(2))
-        w = fam.to_weights(latent, allowed)
-        if mode == "model":
-            pyro.deterministic(self._pyro_get_fullname("weights"), w, event_dim=3)
-        return w
 
     def extra_repr(self) -> str:
         fam = type(self.family).__name__ if self.family is not None else None

@@ -34,7 +34,7 @@ be expressed on mixtures of keys) and at most ``max_len`` keys; the cluster top-
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -43,10 +43,9 @@ from torch import Tensor, nn
 
 from .. import kernels as K
 from .._validation import check_int
+from ..bayesian_read import add_key_prior, sample_attention_weights
 from ..priors import UniformPrior
-
-if TYPE_CHECKING:
-    from .attention import BayesianMultiheadAttention
+from .modes import current_kl_collector
 
 __all__ = [
     "AttentionKernel",
@@ -58,6 +57,7 @@ __all__ = [
     "LowRankKernel",
     "get_kernel",
     "kernel_attention",
+    "draw_attention_weights",
 ]
 
 
@@ -104,7 +104,7 @@ class AttentionKernel(nn.Module):
         dropout_p: float,
     ) -> Tensor | None:
         """Output of posterior draws without returning weights (a leaner path), or ``None`` to
-        draw on the whole support."""
+        draw on the whole support. Draws go through :func:`draw_attention_weights`."""
         return None
 
 
@@ -340,7 +340,7 @@ class TiledKernel(AttentionKernel):
             s = start[0]
             start[0] += logits.shape[-2]
             with scope(prefix=f"tile{s}"):
-                w = layer._sample_weights(mode, logits, lp, qt, k, num_samples)
+                w = draw_attention_weights(layer, mode, logits, lp, qt, k, num_samples)
             return F.dropout(w, dropout_p, training=True) if dropout_p > 0 else w
 
         return K.tiled_posterior_read(q, k, v, draw, log_prior, tile=self.tile)
@@ -441,6 +441,37 @@ def get_kernel(name: KernelName | None, **kwargs: Any) -> AttentionKernel | None
     return _KERNELS[name](**kwargs)
 
 
+def draw_attention_weights(
+    layer: Any,  # a BayesianMultiheadAttention with a family
+    mode: str,
+    logits: Tensor,
+    log_prior: Tensor | None,
+    q: Tensor,
+    k: Tensor,
+    num_samples: int | None,
+) -> Tensor:
+    """One draw of ``layer``'s weights on a support (``mode`` ``"guide"``/``"model"``/``"elbo"``):
+    :func:`bayesattn.bayesian_read.sample_attention_weights` with the layer's family and Pyro
+    sites, the same call as the dense layer's. Kernels' :meth:`AttentionKernel.sample_output`
+    draw through it.
+
+    Shape:
+        logits ``(…, B, H, Tq, K)`` → weights ``(*S, …, B, H, Tq, K)``.
+    """
+    return sample_attention_weights(
+        layer.family,
+        mode,
+        logits,
+        log_prior,
+        q,
+        k,
+        site=layer.site_name("latent"),
+        weights_site=layer.site_name("weights"),
+        num_samples=num_samples,
+        kl_sink=current_kl_collector(),
+    )
+
+
 def _check_layer(layer: Any, attn_mask: Tensor | None, is_causal: bool) -> None:
     # layer: a BayesianMultiheadAttention whose ``kernel`` is set (Any: that attribute is Optional)
     kern = layer.kernel
@@ -501,8 +532,8 @@ def kernel_attention(
             kp = k_pos if k_pos is not None else torch.arange(Tk, device=q.device)
 
             def prior_fn(s: int, e: int, kidx: Tensor) -> Tensor:
-                return layer._add_prior(
-                    None, q[..., s:e, :], k.index_select(-2, kidx), qp[s:e], kp[kidx]
+                return add_key_prior(
+                    layer.prior, None, q[..., s:e, :], k.index_select(-2, kidx), qp[s:e], kp[kidx]
                 )
 
         lp_fn = K.chunk_log_prior(
@@ -535,11 +566,13 @@ def kernel_attention(
         w = support.posterior_weights()  # (…, B, H, Tq, K)
         gw = g.posterior_weights() if g is not None else None  # (…, B, H, Gq, Tk)
     else:
-        w = layer._sample_weights(mode, support.logits, support.log_prior, q, k, num_samples)
+        w = draw_attention_weights(
+            layer, mode, support.logits, support.log_prior, q, k, num_samples
+        )
         if g is not None and rows is not None:  # the global queries' rows: a second site
             with scope(prefix="global"):
-                gw = layer._sample_weights(
-                    mode, g.logits, g.log_prior, q.index_select(-2, rows), k, num_samples
+                gw = draw_attention_weights(
+                    layer, mode, g.logits, g.log_prior, q.index_select(-2, rows), k, num_samples
                 )
     sw = K.SupportWeights(
         w, support.index, Tk, support.dropped_mass, average_attn_weights, rows, gw
@@ -555,28 +588,3 @@ def kernel_attention(
         sw.weights, sw.global_weights = w, gw
     out = K.support_attend(w, support, v_read, global_weights=gw)  # (*S, …, B, H, Tq, Dh)
     return out, (sw if need_weights else None)
-
-
-def finish(
-    layer: BayesianMultiheadAttention, out: Tensor, w: K.SupportWeights | None, unbatched: bool
-) -> tuple[Tensor, K.SupportWeights | None]:
-    """Merge heads, project out and restore the layer's batch layout (the tail of
-    ``BayesianMultiheadAttention.forward`` for kernel outputs)."""
-    from .attention import linear
-
-    Tq = out.shape[-2]
-    out = out.transpose(-3, -2).reshape(out.shape[:-3] + (Tq, layer.embed_dim))  # (…, B, Tq, E)
-    out = linear(out, layer.out_proj.weight, layer.out_proj.bias)
-    if unbatched:
-        out = out.squeeze(-3)
-        if w is not None:  # drop the batch dim of size 1 (…, 1, H, Tq, K) → (…, H, Tq, K)
-            w.weights = w.weights.squeeze(-4)
-            if w.index is not None and w.index.dim() >= 4:
-                w.index = w.index.squeeze(-4)
-            if w.dropped_mass is not None:
-                w.dropped_mass = w.dropped_mass.squeeze(-3)
-            if w.global_weights is not None:
-                w.global_weights = w.global_weights.squeeze(-4)
-    elif not layer.batch_first:
-        out = out.transpose(-3, -2)  # (…, Tq, B, E)
-    return out, w

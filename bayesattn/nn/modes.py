@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Literal, get_args
 
+import torch
 from torch import Tensor
 
 from .._deprecation import renamed_value
@@ -37,6 +38,7 @@ __all__ = [
     "check_mode",
     "attention_mode",
     "current_mode",
+    "context_mode",
     "collect_kl",
     "current_kl_collector",
     "KLCollector",
@@ -66,6 +68,16 @@ def check_mode(mode: str, name: str = "mode", stacklevel: int = 5) -> AttentionM
 def current_mode() -> AttentionMode | None:
     """The mode set by the innermost :func:`attention_mode`, or ``None`` (layer default)."""
     return _MODE.get()
+
+
+#: Dynamo cannot trace ContextVar.get: inside torch.compile the mode is read once at trace time
+_current_mode_at_trace = torch.compiler.assume_constant_result(current_mode)
+
+
+def context_mode() -> AttentionMode | None:
+    """:func:`current_mode`, read once at trace time inside ``torch.compile`` (a compiled model
+    runs in the mode it was compiled in)."""
+    return _current_mode_at_trace() if torch.compiler.is_compiling() else current_mode()
 
 
 @contextlib.contextmanager

@@ -1,11 +1,26 @@
-"""How many attention draws a forward pass takes, set from outside a model you did not write.
+"""How many attention draws a layer takes: one rule, one place (:func:`layer_num_samples`).
 
-``with num_samples(S): model(x)`` makes every Bayesian attention layer inside ``model`` that sees
-an input *without* sample dims draw ``S`` weight samples in one pass (its output gains a leading
-``S``); layers further down, whose input already carries the sample dim, draw one sample per
-existing sample. This is the vectorised path: it needs a model whose other operations broadcast
-over a leading dim (our networks do; many foreign models do not, see
+A :class:`~bayesattn.nn.attention.BayesianMultiheadAttention` learns its sample count ``S`` in one
+way: its ``num_samples`` keyword. ``with num_samples(S): model(x)`` only sets that keyword's
+*default* from outside a model you did not write, for every Bayesian layer inside that sees an
+input without sample dims; such a layer draws ``S`` weight samples in one pass and its output
+gains a leading ``S``. Layers further down then see that leading dim: it is already the sample
+dim, so they take no keyword default and draw one sample per existing sample. In full,
+:func:`layer_num_samples`:
+
+===================================  ===========================================================
+the layer is called with             it draws
+===================================  ===========================================================
+``num_samples=S``                    ``S`` samples (a leading ``S`` on its outputs)
+no keyword, ``(B, T, E)`` input,     the context's ``S`` (``None`` outside ``num_samples``)
+a family or a GP read
+no keyword, ``(*S, B, T, E)`` input  one sample per leading entry (the dims are batch dims to it)
+===================================  ===========================================================
+
+The context is the vectorised path: it needs a model whose other operations broadcast over a
+leading dim (our networks do; many foreign models do not, see
 :func:`bayesattn.interop.posthoc.sample_probs`, which falls back to batched repetition).
+Inside ``torch.compile`` the context is read once, at trace time.
 """
 
 from __future__ import annotations
@@ -14,9 +29,11 @@ import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
 
+import torch
+
 from .._validation import check_int
 
-__all__ = ["num_samples", "current_num_samples"]
+__all__ = ["num_samples", "current_num_samples", "layer_num_samples"]
 
 _NUM_SAMPLES: ContextVar[int | None] = ContextVar("bayesattn_num_samples", default=None)
 
@@ -26,9 +43,33 @@ def current_num_samples() -> int | None:
     return _NUM_SAMPLES.get()
 
 
+#: Dynamo cannot trace ContextVar.get: inside torch.compile the count is read once at trace time
+_num_samples_at_trace = torch.compiler.assume_constant_result(current_num_samples)
+
+
+def context_num_samples() -> int | None:
+    """:func:`current_num_samples`, read once at trace time inside ``torch.compile``."""
+    return _num_samples_at_trace() if torch.compiler.is_compiling() else current_num_samples()
+
+
+def layer_num_samples(num_samples: int | None, *, reads_context: bool) -> int | None:
+    """The number of draws a layer takes (the table in the module docstring): the keyword when
+    given, else the context's when ``reads_context`` (an input without sample dims to a layer
+    that draws), else ``None``.
+
+    Raises:
+        ValueError: ``num_samples`` below 1; TypeError: not an int.
+    """
+    if num_samples is not None:
+        check_int("num_samples", num_samples, 1)
+        return num_samples
+    return context_num_samples() if reads_context else None
+
+
 @contextlib.contextmanager
 def num_samples(n: int | None) -> Iterator[None]:
-    """Context manager: Bayesian attention layers inside draw ``n`` samples per pass."""
+    """Context manager: Bayesian attention layers inside that see an input without sample dims
+    draw ``n`` samples per pass (the default of their ``num_samples`` keyword)."""
     check_int("num_samples", n, 1, allow_none=True)
     token = _NUM_SAMPLES.set(n)
     try:

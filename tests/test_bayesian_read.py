@@ -1,0 +1,162 @@
+"""The Bayesian read (:mod:`bayesattn.bayesian_read`): one draw function that the dense layer, the
+reduced-support kernels and the Hugging Face interop all call.
+
+Each path is checked two ways: it calls :func:`sample_attention_weights` (a spy), and under the
+same seed it returns the draw of a direct call of that function on logits computed here from the
+layer's own projections."""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bayesattn.bayesian_read as BR
+import bayesattn.interop.hf as hf
+import bayesattn.nn.kernels as NK
+from bayesattn.bayesian_read import add_key_prior, sample_attention_weights
+from bayesattn.families import get_family
+from bayesattn.nn.attention import BayesianMultiheadAttention
+from bayesattn.nn.kernels import TiledKernel, TopKKernel
+from bayesattn.nn.modes import attention_mode, collect_kl
+from bayesattn.priors import ContextualPrior, DistanceDecayPrior
+
+E, H, T, B = 8, 2, 5, 3
+Dh = E // H
+
+
+def _qk(m: BayesianMultiheadAttention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's per-head queries and keys ``(B, H, T, Dh)``, computed here (packed in_proj)."""
+    w, b = m.in_proj_weight, m.in_proj_bias
+    q = F.linear(x, w[:E], b[:E]).reshape(B, T, H, Dh).transpose(1, 2)
+    k = F.linear(x, w[E : 2 * E], b[E : 2 * E]).reshape(B, T, H, Dh).transpose(1, 2)
+    return q, k
+
+
+def _logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(q / math.sqrt(Dh), k.transpose(-1, -2))  # (B, H, T, T)
+
+
+def _seeded(fn):
+    torch.manual_seed(3)
+    pyro.set_rng_seed(3)
+    return fn()
+
+
+@pytest.fixture
+def layer_and_input():
+    torch.manual_seed(0)
+    m = BayesianMultiheadAttention(E, H, batch_first=True, family="logistic_normal").eval()
+    x = torch.randn(B, T, E)
+    return m, x
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Spy on the one draw function in every module that calls it."""
+    seen: list[tuple[str, str]] = []
+    real = BR.sample_attention_weights
+
+    def spy(family, mode, *args, **kwargs):
+        seen.append((mode, kwargs["site"]))
+        return real(family, mode, *args, **kwargs)
+
+    monkeypatch.setattr(NK, "sample_attention_weights", spy)
+    monkeypatch.setattr(hf, "sample_attention_weights", spy)
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["guide", "model"])
+def test_dense_layer_draw_is_the_direct_call(layer_and_input, calls, mode):
+    m, x = layer_and_input
+    q, k = _qk(m, x)
+    with attention_mode(mode):
+        # key/value not the query object: the layer projects them separately, as _qk does
+        _, w = _seeded(lambda: m(x, x.clone(), x.clone(), average_attn_weights=False))
+    direct = _seeded(
+        lambda: sample_attention_weights(m.family, mode, _logits(q, k), None, q, k)
+    )  # (B, H, T, T)
+    torch.testing.assert_close(w, direct)
+    assert calls == [(mode, "latent")]
+
+
+def test_kernel_paths_draw_the_dense_draw(layer_and_input, calls):
+    """A tiled kernel reads every key: its support draw (with weights) and its tile-by-tile draw
+    (without) equal the dense layer's, through the same function."""
+    m, x = layer_and_input
+    dense_y, dense_w = _seeded(lambda: m(x, x.clone(), x.clone(), average_attn_weights=False))
+    m.kernel = TiledKernel(tile=T)  # one tile: one site, the same rows in the same order
+    _, sw = _seeded(lambda: m(x, x.clone(), x.clone(), average_attn_weights=False))
+    torch.testing.assert_close(sw.to_dense(), dense_w)
+    y, _ = _seeded(lambda: m(x, x.clone(), x.clone(), need_weights=False))
+    torch.testing.assert_close(y, dense_y)
+    assert calls == [("guide", "latent")] * 3
+
+
+def test_hf_interop_draws_the_layer_draw(layer_and_input, calls):
+    """transformers' attention function of a converted model, given the layer's family and the
+    same q, k: the same draw, at the module's own site."""
+    transformers = pytest.importorskip("transformers")
+    m, x = layer_and_input
+    q, k = _qk(m, x)
+    v = torch.randn(B, H, T, Dh)
+    cfg = transformers.BertConfig(
+        hidden_size=E, num_hidden_layers=1, num_attention_heads=H, intermediate_size=16,
+        vocab_size=10, attn_implementation="eager",
+    )  # fmt: skip
+    bert = hf.convert_hf(transformers.BertModel(cfg).eval(), family=m.family)  # a copy of it
+    (path, module), *_ = hf.hf_attention_modules(bert).items()
+    _, w_hf = _seeded(lambda: hf.bayesian_attention_forward(module, q, k, v, None, Dh**-0.5))
+    _, w = _seeded(lambda: m(x, x.clone(), x.clone(), average_attn_weights=False))
+    torch.testing.assert_close(w_hf, w)
+    assert calls == [("guide", f"{path}.latent"), ("guide", "latent")]
+
+
+def test_elbo_kl_and_model_sites():
+    """``"elbo"``: no Pyro site, KL ``(*S, B)`` under the site name; ``"model"``: the latent and
+    the deterministic weights sites; ``num_samples`` prepends S."""
+    fam = get_family("dirichlet", num_heads=H, head_dim=Dh)
+    q, k = torch.randn(B, H, T, Dh), torch.randn(B, H, T, Dh)
+    lp = torch.zeros(1, 1, 1, T)
+    lp[..., -1] = float("-inf")  # the last key ruled out
+    with collect_kl() as col:
+        w = sample_attention_weights(
+            fam, "elbo", _logits(q, k), lp, q, k, site="a.latent", num_samples=4, kl_sink=col
+        )
+    assert w.shape == (4, B, H, T, T) and list(col.terms) == ["a.latent"]
+    assert col.terms["a.latent"].shape == (4, B) and bool((col.terms["a.latent"] >= 0).all())
+    assert bool((w[..., -1] == 0).all())
+    torch.testing.assert_close(w.sum(-1), torch.ones(4, B, H, T))
+    tr = pyro.poutine.trace(sample_attention_weights).get_trace(
+        fam, "model", _logits(q, k), lp, q, k, site="a.latent", weights_site="a.weights"
+    )
+    assert [n for n in tr.nodes if n.startswith("a.")] == ["a.latent", "a.weights"]
+    with pytest.raises(ValueError, match="mode"):
+        sample_attention_weights(fam, "mean", _logits(q, k), None, q, k)
+
+
+def test_add_key_prior_folds_sample_dims():
+    """Leading sample dims are folded into the batch for a query-dependent prior: the same as
+    calling the prior on each sample; a prior that ignores the batch stays ``(1, H, T, T)``."""
+    torch.manual_seed(0)
+    prior = ContextualPrior(Dh)
+    q, k = torch.randn(2, B, H, T, Dh), torch.randn(2, B, H, T, Dh)
+    base = torch.randn(B, 1, T, T)
+    lp = add_key_prior(prior, base, q, k)  # (2, B, H, T, T)
+    for s in range(2):
+        torch.testing.assert_close(lp[s], base + prior(q[s], k[s], None, None))
+    decay = DistanceDecayPrior(H)
+    assert add_key_prior(decay, None, q, k).shape == (1, H, T, T)
+
+
+def test_topk_support_draw_is_on_the_support(calls):
+    """A reduced support (top-k): the draw is over ``K`` keys per query, at the layer's site."""
+    torch.manual_seed(0)
+    m = BayesianMultiheadAttention(E, H, batch_first=True, family="dirichlet", kernel=TopKKernel(2))
+    x = torch.randn(B, T, E)
+    _, sw = m(x, x, x, average_attn_weights=False)
+    assert sw.weights.shape == (B, H, T, 2)
+    assert calls == [("guide", "latent")]
