@@ -327,7 +327,9 @@ def test_result_and_samples_bad_inputs():
     with pytest.raises(ValueError, match=r"probs must be \(S, B, C\) or \(S, B, T, V\)"):
         PredictionResult(torch.rand(4, 3))
     with pytest.raises(ValueError, match="mask must have shape"):
-        PredictionResult(torch.rand(2, 3, 4, 5).softmax(-1), mask=torch.ones(3, 5, dtype=torch.bool))
+        PredictionResult(
+            torch.rand(2, 3, 4, 5).softmax(-1), mask=torch.ones(3, 5, dtype=torch.bool)
+        )
     with pytest.raises(TypeError, match="probs must be a torch.Tensor"):
         PredictionResult([[0.5, 0.5]])
     with pytest.raises(ValueError, match=r"samples must be 5-D \(S, B, H, Tq, Tk\)"):
