@@ -15,10 +15,10 @@ module imports them at import time; ``import bayesattn`` does not import this mo
 * ``torch.optim.AdamW`` with :func:`~bayesattn.training.schedules.lr_scheduler` stepped every
   optimiser step, and global-norm gradient clipping at ``config.clip_norm`` (unless the Lightning
   ``Trainer`` sets ``gradient_clip_val``).
-* validation through the posterior predictive: :func:`bayesattn.uncertainty.predict` for
-  classifiers (``num_samples`` draws, averaged probabilities), the same vectorised posterior pass
-  token by token for sequence models; accuracy, NLL and ECE of the averaged probabilities through
-  ``torchmetrics`` (synchronised across processes).
+* validation through the posterior predictive engine,
+  :meth:`bayesattn.predictive.Predictive.probs_and_targets` (``num_samples`` draws, averaged
+  probabilities; token by token for sequence models); accuracy, NLL and ECE of the averaged
+  probabilities through ``torchmetrics`` (synchronised across processes).
 
 **ELBO scaling across processes.** Under DDP each of :math:`R` ranks sees a batch of :math:`b`
 examples of the global batch :math:`Rb`. Every rank scales its data plate to the *full* dataset

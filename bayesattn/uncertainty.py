@@ -24,6 +24,10 @@ and the mutual information is :math:`\ge 0` by Jensen's inequality (concavity of
 The attention weights of every layer are kept as :class:`AttentionSamples`
 ``(S, B, H, Tq, Tk)`` with their mean, std, central credible intervals and summaries.
 
+:func:`predict`, :func:`predict_mc_dropout` and :func:`predict_ensemble` are calls of the one
+predictive engine, :class:`bayesattn.predictive.Predictive` (where :class:`PredictionResult` and
+:class:`AttentionSamples` live; they are re-exported here).
+
 Shape glossary: ``S`` posterior samples (leftmost), ``B`` batch, ``C`` classes, ``H`` heads,
 ``Tq``/``Tk`` query/key length.
 
@@ -80,7 +84,8 @@ def predict(
     sequence models their per-token predictive ``(S, B, T, V)`` (teacher-forced: ``Seq2Seq``
     needs the targets ``y``; a ``CausalLM`` predicts ``x[:, 1:]`` from ``x[:, :-1]``) with the
     valid positions in ``mask``. :func:`predict_mc_dropout` and :func:`predict_ensemble` (the
-    baselines) run through the same code.
+    baselines) run through the same code: each is ``Predictive(network, num_samples, batch_size,
+    ...)(x, y)`` (:class:`bayesattn.predictive.Predictive`).
 
     Each sample :math:`s` runs the network with attention weights drawn in ``mode`` (the amortised
     guide :math:`q(w\mid x)` by default; ``"model"``: the weight model; ``"mean"``: the deterministic
