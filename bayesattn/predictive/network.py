@@ -1,8 +1,8 @@
 r"""The predictive pass of a bayesattn network: ``S`` samples as a leading particle dim through
 the whole network, in one vectorised pass per chunk of inputs.
 
-.. math:: p_s(c\mid x) = p(c\mid x, w_s, \theta_s), \qquad w_s \sim q(w\mid x),\
-          \theta_s \sim q(\theta)
+.. math:: p_s(c\mid x) = p(c\mid x, w_s, \theta_s), \qquad w_s \sim q(w\mid x),
+          \quad \theta_s \sim q(\theta)
 
 Attention weights :math:`w_s` are drawn in the attention mode, projection weights
 :math:`\theta_s` (Bayesian projections) and global latents once per sample, shared by every
