@@ -63,6 +63,7 @@ _SUBMODULES = (
     "kernels",
     "models",
     "plots",
+    "predictive",
     "uncertainty",
     "cli",
     "training",

@@ -15,10 +15,10 @@ module imports them at import time; ``import bayesattn`` does not import this mo
 * ``torch.optim.AdamW`` with :func:`~bayesattn.training.schedules.lr_scheduler` stepped every
   optimiser step, and global-norm gradient clipping at ``config.clip_norm`` (unless the Lightning
   ``Trainer`` sets ``gradient_clip_val``).
-* validation through the posterior predictive: :func:`bayesattn.uncertainty.predict` for
-  classifiers (``num_samples`` draws, averaged probabilities), the same vectorised posterior pass
-  token by token for sequence models; accuracy, NLL and ECE of the averaged probabilities through
-  ``torchmetrics`` (synchronised across processes).
+* validation through the posterior predictive engine,
+  :meth:`bayesattn.predictive.Predictive.probs_and_targets` (``num_samples`` draws, averaged
+  probabilities; token by token for sequence models); accuracy, NLL and ECE of the averaged
+  probabilities through ``torchmetrics`` (synchronised across processes).
 
 **ELBO scaling across processes.** Under DDP each of :math:`R` ranks sees a batch of :math:`b`
 examples of the global batch :math:`Rb`. Every rank scales its data plate to the *full* dataset
@@ -55,7 +55,6 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import torch
-from pyro import poutine
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch import Tensor
 
@@ -72,13 +71,12 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from ._deprecation import renamed_kwargs
 from ._validation import check_bool, check_int
 from .inference import TrainConfig, _resolve_config, kl_beta, sync_param_store
-from .nn.modes import attention_mode, global_values
 from .nn.networks import BayesianNetwork, CausalLM, Seq2Seq, TransformerClassifier
+from .predictive import Predictive
 from .training.config import _upgrade_config_dict
 from .training.data import as_batch, fork_rng
 from .training.kl import AnnealedPair
 from .training.schedules import lr_scheduler
-from .uncertainty import _draw_weights, predict
 
 if TYPE_CHECKING:
     from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
@@ -108,47 +106,21 @@ def predictive_probs(
     network: BayesianNetwork, x: Tensor, y: Tensor | None = None, num_samples: int = 8
 ) -> tuple[Tensor, Tensor]:
     r"""Posterior-predictive probabilities :math:`\bar p = \frac1S\sum_s p(\cdot\mid x, w_s)` and
-    their targets, one row per prediction.
+    their targets, one row per prediction: ``Predictive(network, num_samples,
+    keep_attention=False).probs_and_targets(x, y)`` (:class:`bayesattn.predictive.Predictive`).
 
-    Classifiers go through :func:`bayesattn.uncertainty.predict`; sequence models take the same
-    vectorised posterior pass (``S`` particles, Bayesian weights drawn by the weight guide) with
-    teacher forcing, and keep the non-padding target positions.
+    Classifiers are scored on their labels ``y``; sequence models take the same vectorised
+    posterior pass (``S`` particles, Bayesian weights drawn by the weight guide) with teacher
+    forcing, and keep the non-padding target positions.
 
     Shape:
         ``probs (M, C)``, ``targets (M,)``: ``M = B`` for classifiers, the number of non-padding
         target tokens for sequence models.
     """
-    if isinstance(network, TransformerClassifier):
-        if y is None:
-            raise ValueError("a classifier needs labels y to be evaluated")
-        res = predict(network, x, num_samples=num_samples, keep_attention=False)
-        return res.mean_probs, y
-    _num_classes(network)
-    network.check_batch(x, y)
-    stochastic = bool(network.bayesian_layers) or network.weight_guide is not None
-    S = num_samples if stochastic else 1
-    was_training = network.training
-    network.eval()
-    try:
-        values = _draw_weights(network, "guide", S)
-        gvals = network.draw_globals("guide", S if S > 1 else None)  # one per sample
-        with (
-            poutine.block(),
-            attention_mode("guide"),
-            network.pyro_context,
-            network.weights_from(values),
-            global_values(gvals),
-        ):
-            logits = network.forward_logits(x, y, S)  # (S?, B, T, V)
-    finally:
-        network.train(was_training)
-    probs = torch.softmax(logits, -1)
-    if S > 1:
-        probs = probs.mean(0)  # (B, T, V)
-    targets, mask, _ = network.targets(x, y)
-    if targets is None:
-        raise ValueError(f"{type(network).__name__}.targets(x, y) gave no targets")
-    return probs[mask], targets[mask]  # (M, V), (M,)
+    if not isinstance(network, TransformerClassifier):
+        _num_classes(network)
+    engine = Predictive(network, num_samples, keep_attention=False)
+    return engine.probs_and_targets(x, y)
 
 
 class BayesianLightningModule(L.LightningModule):

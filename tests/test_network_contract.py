@@ -236,7 +236,7 @@ def test_user_attention_network_trains_samples_and_exports():
     idata = D.predictive_to_arviz(net, x[:6], y[:6], num_samples=4, seed=0)
     assert idata.posterior["attn.weights"].shape == (1, 4, 6, 2, 5, 5)
     assert idata.log_likelihood["obs"].shape == (1, 4, 6)
-    assert D.prediction_to_arviz(r, y[:6]).posterior["probs"].shape == (1, 5, 6, 2)
+    assert D.predictive_to_arviz(r, y=y[:6]).posterior["probs"].shape == (1, 5, 6, 2)
 
 
 def test_prior_predictive_matches_closed_form():

@@ -259,12 +259,12 @@ def test_ensemble_baseline_stacks_members():
         predict_ensemble([members[0], TransformerClassifier(4, vocab_size=5, **SMALL)], x)
 
 
-def test_prediction_to_arviz_reads_any_predictor_and_loo_runs():
+def test_predictive_to_arviz_reads_any_predictor_and_loo_runs():
     import warnings
 
     import arviz as az
 
-    from bayesattn.diagnostics import arviz_major_version, prediction_to_arviz
+    from bayesattn.diagnostics import arviz_major_version, predictive_to_arviz
 
     members = [_vit(None, dropout=0.2).eval() for _ in range(2)]
     x, y = torch.rand(5, 4, 4), torch.randint(0, 4, (5,))
@@ -277,7 +277,7 @@ def test_prediction_to_arviz_reads_any_predictor_and_loo_runs():
         ll = res.log_likelihood(y)  # (S, B), checked against a plain gather
         manual = torch.stack([res.probs[s, torch.arange(5), y].log() for s in range(len(ll))])
         torch.testing.assert_close(ll, manual)
-        idata = prediction_to_arviz(res, y)
+        idata = predictive_to_arviz(res, y=y)
         got = idata.log_likelihood["obs"].values  # (chain, draw, example)
         assert got.shape == (1, res.num_samples, 5)
         torch.testing.assert_close(torch.from_numpy(got[0]), ll.double(), check_dtype=False)
@@ -290,7 +290,7 @@ def test_prediction_to_arviz_reads_any_predictor_and_loo_runs():
     with pytest.raises(ValueError, match="y must have shape"):
         res.log_likelihood(y[:3])
     with pytest.raises(TypeError, match="PredictionResult"):
-        prediction_to_arviz(res.probs, y)
+        predictive_to_arviz(res.probs, y=y)
 
 
 @pytest.mark.parametrize("norm_first", [True, False])

@@ -13,10 +13,10 @@ from bayesattn.nn.blocks import AttentionConfig
 from bayesattn.nn.modes import attention_mode
 from bayesattn.nn.networks import Seq2Seq, TransformerClassifier, VisionTransformer
 from bayesattn.nn.weights import bayesian_projections
+from bayesattn.predictive.network import draw_weights
 from bayesattn.uncertainty import (
     AttentionSamples,
     PredictionResult,
-    _draw_weights,
     entropy,
     predict,
 )
@@ -246,7 +246,7 @@ def test_vectorised_weight_samples_match_sequential_runs(guide):
     net = _clf(family=None).eval()
     bayesian_projections(net, init_scale=0.1, guide=guide)
     x = _tokens()
-    values = _draw_weights(net, "guide", 3)
+    values = draw_weights(net, "guide", 3)
     assert all(v.shape[0] == 3 for v in values.values())
     assert not torch.equal(*[v[:2] for v in values.values()][0])
 
@@ -327,7 +327,9 @@ def test_result_and_samples_bad_inputs():
     with pytest.raises(ValueError, match=r"probs must be \(S, B, C\) or \(S, B, T, V\)"):
         PredictionResult(torch.rand(4, 3))
     with pytest.raises(ValueError, match="mask must have shape"):
-        PredictionResult(torch.rand(2, 3, 4, 5).softmax(-1), mask=torch.ones(3, 5, dtype=torch.bool))
+        PredictionResult(
+            torch.rand(2, 3, 4, 5).softmax(-1), mask=torch.ones(3, 5, dtype=torch.bool)
+        )
     with pytest.raises(TypeError, match="probs must be a torch.Tensor"):
         PredictionResult([[0.5, 0.5]])
     with pytest.raises(ValueError, match=r"samples must be 5-D \(S, B, H, Tq, Tk\)"):

@@ -7,9 +7,13 @@ into an ``arviz.InferenceData`` (arviz 0.x) or an ``xarray.DataTree`` (arviz >= 
 ``{group: {var: array}}`` dict with ``dims``/``coords``). Attention-weight variables
 (``"<path>.weights"``/``"<path>.latent"``, shape ``(..., B, H, Tq, Tk)``) get the dims
 ``("example", "head", "query", "key")`` (plus ``"layer"`` when stacked) and, with ``tokens``,
-token coordinates on ``query``/``key``. :func:`predictive_to_arviz` draws from a network's guide,
-replays its model and exports posterior attention weights, the posterior predictive, the observed
-labels and the pointwise log-likelihood :math:`\log p(y_b\mid x_b, w_s)`.
+token coordinates on ``query``/``key``. :func:`predictive_to_arviz`, the one ArviZ export of
+predictions, draws from a network's guide through the predictive engine
+(:meth:`bayesattn.predictive.Predictive.trace`), replays its model and exports posterior attention
+weights, the posterior predictive, the observed labels and the pointwise log-likelihood
+:math:`\log p(y_b\mid x_b, w_s)`; or exports any predictor's
+:class:`~bayesattn.predictive.PredictionResult` (``prediction_to_arviz``, its deprecated 0.3
+name for results, warns).
 
 **What ArviZ diagnostics mean for variational draws.** Draws from a variational guide are
 independent, so they are stored as **one chain** of ``S`` draws, ``(chain, draw) = (1, S)``. For

@@ -22,7 +22,7 @@ from pyro.ops.stats import fit_generalized_pareto
 from torch import Tensor
 
 from .._validation import check_int, seeded
-from ._util import _max_plate_nesting, _per_draw
+from ..predictive.trace import max_plate_nesting, per_draw
 
 __all__ = ["KHAT_INTERPRETATIONS", "interpret_khat", "psis_smooth", "PSISResult", "psis_diagnostic"]
 
@@ -151,7 +151,7 @@ def _log_prob_per_draw(tr: Any, num: int, dim: int) -> Tensor:
             lp = site["log_prob"]
             if not isinstance(lp, Tensor):
                 lp = torch.as_tensor(lp)
-            total = total + _per_draw(lp.to(torch.float64), num, dim).sum(1)
+            total = total + per_draw(lp.to(torch.float64), num, dim).sum(1)
     return total
 
 
@@ -201,13 +201,13 @@ def psis_diagnostic(
         gtr = poutine.trace(guide).get_trace(*args, **kwargs)
         mtr = poutine.trace(poutine.replay(model, trace=gtr)).get_trace(*args, **kwargs)
         if vectorize:
-            dim = -(_max_plate_nesting(gtr, mtr) + 1)
+            dim = -(max_plate_nesting(gtr, mtr) + 1)
             with pyro.plate("_bayesattn_psis", S, dim=dim):
                 gtr = poutine.trace(guide).get_trace(*args, **kwargs)
                 mtr = poutine.trace(poutine.replay(model, trace=gtr)).get_trace(*args, **kwargs)
             logp, logq = _log_prob_per_draw(mtr, S, dim), _log_prob_per_draw(gtr, S, dim)
         else:
-            _max_plate_nesting(gtr, mtr)  # rejects enumerated sites
+            max_plate_nesting(gtr, mtr)  # rejects enumerated sites
             lps = [(mtr.log_prob_sum(), gtr.log_prob_sum())]
             for _ in range(S - 1):
                 g = poutine.trace(guide).get_trace(*args, **kwargs)

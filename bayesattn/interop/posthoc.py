@@ -42,7 +42,8 @@ from .._deprecation import module_getattr
 from .._validation import check_bool, check_int, check_real, check_seed, torch_generator
 from ..nn.attention import BayesianMultiheadAttention
 from ..nn.modes import collect_kl
-from ..uncertainty import Inputs, _batch_size, _default_forward, _take, predict
+from ..predictive.foreign import Inputs, default_forward, input_batch_size, take_rows
+from ..uncertainty import predict
 
 __all__ = [
     "PosthocCalibration",
@@ -177,8 +178,8 @@ def fit_posthoc(
 
     Returns a :class:`PosthocCalibration`; ``history`` holds the negative ELBO per example.
     """
-    fwd = forward or _default_forward
-    n = _batch_size(x)
+    fwd = forward or default_forward
+    n = input_batch_size(x)
     _check_labels(y, n)
     for name, v in (("steps", steps), ("batch_size", batch_size)):
         check_int(name, v, 1)
@@ -204,7 +205,7 @@ def fit_posthoc(
     try:
         for step in it:
             idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
-            xb, yb = _take(x, idx), y[idx].to(ref.device)
+            xb, yb = take_rows(x, idx), y[idx].to(ref.device)
             with collect_kl() as col:
                 logits = fwd(model, xb)  # (B, C)
                 kl = col.total()  # (B,) or 0.0

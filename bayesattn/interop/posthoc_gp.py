@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from .. import calibration as C
 from .._validation import check_int
 from ..gaussian_process import random_fourier_features
-from ..uncertainty import Inputs, _batch_size, _default_forward, _take
+from ..predictive.foreign import Inputs, default_forward, input_batch_size, take_rows
 
 __all__ = ["PosthocGP", "fit_posthoc_gp"]
 
@@ -58,10 +58,10 @@ def _logits_and_features(
     model.eval()
     logits = []
     try:
-        n = _batch_size(x)
+        n = input_batch_size(x)
         for start in range(0, n, batch_size):
             idx = torch.arange(start, min(start + batch_size, n))
-            logits.append(forward(model, _take(x, idx)).detach())
+            logits.append(forward(model, take_rows(x, idx)).detach())
     finally:
         handle.remove()
         model.train(was)
@@ -146,7 +146,7 @@ def fit_posthoc_gp(
             the tempered logits; the one with the lowest NLL on the second half of the split.
     """
     check_int("num_features", num_features, 1)
-    fwd = forward or _default_forward
+    fwd = forward or default_forward
     if not isinstance(head, nn.Module):
         raise TypeError(f"head must be the model's classification nn.Module; got {head!r}")
     z, h = _logits_and_features(model, head, x_cal, fwd, batch_size)

@@ -1,0 +1,204 @@
+r"""The predictive pass of a bayesattn network: ``S`` samples as a leading particle dim through
+the whole network, in one vectorised pass per chunk of inputs.
+
+.. math:: p_s(c\mid x) = p(c\mid x, w_s, \theta_s), \qquad w_s \sim q(w\mid x),
+          \quad \theta_s \sim q(\theta)
+
+Attention weights :math:`w_s` are drawn in the attention mode, projection weights
+:math:`\theta_s` (Bayesian projections) and global latents once per sample, shared by every
+chunk. Used through :class:`bayesattn.predictive.Predictive`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyro
+import torch
+from pyro import poutine
+from torch import Tensor, nn
+
+from ..nn.attention import BayesianMultiheadAttention
+from ..nn.modes import AttentionMode, attention_mode, global_values
+from ..nn.networks import BayesianNetwork, Seq2Seq, TransformerClassifier
+from .result import AttentionSamples, PredictionResult
+
+__all__ = ["check_network", "check_targets", "draw_weights", "sample_network"]
+
+
+def check_network(network: Any) -> BayesianNetwork:
+    if not isinstance(network, BayesianNetwork):
+        raise TypeError(
+            f"network must be a bayesattn BayesianNetwork (TransformerClassifier, "
+            f"VisionTransformer, Seq2Seq, CausalLM) or a torch nn.Module whose attention "
+            f"bayesattn.convert made Bayesian; got {type(network).__name__}"
+        )
+    return network
+
+
+def check_targets(net: BayesianNetwork, x: Tensor, y: Tensor | None) -> None:
+    if isinstance(net, Seq2Seq) and y is None:
+        raise ValueError(
+            "Seq2Seq needs y (the target sequences, BOS first) for its per-token predictive "
+            "distribution (teacher forcing); use network.generate() to decode without targets"
+        )
+    if y is not None and not isinstance(net, Seq2Seq):
+        raise ValueError(
+            f"y is only used by Seq2Seq (teacher forcing); {type(net).__name__} predicts from x "
+            f"alone, got y of shape {tuple(y.shape)}"
+        )
+    if y is not None and y.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"x and y must have the same batch size; got x {tuple(x.shape)}, y {tuple(y.shape)}"
+        )
+
+
+def draw_weights(
+    network: BayesianNetwork, mode: AttentionMode, num_samples: int
+) -> dict[str, Tensor] | None:
+    """Projection weights for the ``S`` samples: ``(S, *shape)`` draws from the weight guide
+    (``"guide"``/``"elbo"``) or the projection prior (``"model"``); the guide's median in
+    ``"mean"`` mode (as :meth:`BayesianNetwork.forward`); ``None`` without Bayesian weights."""
+    if network.weight_guide is None:
+        return None
+    if mode == "mean":
+        return network.weight_guide.median()
+    fn = network.weight_prior_model if mode == "model" else network.weight_guide
+    with poutine.block():
+        if num_samples == 1:
+            values = fn()  # (*shape)
+        else:
+            with pyro.plate("_predict_samples", num_samples, dim=-1):
+                values = fn()  # (S, *shape): one weight draw per sample
+    return {k: v.detach() for k, v in values.items()}
+
+
+def _chunks(n: int, batch_size: int | None) -> Iterator[slice]:
+    step = n if batch_size is None else batch_size
+    for start in range(0, n, max(step, 1)):
+        yield slice(start, min(start + step, n))
+
+
+def _run_pass(
+    net: BayesianNetwork,
+    xb: Tensor,
+    yb: Tensor | None,
+    mode: AttentionMode,
+    values: dict[str, Tensor] | None,
+    num_particles: int,
+    layers: list[tuple[str, BayesianMultiheadAttention]],
+    keep_attention: bool,
+    globals_: dict[str, Tensor] | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """One network pass with ``num_particles`` particles: probabilities ``(P, b, ..., C)`` and the
+    recorded attention weights ``(P, b, H, Tq, Tk)`` per layer."""
+    with poutine.block(), attention_mode(mode), net.pyro_context, net.weights_from(values):
+        with global_values(globals_):  # one draw per sample, shared by every chunk
+            logits = net.forward_logits(xb, yb, num_particles)  # (P?, b, ..., C)
+    if num_particles == 1:
+        logits = logits.unsqueeze(0)  # (1, b, ..., C)
+    ws: dict[str, Tensor] = {}
+    for name, m in layers if keep_attention else ():
+        w = m.last_weights
+        if w is None:
+            raise RuntimeError(f"attention layer {name} recorded no weights")
+        ws[name] = w.unsqueeze(0) if w.dim() == 4 else w  # (P, b, H, Tq, Tk)
+    return torch.softmax(logits, dim=-1), ws
+
+
+def _predictive_mask(net: BayesianNetwork, x: Tensor, y: Tensor | None) -> Tensor | None:
+    """Valid positions ``(B, T)`` of a sequence model's per-token predictive; ``None`` for
+    classifiers."""
+    if isinstance(net, TransformerClassifier):
+        return None
+    _, mask, _ = net.targets(x, y)
+    return mask
+
+
+def sample_network(
+    net: BayesianNetwork,
+    x: Tensor,
+    y: Tensor | None,
+    *,
+    num_samples: int,
+    batch_size: int | None,
+    mode: AttentionMode,
+    keep_attention: bool,
+    dropout: bool = False,
+    progress: bool = False,
+    check_y: bool = True,
+    expand: bool = True,
+) -> PredictionResult:
+    """``S`` posterior-predictive samples of a bayesattn network (arguments already checked by
+    :class:`~bayesattn.predictive.Predictive`; ``x``/``y`` are checked here).
+
+    ``dropout=True`` keeps every ``nn.Dropout`` active (MC dropout); otherwise the network runs in
+    eval mode. Computation before the first random layer is shared by all samples
+    (:meth:`~bayesattn.nn.networks.TransformerClassifier.first_stochastic_layer`). A network with
+    nothing random runs once and its output is repeated ``S`` times (``expand=False``: kept
+    once, ``S = 1``). ``check_y=False`` passes ``y`` to any network (a validation batch's
+    targets) instead of only to a ``Seq2Seq``.
+
+    Shape:
+        probs ``(S, B, C)`` (``(S, B, T, V)`` for sequence models), attention
+        ``(S, B, H, Tq, Tk)`` per layer.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor; got {type(x).__name__}")
+    if check_y:
+        check_targets(net, x, y)
+    net.check_batch(x, y)
+    if x.shape[0] == 0:
+        raise ValueError(f"x must hold at least one input; got shape {tuple(x.shape)}")
+
+    drops = [m for m in net.modules() if isinstance(m, nn.Dropout) and m.p > 0] if dropout else []
+    stochastic = bool(drops) or (
+        mode != "mean" and (bool(net.bayesian_layers) or net.weight_guide is not None)
+    )
+    S_run = num_samples if stochastic else 1
+    S = num_samples if expand else S_run
+    layers = [(n, m) for n, m in net.named_modules() if isinstance(m, BayesianMultiheadAttention)]
+    saved_layers = [(m, m.record_weights, m.last_weights) for _, m in layers]
+    saved_training = [(m, m.training) for m in net.modules()]
+
+    probs_chunks: list[Tensor] = []
+    attn_chunks: dict[str, list[Tensor]] = {n: [] for n, _ in layers} if keep_attention else {}
+    chunks = list(_chunks(x.shape[0], batch_size))
+    it = chunks
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(chunks, desc="predict", unit="batch")
+    try:
+        net.eval()
+        for drop in drops:
+            drop.train()
+        for _, layer in layers:
+            layer.record_weights = keep_attention
+        with torch.no_grad():
+            values = draw_weights(net, mode, S_run)
+            gvals = net.draw_globals(mode, S_run if S_run > 1 else None)
+            for sl in it:
+                yb = None if y is None else y[sl]
+                p, ws = _run_pass(
+                    net, x[sl], yb, mode, values, S_run, layers, keep_attention, gvals
+                )
+                probs_chunks.append(p.expand((S,) + p.shape[1:]))  # (S, b, ..., C)
+                for name, w in ws.items():
+                    attn_chunks[name].append(w.expand((S,) + w.shape[1:]))  # (S, b, H, Tq, Tk)
+    finally:
+        for layer, rec, last in saved_layers:
+            layer.record_weights, layer.last_weights = rec, last
+        for mod, flag in saved_training:
+            mod.training = flag
+
+    probs = torch.cat(probs_chunks, dim=1)  # (S, B, ..., C)
+    attention = {
+        name: AttentionSamples(torch.cat(ws, dim=1))  # (S, B, H, Tq, Tk)
+        for name, ws in attn_chunks.items()
+    }
+    mask = _predictive_mask(net, x, y)
+    return PredictionResult(
+        probs=probs, attention=attention, kind="mc_dropout" if dropout else mode, mask=mask
+    )
