@@ -138,6 +138,10 @@ class Registry(Generic[E]):
         """The keyword arguments the factory ``name`` takes, in order (``None``: it takes any
         keyword, ``**kwargs``)."""
         factory: Any = self.get(name)
+        if isinstance(factory, type):
+            owner = next(c for c in factory.__mro__ if "__init__" in c.__dict__)
+            if owner is not self.base and issubclass(self.base, owner):
+                return ()  # the constructor is inherited from above base (nn.Module's): none
         params = inspect.signature(factory).parameters.values()
         if any(p.kind is p.VAR_KEYWORD for p in params):
             return None
