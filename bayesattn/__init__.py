@@ -9,6 +9,9 @@ check their uncertainty (calibration, OOD, ArviZ diagnostics).
 Heavy optional pieces (ArviZ, matplotlib, scikit-learn) are imported only when used:
 ``bayesattn.diagnostics``, ``bayesattn.plots`` and ``bayesattn.data`` load them lazily.
 ``bayesattn.lightning`` needs the ``lightning`` extra and is imported only when asked for.
+
+Families, priors and reduced key supports of your own join by name with ``register_family``,
+``register_prior`` and ``register_support`` (:mod:`bayesattn.registry`, ``docs/extending.md``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from .families import (
     DirichletWeights,
     LogisticNormalWeights,
     WeibullWeights,
+    list_families,
+    register_family,
 )
 from .interop.convert import convert, unconvert
 from .nn import (
@@ -40,6 +45,7 @@ from .nn import (
     bayesian_projections,
     collect_kl,
 )
+from .nn.kernels import list_supports, register_support
 from .nn.sampling import num_samples
 from .priors import (
     CausalPrior,
@@ -49,6 +55,8 @@ from .priors import (
     LearnedPrior,
     LocalWindowPrior,
     UniformPrior,
+    list_priors,
+    register_prior,
 )
 
 __version__ = "0.3.0"
@@ -104,6 +112,12 @@ __all__ = [
     "convert",
     "unconvert",
     "num_samples",
+    "register_family",
+    "register_prior",
+    "register_support",
+    "list_families",
+    "list_priors",
+    "list_supports",
     *_SUBMODULES,
 ]
 

@@ -23,7 +23,9 @@ All distributions here have ``batch_shape (..., Tq)`` and ``event_shape (Tk,)``;
 mask broadcasts with the parameters.
 
 A new family subclasses :class:`AttentionFamily` and implements :meth:`AttentionFamily.guide`,
-:meth:`AttentionFamily.model` and :meth:`AttentionFamily.to_weights` (and sets ``analytic_kl``).
+:meth:`AttentionFamily.model` and :meth:`AttentionFamily.to_weights` (and sets ``analytic_kl``);
+:func:`register_family` gives it a name that ``AttentionConfig(family=...)`` and the layers accept
+(``docs/extending.md``).
 This module was ``bayesattn.posteriors`` (a deprecated alias until 0.4).
 """
 
@@ -43,6 +45,7 @@ from torch.distributions.kl import kl_divergence, register_kl
 from ._deprecation import module_getattr, renamed_kwargs, warn_renamed
 from ._validation import check_float_tensor, check_int, check_no_nan, check_real, check_tensor
 from .functional import log_posterior_weights, posterior_weights
+from .registry import Registry
 
 __all__ = [
     "AttentionFamily",
@@ -59,13 +62,16 @@ __all__ = [
     "MaskedConcrete",
     "kl_weibull_gamma",
     "get_family",
+    "FAMILIES",
+    "register_family",
+    "list_families",
 ]
 
 EULER_GAMMA = 0.5772156649015329
 #: where a family's weight model is centred: the key-relevance prior π, or the exact posterior p̄
 ModelLocation = Literal["key_relevance", "attention"]
 MODEL_LOCATIONS: tuple[str, ...] = get_args(ModelLocation)
-#: the families :func:`get_family` builds by name
+#: the built-in families :func:`get_family` builds by name (:data:`FAMILIES` may hold more)
 FamilyName = Literal["dirichlet", "logistic_normal", "weibull", "concrete"]
 
 #: keyword arguments and attributes of the families renamed in 0.3 (old -> new)
@@ -926,26 +932,38 @@ class ConcreteWeights(AttentionFamily):
         return latent.exp() if allowed is None else torch.where(allowed, latent.exp(), 0.0)
 
 
-_FAMILIES = {
-    "dirichlet": DirichletWeights,
-    "logistic_normal": LogisticNormalWeights,
-    "weibull": WeibullWeights,
-    "concrete": ConcreteWeights,
-}
+#: the families by name (:class:`~bayesattn.registry.Registry`); add one with
+#: :func:`register_family`. Each is built as ``factory(num_heads=H, **family_kwargs)``, plus
+#: ``head_dim=Dh`` when it has a ``head_dim`` parameter.
+FAMILIES: Registry[Callable[..., AttentionFamily]] = Registry(
+    "family", AttentionFamily, register_with="bayesattn.register_family"
+)
+FAMILIES.register("dirichlet", DirichletWeights)
+FAMILIES.register("logistic_normal", LogisticNormalWeights)
+FAMILIES.register("weibull", WeibullWeights)
+FAMILIES.register("concrete", ConcreteWeights)
+#: ``@register_family("name")`` on an :class:`AttentionFamily` subclass (or a function returning
+#: one) makes ``family="name"`` work in layers and in every network built from an
+#: ``AttentionConfig``; see ``docs/extending.md``.
+register_family = FAMILIES.register
+
+
+def list_families() -> tuple[str, ...]:
+    """The registered family names (built-in and user), in registration order."""
+    return FAMILIES.names()
 
 
 def get_family(
-    name: FamilyName, num_heads: int, head_dim: int | None = None, **kwargs: Any
+    name: FamilyName | str, num_heads: int, head_dim: int | None = None, **kwargs: Any
 ) -> AttentionFamily:
-    """Build a family by name: ``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``, ``"concrete"``.
+    """Build a registered family by name: ``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
+    ``"concrete"`` or one added with :func:`register_family`.
 
-    ``kwargs`` go to the family's constructor; ``head_dim`` is used by
-    ``logistic_normal`` with ``input_dependent=True``."""
-    if name not in _FAMILIES:
-        raise ValueError(f"family must be one of {sorted(_FAMILIES)}; got {name!r}")
-    if name == "logistic_normal" and kwargs.get("input_dependent"):
+    ``kwargs`` go to the family's constructor; ``head_dim`` goes to a family whose constructor
+    has a ``head_dim`` parameter (``logistic_normal`` uses it with ``input_dependent=True``)."""
+    if head_dim is not None and "head_dim" in (FAMILIES.arguments(name) or ()):
         kwargs.setdefault("head_dim", head_dim)
-    return _FAMILIES[name](num_heads=num_heads, **kwargs)
+    return FAMILIES.create(name, num_heads=num_heads, **kwargs)
 
 
 #: module-level names renamed in 0.3, served with a warning until 0.4: old -> (module, new)

@@ -8,13 +8,16 @@ All priors are called as ``prior(q, k, q_pos=None, k_pos=None)`` with per-head q
 ``q (B, H, Tq, Dh)`` and keys ``k (B, H, Tk, Dh)``; positions default to ``arange(Tq)`` and
 ``arange(Tk)`` (PyTorch's top-left alignment). Pass ``q_pos = arange(Tk - Tq, Tk)`` when decoding
 with cached keys.
+
+:data:`PRIORS` names them for ``AttentionConfig(prior=..., prior_kwargs=...)``; a prior of your
+own joins with :func:`register_prior` (``docs/extending.md``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import cast
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 from pyro.infer.util import is_validation_enabled
@@ -22,6 +25,7 @@ from torch import Tensor, nn
 
 from ._validation import check_bool, check_int, check_tensor
 from .functional import check_finite
+from .registry import Registry
 
 __all__ = [
     "KeyRelevancePrior",
@@ -33,6 +37,11 @@ __all__ = [
     "ContextualPrior",
     "SumPrior",
     "alibi_slopes",
+    "PRIORS",
+    "register_prior",
+    "list_priors",
+    "build_prior",
+    "prior_arguments",
 ]
 
 
@@ -252,3 +261,62 @@ class SumPrior(KeyRelevancePrior):
         for t in terms[1:]:
             out = out + t.log_prior(q, k, q_pos, k_pos)
         return out
+
+
+# --------------------------------------------------------------------------------------------
+# priors by name
+# --------------------------------------------------------------------------------------------
+
+#: the key-relevance priors by name (:class:`~bayesattn.registry.Registry`), as
+#: ``AttentionConfig(prior=name, prior_kwargs=...)`` takes them; add one with
+#: :func:`register_prior`. Each is built by :func:`build_prior`.
+PRIORS: Registry[Callable[..., KeyRelevancePrior]] = Registry(
+    "prior", KeyRelevancePrior, register_with="bayesattn.register_prior"
+)
+#: ``@register_prior("name")`` on a :class:`KeyRelevancePrior` subclass (or a function returning
+#: one) makes ``AttentionConfig(prior="name")`` build it; see :func:`build_prior`.
+register_prior = PRIORS.register
+
+
+def _local(window: int = 4, causal: bool = False) -> LocalWindowPrior:
+    return LocalWindowPrior(window, causal)
+
+
+def _alibi(num_heads: int, learnable: bool = False) -> DistanceDecayPrior:
+    return DistanceDecayPrior(num_heads, learnable=learnable)
+
+
+def _learned(num_heads: int, max_distance: int = 16) -> LearnedPrior:
+    return LearnedPrior(num_heads, max_distance)
+
+
+PRIORS.register("uniform", UniformPrior)
+PRIORS.register("causal", CausalPrior)
+PRIORS.register("local", _local)
+PRIORS.register("alibi", _alibi)
+PRIORS.register("learned", _learned)
+PRIORS.register("contextual", ContextualPrior)
+
+#: what a layer passes to a prior's factory when its signature names it
+_LAYER_ARGUMENTS = ("num_heads", "head_dim")
+
+
+def prior_arguments(name: str) -> tuple[str, ...] | None:
+    """The ``prior_kwargs`` the prior ``name`` takes (``None``: any): its factory's keyword
+    arguments less ``num_heads``/``head_dim``, which the layer supplies."""
+    args = PRIORS.arguments(name)
+    return None if args is None else tuple(a for a in args if a not in _LAYER_ARGUMENTS)
+
+
+def build_prior(name: str, num_heads: int, head_dim: int, **kwargs: Any) -> KeyRelevancePrior:
+    """The registered prior ``name`` for a layer of ``num_heads`` heads of size ``head_dim``:
+    ``factory(**kwargs)``, plus ``num_heads=``/``head_dim=`` for the parameters of those names
+    its factory has."""
+    args = PRIORS.arguments(name) or ()
+    layer = {"num_heads": num_heads, "head_dim": head_dim}
+    return PRIORS.create(name, **{a: layer[a] for a in _LAYER_ARGUMENTS if a in args}, **kwargs)
+
+
+def list_priors() -> tuple[str, ...]:
+    """The registered prior names (built-in and user), in registration order."""
+    return PRIORS.names()

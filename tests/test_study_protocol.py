@@ -109,7 +109,7 @@ def test_a_method_plugs_in_with_one_registration():
     finally:
         from bayesattn.study import methods as M
 
-        M._REGISTRY.pop("test_max_prob", None)
+        M._REGISTRY.unregister("test_max_prob", missing_ok=True)
     assert "test_max_prob" not in METHODS
     assert isinstance(Fitted([], 0.0).params, dict)
     with pytest.raises(ValueError, match="unknown method"):

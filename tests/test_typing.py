@@ -9,7 +9,7 @@ from bayesattn.nn.blocks import AttentionConfig
 
 
 def test_kernel_names_are_the_kernels_get_kernel_builds():
-    assert set(get_args(kernels.KernelName)) == {"dense", *kernels._KERNELS}
+    assert set(get_args(kernels.KernelName)) == {"dense", *kernels.SUPPORTS}
     for name in get_args(kernels.KernelName):
         k = kernels.get_kernel(name)
         assert (k is None) == (name == "dense")

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AttentionConfig", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder"]
 
-#: A key-relevance prior by name (:mod:`bayesattn.priors`).
+#: A built-in key-relevance prior by name (:data:`bayesattn.priors.PRIORS` may hold more).
 PriorName = Literal["uniform", "causal", "local", "alibi", "learned", "contextual"]
 #: Which attention layers of a stack get the posterior (or a list of layer indices).
 LayerSelection = Literal["all", "last"]
@@ -61,16 +61,6 @@ _GP_KWARGS = (
 )
 #: options of :class:`~bayesattn.nn.gp_read.RandomFeatureGPReadout` (``readout_kwargs``)
 _RFF_KWARGS = ("num_features", "outputscale", "lengthscale", "momentum")
-_PRIORS: tuple[PriorName, ...] = get_args(PriorName)
-#: keyword arguments each named prior takes from ``prior_kwargs``
-_PRIOR_KWARGS = {
-    "uniform": (),
-    "causal": (),
-    "local": ("window", "causal"),
-    "alibi": ("learnable",),
-    "learned": ("max_distance",),
-    "contextual": ("hidden",),
-}
 
 
 
@@ -83,15 +73,18 @@ class AttentionConfig:
     """Which attention layers are Bayesian and how.
 
     Args:
-        family: family name (``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
-            ``"concrete"``) or ``None`` for deterministic attention everywhere.
-        prior: ``"uniform"``, ``"causal"``, ``"local"`` (``window`` in ``prior_kwargs``),
-            ``"alibi"``, ``"learned"`` (``max_distance``), ``"contextual"``, or a callable
+        family: a registered family name (``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
+            ``"concrete"`` or one added with :func:`~bayesattn.families.register_family`) or
+            ``None`` for deterministic attention everywhere.
+        prior: a registered prior name (``"uniform"``, ``"causal"``, ``"local"`` (``window`` in
+            ``prior_kwargs``), ``"alibi"``, ``"learned"`` (``max_distance``), ``"contextual"`` or
+            one added with :func:`~bayesattn.priors.register_prior`), or a callable
             ``(num_heads, head_dim) -> KeyRelevancePrior``.
         layers: ``"all"``, ``"last"`` or a list of layer indices that get the family.
         which: attentions that get it in decoder layers: ``("self", "cross")`` or a subset.
-        kernel: ``None`` (dense) or an efficient kernel for every *self*-attention layer:
-            ``"local"`` (``window``), ``"topk"`` (``k``) or ``"lowrank"`` (``rank``, ``max_len``),
+        kernel: ``None`` (dense) or a registered reduced key support for every *self*-attention
+            layer: ``"local"`` (``window``), ``"topk"`` (``k``), ``"lowrank"`` (``rank``,
+            ``max_len``), … or one added with :func:`~bayesattn.nn.kernels.register_support`,
             options in ``kernel_kwargs``; see :mod:`bayesattn.nn.kernels`.
         read: ``"softmax"`` or ``"sparse_gp"``: the selected layers (``layers``/``which``) add a
             sparse-GP read per head with global inducing keys
@@ -103,17 +96,20 @@ class AttentionConfig:
             with a Laplace covariance (:class:`~bayesattn.nn.gp_read.RandomFeatureGPReadout`),
             options in ``readout_kwargs``; sequence models ignore it.
 
+    Names resolve through the registries (:mod:`bayesattn.registry`) when the config is made, so
+    user-registered families, priors and supports work in every network built from it.
+
     ``posterior=``/``posterior_kwargs=`` (and those attributes) are deprecated spellings of
     ``family``/``family_kwargs`` (until 0.4); saved configs that use them still load.
     """
 
-    family: FamilyName | None = None
-    prior: PriorName | Callable[[int, int], P.KeyRelevancePrior] = "uniform"
+    family: FamilyName | str | None = None
+    prior: PriorName | str | Callable[[int, int], P.KeyRelevancePrior] = "uniform"
     layers: LayerSelection | Sequence[int] = "all"
     which: AttentionKind | Sequence[AttentionKind] = ("self", "cross")
     family_kwargs: dict = field(default_factory=dict)
     prior_kwargs: dict = field(default_factory=dict)
-    kernel: KernelName | None = None
+    kernel: KernelName | str | None = None
     kernel_kwargs: dict = field(default_factory=dict)
     read: ReadName = "softmax"
     read_kwargs: dict = field(default_factory=dict)
@@ -126,9 +122,11 @@ class AttentionConfig:
         if self.family is not None and not isinstance(self.family, str):
             raise TypeError(f"family must be a family name or None; got {self.family!r}")
         if not isinstance(self.prior, str) and not callable(self.prior):
-            raise TypeError(f"prior must be one of {_PRIORS} or a callable; got {self.prior!r}")
-        if isinstance(self.prior, str) and self.prior not in _PRIORS:
-            raise ValueError(f"prior must be one of {_PRIORS} or a callable; got {self.prior!r}")
+            raise TypeError(
+                f"prior must be one of {P.list_priors()} or a callable; got {self.prior!r}"
+            )
+        if isinstance(self.prior, str):
+            P.PRIORS.get(self.prior, argument="prior")  # ValueError listing the registered ones
         if isinstance(self.layers, str):
             if self.layers not in get_args(LayerSelection):
                 raise ValueError(
@@ -155,11 +153,12 @@ class AttentionConfig:
                 f"only; got prior_kwargs={self.prior_kwargs!r}"
             )
         if isinstance(self.prior, str):
-            unknown = sorted(set(self.prior_kwargs) - set(_PRIOR_KWARGS[self.prior]))
+            takes = P.prior_arguments(self.prior)  # None: the factory takes any keyword
+            unknown = [] if takes is None else sorted(set(self.prior_kwargs) - set(takes))
             if unknown:
                 raise ValueError(
                     f"prior_kwargs {unknown} are not arguments of prior {self.prior!r}; it takes "
-                    f"{list(_PRIOR_KWARGS[self.prior])}"
+                    f"{list(takes or ())}"
                 )
             self.build_prior(1, 1)  # validates the values
         if self.family is not None:
@@ -263,17 +262,11 @@ class AttentionConfig:
         return index in {i % num_layers for i in self.layers}
 
     def build_prior(self, num_heads: int, head_dim: int) -> P.KeyRelevancePrior:
+        """The self-attention prior: ``prior(num_heads, head_dim)`` for a callable, else the
+        registered prior of that name (:func:`bayesattn.priors.build_prior`)."""
         if callable(self.prior):
             return self.prior(num_heads, head_dim)
-        kw = dict(self.prior_kwargs)
-        return {
-            "uniform": lambda: P.UniformPrior(),
-            "causal": lambda: P.CausalPrior(),
-            "local": lambda: P.LocalWindowPrior(kw.get("window", 4), kw.get("causal", False)),
-            "alibi": lambda: P.DistanceDecayPrior(num_heads, learnable=kw.get("learnable", False)),
-            "learned": lambda: P.LearnedPrior(num_heads, kw.get("max_distance", 16)),
-            "contextual": lambda: P.ContextualPrior(head_dim, kw.get("hidden", 32)),
-        }[self.prior]()
+        return P.build_prior(self.prior, num_heads, head_dim, **self.prior_kwargs)
 
     def build(
         self,

@@ -34,6 +34,7 @@ be expressed on mixtures of keys) and at most ``max_len`` keys; the cluster top-
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -45,6 +46,7 @@ from .. import kernels as K
 from .._validation import check_int
 from ..bayesian_read import add_key_prior, sample_attention_weights
 from ..priors import UniformPrior
+from ..registry import Registry
 from .modes import current_kl_collector
 
 __all__ = [
@@ -58,6 +60,9 @@ __all__ = [
     "get_kernel",
     "kernel_attention",
     "draw_attention_weights",
+    "SUPPORTS",
+    "register_support",
+    "list_supports",
 ]
 
 
@@ -415,30 +420,42 @@ def _all_padded(key_padding_mask: Tensor | None, k: Tensor) -> Tensor | None:
     return dead.view(-1, 1, 1, 1) if bool(dead.any()) else None
 
 
-#: A kernel by name (``"dense"``: every key, no kernel).
+#: A built-in support by name (``"dense"``: every key, no support); :data:`SUPPORTS` may hold more.
 KernelName = Literal["dense", "local", "local_global", "topk", "cluster_topk", "tiled", "lowrank"]
-_KERNELS: dict[str, type[AttentionKernel]] = {
-    "local": LocalKernel,
-    "local_global": LocalGlobalKernel,
-    "topk": TopKKernel,
-    "cluster_topk": ClusterTopKKernel,
-    "tiled": TiledKernel,
-    "lowrank": LowRankKernel,
-}
+#: the reduced key supports ("kernels") by name (:class:`~bayesattn.registry.Registry`), as
+#: ``AttentionConfig(kernel=name, kernel_kwargs=...)`` and the layers take them; add one with
+#: :func:`register_support`. ``"dense"`` (no support) is not an entry.
+SUPPORTS: Registry[Callable[..., AttentionKernel]] = Registry(
+    "support", AttentionKernel, register_with="bayesattn.register_support"
+)
+SUPPORTS.register("local", LocalKernel)
+SUPPORTS.register("local_global", LocalGlobalKernel)
+SUPPORTS.register("topk", TopKKernel)
+SUPPORTS.register("cluster_topk", ClusterTopKKernel)
+SUPPORTS.register("tiled", TiledKernel)
+SUPPORTS.register("lowrank", LowRankKernel)
+#: ``@register_support("name")`` on an :class:`AttentionKernel` subclass (or a function returning
+#: one) makes ``kernel="name"`` work in layers and in ``AttentionConfig``.
+register_support = SUPPORTS.register
 
 
-def get_kernel(name: KernelName | None, **kwargs: Any) -> AttentionKernel | None:
-    """Build a kernel by name: ``"local"`` (``window``), ``"local_global"`` (``window``,
+def list_supports() -> tuple[str, ...]:
+    """The registered support names (built-in and user), in registration order; ``"dense"`` (no
+    support) is accepted too."""
+    return SUPPORTS.names()
+
+
+def get_kernel(name: KernelName | str | None, **kwargs: Any) -> AttentionKernel | None:
+    """Build a support by name: ``"local"`` (``window``), ``"local_global"`` (``window``,
     ``global_tokens``), ``"topk"`` (``k``), ``"cluster_topk"`` (``k``, ``num_clusters``,
-    ``probes``), ``"tiled"`` (``tile``) or ``"lowrank"`` (``rank``, ``max_len``); ``"dense"`` or
-    ``None`` give ``None`` (dense attention)."""
+    ``probes``), ``"tiled"`` (``tile``), ``"lowrank"`` (``rank``, ``max_len``) or one added with
+    :func:`register_support`; ``"dense"`` or ``None`` give ``None`` (dense attention)."""
     if name is None or name == "dense":
         if kwargs:
             raise ValueError(f"dense attention takes no kernel options; got {sorted(kwargs)}")
         return None
-    if name not in _KERNELS:
-        raise ValueError(f"kernel must be one of {['dense', *_KERNELS]}; got {name!r}")
-    return _KERNELS[name](**kwargs)
+    SUPPORTS.get(name, argument="kernel", also=("dense",))  # an unknown name lists "dense" too
+    return SUPPORTS.create(name, **kwargs)
 
 
 def draw_attention_weights(

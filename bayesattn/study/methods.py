@@ -23,6 +23,7 @@ from .. import calibration as C
 from ..nn.blocks import AttentionConfig
 from ..nn.networks import BayesianNetwork
 from ..nn.weights import bayesian_projections
+from ..registry import Registry
 from ..uncertainty import PredictionResult, predict, predict_ensemble, predict_mc_dropout
 from .runs import Run
 from .scores import choose_k, fit_mahalanobis, knn_distance
@@ -78,7 +79,10 @@ class Method:
         raise NotImplementedError(f"{self.name} has no own score")
 
 
-_REGISTRY: dict[str, Method] = {}
+#: the registered methods (a :class:`~bayesattn.registry.Registry` of ready instances)
+_REGISTRY: Registry[Method] = Registry(
+    "method", Method, instances=True, register_with="bayesattn.study.register_method"
+)
 _DEFAULT: list[str] = []
 
 
@@ -114,19 +118,15 @@ def register_method(method: Method, default: bool = False) -> Method:
     """Add ``method`` under ``method.name`` (``default``: run it when no methods are named)."""
     if not isinstance(method, Method) or not method.name or not method.name.isidentifier():
         raise ValueError(f"method must be a Method with an identifier name; got {method!r}")
-    if method.name in _REGISTRY:
-        raise ValueError(f"a method named {method.name!r} is already registered")
-    _REGISTRY[method.name] = method
+    _REGISTRY.register(method.name, method)  # a name already taken: ValueError
     if default:
         _DEFAULT.append(method.name)
     return method
 
 
 def get_method(name: str) -> Method:
-    """The registered method called ``name``."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown method {name!r}; registered: {tuple(_REGISTRY)}")
-    return _REGISTRY[name]
+    """The registered method called ``name`` (an unknown name: ``ValueError`` listing them)."""
+    return _REGISTRY.get(name)
 
 
 # ---------------------------------------------------------------------------------------------
