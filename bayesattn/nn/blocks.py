@@ -27,6 +27,7 @@ from .._deprecation import renamed_attribute, renamed_kwargs
 from .._validation import check_int, check_real
 from ..families import FamilyName, get_family
 from .attention import BayesianMultiheadAttention, linear
+from .epinet import EpinetReadout
 from .gp_read import RandomFeatureGPReadout, SparseGP, SparseGPReadout
 from .kernels import KernelName, get_kernel
 
@@ -45,7 +46,7 @@ AttentionKind = Literal["self", "cross"]
 #: How a selected layer reads its values: softmax attention alone, or plus a sparse-GP read.
 ReadName = Literal["softmax", "sparse_gp"]
 #: A classifier's read-out of the pooled features: a linear layer or a sparse GP.
-ReadoutName = Literal["linear", "sparse_gp", "random_features"]
+ReadoutName = Literal["linear", "sparse_gp", "random_features", "epinet"]
 #: options of :class:`~bayesattn.nn.gp_read.SparseGP` that ``read_kwargs``/``readout_kwargs`` take
 _GP_KWARGS = (
     "num_inducing",
@@ -61,6 +62,8 @@ _GP_KWARGS = (
 )
 #: options of :class:`~bayesattn.nn.gp_read.RandomFeatureGPReadout` (``readout_kwargs``)
 _RFF_KWARGS = ("num_features", "outputscale", "lengthscale", "momentum")
+#: options of :class:`~bayesattn.nn.epinet.EpinetReadout` (``readout_kwargs``)
+_EPINET_KWARGS = ("index_dim", "hidden", "prior_scale")
 
 
 
@@ -181,7 +184,9 @@ class AttentionConfig:
                 raise TypeError(f"{name}_kwargs must be a dict; got {kw!r}")
             if kw and value in ("softmax", "linear"):
                 raise ValueError(f"{name}_kwargs {sorted(kw)} given with {name}={value!r}")
-            options = _RFF_KWARGS if value == "random_features" else _GP_KWARGS
+            options = {"random_features": _RFF_KWARGS, "epinet": _EPINET_KWARGS}.get(
+                value, _GP_KWARGS
+            )
             unknown = sorted(set(kw) - set(options))
             if unknown:
                 raise ValueError(
@@ -205,11 +210,13 @@ class AttentionConfig:
 
     def build_readout(self, in_dim: int, num_classes: int) -> nn.Module:
         """A classifier's read-out: ``nn.Linear``, a :class:`SparseGPReadout` or a
-        :class:`RandomFeatureGPReadout`."""
+        :class:`RandomFeatureGPReadout` or an :class:`~bayesattn.nn.epinet.EpinetReadout`."""
         if self.readout == "sparse_gp":
             return SparseGPReadout(in_dim, num_classes, **self.readout_kwargs)
         if self.readout == "random_features":
             return RandomFeatureGPReadout(in_dim, num_classes, **self.readout_kwargs)
+        if self.readout == "epinet":
+            return EpinetReadout(in_dim, num_classes, **self.readout_kwargs)
         return nn.Linear(in_dim, num_classes)
 
     def check_layers(self, num_layers: int) -> None:

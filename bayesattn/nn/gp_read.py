@@ -109,6 +109,7 @@ class SparseGP(PyroModule):
     """
 
     is_bayesian = True  # a latent the posterior predictive must sample
+    global_latent = True  # drawn once per pass, outside the data plate
 
     def __init__(
         self,
@@ -311,6 +312,7 @@ class RandomFeatureGPReadout(PyroModule):
     """
 
     is_bayesian = True
+    global_latent = True
 
     def __init__(
         self,

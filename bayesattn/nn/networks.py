@@ -45,7 +45,6 @@ from .attention import linear
 from .blocks import AttentionConfig, Decoder, Encoder, EncoderLayer, as_attention_config
 from .contract import PRIVATE_ALIASES as _PRIVATE_ALIASES
 from .contract import REQUIRED
-from .gp_read import RandomFeatureGPReadout, SparseGP, SparseGPReadout
 from .modes import (
     AttentionMode,
     attention_mode,
@@ -227,11 +226,12 @@ class BayesianNetwork(PyroModule):
                 out.append(n)
         return out
 
-    def global_latents(self) -> list[SparseGP | RandomFeatureGPReadout]:
-        """Modules with a global latent (sparse-GP inducing values, random-feature output
-        weights): drawn once per pass and posterior sample, outside the data plate, shared by
-        every example."""
-        return [m for m in self.modules() if isinstance(m, (SparseGP, RandomFeatureGPReadout))]
+    def global_latents(self) -> list[Any]:
+        """Modules with a global latent (``global_latent = True``: sparse-GP inducing values,
+        random-feature output weights, an epinet's index): drawn once per pass and posterior
+        sample, outside the data plate, shared by every example; each has ``site_name``,
+        ``prior()``, ``posterior()`` and ``kl()``."""
+        return [m for m in self.modules() if getattr(m, "global_latent", False) is True]
 
     def draw_globals(
         self, mode: AttentionMode, num_samples: int | None = None, site: bool = False
@@ -620,7 +620,7 @@ class TransformerClassifier(BayesianNetwork):
         else:
             keep = (~pad).to(h.dtype).unsqueeze(-1)  # (B, T, 1)
             pooled = (h * keep).sum(-2) / keep.sum(-2).clamp_min(1.0)
-        if isinstance(self.head, (SparseGPReadout, RandomFeatureGPReadout)):  # a draw per particle
+        if getattr(self.head, "global_latent", False) is True:  # a draw per particle
             return self.head(pooled, leading_samples=num_particles if num_particles > 1 else None)
         head = cast(nn.Linear, self.head)
         # linear() reads x as (*S, B, T, In); pooled has no T, so give it one
