@@ -35,6 +35,7 @@ import bayesattn
 from bayesattn import calibration as C
 from bayesattn.interop import posthoc
 from bayesattn.plots import plot_reliability_diagram, plot_uncertainty_histograms
+from bayesattn.predictive.foreign import input_batch_size, take_rows
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -59,11 +60,11 @@ class DigitsEncoder(nn.Module):
 def train(model: nn.Module, x, y, forward, epochs: int, lr: float = 3e-3, bs: int = 64) -> None:
     """Ordinary maximum-likelihood training (this is the part 'done elsewhere')."""
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    n = posthoc._batch_size(x)
+    n = input_batch_size(x)
     model.train()
     for _ in range(epochs):
         for idx in torch.randperm(n).split(bs):
-            loss = nn.functional.cross_entropy(forward(model, posthoc._take(x, idx)), y[idx])
+            loss = nn.functional.cross_entropy(forward(model, take_rows(x, idx)), y[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -148,7 +149,7 @@ def run(name: str, quick: bool, seed: int, out: Path) -> dict[str, dict[str, flo
         f"temperature only (T={t_only:.2f})": posthoc.evaluate(ts, y_test, ts_ood),
         f"posteriors + T (T={cal.temperature:.2f})": posthoc.evaluate(after, y_test, after_ood),
     }
-    print(f"\n[{name}] test n={len(y_test)}, OOD n={posthoc._batch_size(x_ood)}, S={S}")
+    print(f"\n[{name}] test n={len(y_test)}, OOD n={input_batch_size(x_ood)}, S={S}")
     print(f"{'':34s} {'acc':>6s} {'ECE':>6s} {'NLL':>6s} {'Brier':>6s} {'AUROC':>6s}")
     for k, r in rows.items():
         print(
