@@ -19,6 +19,8 @@ _HISTORY_KEYS = (
     "train_acc",
     "val_loss",
     "val_acc",
+    "val_nll",
+    "val_ece",
     "lr",
     "beta",
     "seconds",
@@ -33,8 +35,9 @@ class History:
     ``epoch`` (1-based), ``step`` (optimiser steps so far), ``train_loss`` (β-weighted negative ELBO
     per training example, averaged over the epoch's minibatches), ``train_acc`` (accuracy of the
     sampled-attention predictions seen in training; token-level, padding ignored, for sequence
-    models), ``val_loss``/``val_acc`` (``None`` when not evaluated), ``lr`` and ``beta`` (of the
-    epoch's last step), ``seconds`` (wall time of the epoch's steps). ``stopped_early``,
+    models), ``val_loss`` (``TrainConfig.val_loss``), ``val_acc``, ``val_nll``, ``val_ece``
+    (posterior predictive; see :mod:`bayesattn.training.validation`; all ``None`` when not
+    evaluated), ``lr`` and ``beta`` (of the epoch's last step), ``seconds`` (wall time of the epoch's steps). ``stopped_early``,
     ``best_epoch`` and ``best_val_loss`` summarise early stopping.
     """
 
@@ -44,6 +47,8 @@ class History:
     train_acc: list[float] = field(default_factory=list)
     val_loss: list[float | None] = field(default_factory=list)
     val_acc: list[float | None] = field(default_factory=list)
+    val_nll: list[float | None] = field(default_factory=list)
+    val_ece: list[float | None] = field(default_factory=list)
     lr: list[float] = field(default_factory=list)
     beta: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
@@ -73,7 +78,9 @@ class History:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> History:
-        curves: dict[str, Any] = {k: list(d.get(k, [])) for k in _HISTORY_KEYS}
+        n = len(d.get("epoch", []))
+        # a history saved before val_nll/val_ece existed: those curves are unknown (None)
+        curves: dict[str, Any] = {k: list(d.get(k, [None] * n)) for k in _HISTORY_KEYS}
         h = cls(**curves)
         h.stopped_early = bool(d.get("stopped_early", False))
         h.best_epoch = d.get("best_epoch")
