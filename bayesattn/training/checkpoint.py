@@ -142,7 +142,17 @@ def save_checkpoint(path: str | os.PathLike, state: HasState | dict[str, Any]) -
     return path
 
 
-_REQUIRED = ("format", "version", "method", "config", "network", "optimizer", "step", "epoch", "rng")
+_REQUIRED = (
+    "format",
+    "version",
+    "method",
+    "config",
+    "network",
+    "optimizer",
+    "step",
+    "epoch",
+    "rng",
+)
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The per-epoch training record, :class:`History` (its figure is drawn by
-:func:`bayesattn.plots.plot_history`)."""
+:func:`bayesattn.training.curves.plot_history`)."""
 
 from __future__ import annotations
 
@@ -89,8 +89,8 @@ class History:
 
     def plot(self, path: str | os.PathLike | None = None) -> Figure:
         """Loss, accuracy and LR/β curves as a :class:`matplotlib.figure.Figure` (saved as an
-        image, e.g. PNG, when ``path`` is given): :func:`bayesattn.plots.plot_history`.
+        image, e.g. PNG, when ``path`` is given): :func:`bayesattn.training.curves.plot_history`.
         matplotlib is imported lazily."""
-        from ..plots import plot_history
+        from .curves import plot_history
 
         return plot_history(self, path)
