@@ -114,15 +114,7 @@ class Trainer:
         """Global gradient norm of the last step *before* clipping."""
         return None if self.optimisation is None else self.optimisation.last_grad_norm
 
-    @property
-    def _param_names(self) -> list[str]:  # the name before 0.4 (tests read it)
-        return self.param_names
-
     # ---- schedules ----------------------------------------------------------------------------
-    def _current_beta(self) -> float:
-        """The KL weight of the step in progress."""
-        return self.objective.beta
-
     def beta(self, step: int | None = None) -> float:
         """KL weight β used at (0-based) step ``step`` (default: the next step)."""
         return self.objective.beta_at(self.step if step is None else step)
