@@ -25,6 +25,7 @@
 * :mod:`bayesattn.training.trainer`: ``Trainer``, assembled from the parts above, and ``fit``
   (re-exported by :mod:`bayesattn.inference`, the place to import them from).
 """
+
 from __future__ import annotations
 
 from .data import as_train_data, fork_rng, iter_eval_batches
