@@ -77,6 +77,7 @@ from .nn.networks import BayesianNetwork, CausalLM, Seq2Seq, TransformerClassifi
 from .training.config import _upgrade_config_dict
 from .training.data import as_batch, fork_rng
 from .training.objective import ElboObjective, predictive_scores
+from .training.optimisation import schedule_args
 from .training.schedules import lr_scheduler
 from .training.validation import validation_batch
 from .uncertainty import _draw_weights, predict
@@ -161,7 +162,8 @@ class BayesianLightningModule(L.LightningModule):
             fields. Used here: ``method``, ``lr``, ``weight_decay``, the schedule fields
             (``warmup_steps``, ``lr_decay``, ``decay_steps``, ``min_lr_ratio``, ``lr_step_size``,
             ``lr_gamma``), ``clip_norm``, the KL fields (``kl_anneal_steps``, ``kl_start``,
-            ``kl_weight``), ``num_particles``, ``vectorize_particles``, ``elbo`` and ``seed``.
+            ``kl_weight``), ``num_particles``, ``vectorize_particles``, ``elbo``, ``val_loss`` and
+            ``seed``.
             Epochs, steps, devices, checkpoints and early stopping belong to the Lightning
             ``Trainer`` (``decay_steps`` defaults to ``trainer.estimated_stepping_batches``).
         num_data: the number of training examples :math:`N` (default: the length of the train
@@ -256,15 +258,7 @@ class BayesianLightningModule(L.LightningModule):
                 )
             else:
                 decay_steps = 1
-        sched = lr_scheduler(
-            opt,
-            warmup_steps=c.warmup_steps,
-            decay=c.lr_decay,
-            decay_steps=decay_steps,
-            min_lr_ratio=c.min_lr_ratio,
-            step_size=c.lr_step_size,
-            gamma=c.lr_gamma,
-        )
+        sched = lr_scheduler(opt, **schedule_args(c, decay_steps))  # the Trainer's schedule
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def configure_gradient_clipping(
