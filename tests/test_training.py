@@ -403,3 +403,18 @@ def test_history_from_before_the_predictive_metrics_loads():
     h = History.from_dict(old)
     assert h.val_nll == [None, None] and h.val_ece == [None, None] and len(h) == 2
     assert History.from_dict(h.to_dict()) == h
+
+
+def test_val_samples_zero_is_the_deterministic_predictive():
+    """``val_samples=0``: accuracy and NLL of the posterior-mean network (one pass)."""
+    x, y = contains3(32, 0)
+    xv, yv = contains3(24, 1)
+    trainer = Trainer(classifier(), epochs=1, batch_size=16, val_samples=0, progress=False)
+    trainer.fit((x, y))
+    m = trainer.evaluate((xv, yv))
+    with torch.no_grad():
+        logits = trainer.network(xv)
+    assert m["accuracy"] == float((logits.argmax(-1) == yv).double().mean())
+    assert m["nll"] == pytest.approx(m["loss"], rel=1e-5)  # the deterministic NLL, twice
+    with pytest.raises(ValueError, match="val_samples"):
+        TrainConfig(val_samples=-1)

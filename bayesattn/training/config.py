@@ -69,7 +69,8 @@ class TrainConfig:
             ``"elbo"`` (negative ELBO per example, β = 1, one particle): what early stopping
             watches.
         val_samples: posterior draws per prediction of the posterior-predictive validation
-            metrics (accuracy, NLL, ECE; :mod:`bayesattn.training.validation`).
+            metrics (accuracy, NLL, ECE; :mod:`bayesattn.training.validation`); 0: of the
+            deterministic posterior-mean predictive (one pass, as cheap as the loss).
         drop_last: drop the last incomplete batch of each epoch.
         device: torch device the network and batches are moved to.
     """
@@ -127,10 +128,9 @@ class TrainConfig:
             "num_particles",
             "eval_every",
             "lr_step_size",
-            "val_samples",
         ):
             check_int(*arg(name), 1)
-        for name in ("warmup_steps", "kl_anneal_steps", "seed"):
+        for name in ("warmup_steps", "kl_anneal_steps", "seed", "val_samples"):
             check_int(*arg(name), 0)
         for name in ("max_steps", "decay_steps", "eval_batch_size", "early_stopping_patience"):
             check_int(*arg(name), 1, allow_none=True)

@@ -11,7 +11,9 @@ ignored, for sequence models):
     of the posterior predictive :math:`\bar p = \frac1S\sum_s p(\cdot\mid x, w_s)` with ``S``
     draws (:func:`bayesattn.uncertainty.predict`): accuracy of :math:`\arg\max\bar p`,
     :math:`-\log\bar p_y` and the expected calibration error over ``n_bins`` equal-width
-    confidence bins (:func:`bayesattn.calibration.reliability_curve`).
+    confidence bins (:func:`bayesattn.calibration.reliability_curve`). ``S = 0``: of the
+    deterministic posterior-mean predictive (one pass; the accuracy is then the one ``fit``
+    reported before 0.4).
 
 :func:`validation_batch` computes one batch's pieces, :class:`ValidationMetrics` sums them
 (the Lightning module feeds the same pieces to ``torchmetrics`` instead, to synchronise them
@@ -27,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ..calibration import reliability_curve
+from ..nn.modes import AttentionMode
 from ..nn.networks import BayesianNetwork, Seq2Seq
 from ..uncertainty import predict
 from .checks import check_data, in_memory
@@ -76,9 +79,11 @@ def predictive_rows(
     net: BayesianNetwork, xb: Tensor, yb: Tensor | None, num_samples: int
 ) -> tuple[Tensor, Tensor]:
     """Posterior-predictive probabilities ``(M, C)`` and targets ``(M,)`` of a batch, one row per
-    prediction (the valid target positions of sequence models)."""
+    prediction (the valid target positions of sequence models); ``num_samples=0``: the
+    deterministic posterior-mean predictive instead (one pass, attention mode ``"mean"``)."""
     y_in = yb if isinstance(net, Seq2Seq) else None  # teacher forcing; others predict from x
-    res = predict(net, xb, num_samples=num_samples, keep_attention=False, y=y_in)
+    mode: AttentionMode = "guide" if num_samples > 0 else "mean"
+    res = predict(net, xb, max(num_samples, 1), mode=mode, keep_attention=False, y=y_in)
     targets, mask, _ = net.targets(xb, yb)
     if targets is None:
         raise ValueError("validation needs targets; got y=None")
