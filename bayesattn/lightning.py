@@ -173,9 +173,9 @@ class BayesianLightningModule(L.LightningModule):
         shared_noise: seed every rank's step identically (see "Randomness" above).
 
     Logged: ``train/loss`` (negative ELBO per example), ``train/acc``, ``train/beta``,
-    ``train/lr``; per epoch, what :meth:`Trainer.evaluate
-    <bayesattn.training.trainer.Trainer.evaluate>` reports: ``val/loss`` (``config.val_loss``),
-    ``val/acc``, ``val/nll``, ``val/ece`` (posterior predictive).
+    ``train/lr``; per epoch, what :meth:`~bayesattn.training.trainer.Trainer.evaluate`
+    reports: ``val/loss`` (``config.val_loss``), ``val/acc``, ``val/nll``, ``val/ece``
+    (posterior predictive).
     """
 
     @renamed_kwargs(mode="method")
@@ -279,7 +279,7 @@ class BayesianLightningModule(L.LightningModule):
     def elbo_per_example(self, xb: Tensor, yb: Tensor | None, n: int) -> tuple[Tensor, Tensor]:
         """The β-weighted negative ELBO per training example (differentiable) and the logits of
         the sampled pass ``(*P, B, ...)``; β at the current ``global_step``
-        (:meth:`ElboObjective.loss <bayesattn.training.objective.ElboObjective.loss>`)."""
+        (:meth:`~bayesattn.training.objective.ElboObjective.loss`)."""
         self.objective.set_step(self.global_step)
         return self.objective.loss(xb, yb, n)
 

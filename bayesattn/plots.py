@@ -536,7 +536,7 @@ def plot_history(history: History, path: PathLike | None = None) -> Figure:
     """Training curves of a :class:`~bayesattn.training.history.History`: loss per example
     (train −ELBO/N and validation), accuracy, and the learning-rate and KL-weight β schedules,
     one point per epoch, with the best epoch marked (drawn by
-    :func:`bayesattn.training.curves.plot_history`, which :meth:`History.plot
-    <bayesattn.training.history.History.plot>` calls). Saved as an image (format from the file
-    name, ``dpi=100``) when ``path`` is given. matplotlib is imported lazily."""
+    :func:`bayesattn.training.curves.plot_history`, which
+    :meth:`~bayesattn.training.history.History.plot` calls). Saved as an image (format from the
+    file name, ``dpi=100``) when ``path`` is given. matplotlib is imported lazily."""
     return _plot_history(history, path)

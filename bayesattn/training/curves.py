@@ -1,5 +1,5 @@
 """The figure of a training :class:`~bayesattn.training.history.History` (what
-:meth:`History.plot <bayesattn.training.history.History.plot>` and
+:meth:`~bayesattn.training.history.History.plot` and
 :func:`bayesattn.plots.plot_history` draw). matplotlib is imported lazily."""
 
 from __future__ import annotations

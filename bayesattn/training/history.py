@@ -37,8 +37,9 @@ class History:
     sampled-attention predictions seen in training; token-level, padding ignored, for sequence
     models), ``val_loss`` (``TrainConfig.val_loss``), ``val_acc``, ``val_nll``, ``val_ece``
     (posterior predictive; see :mod:`bayesattn.training.validation`; all ``None`` when not
-    evaluated), ``lr`` and ``beta`` (of the epoch's last step), ``seconds`` (wall time of the epoch's steps). ``stopped_early``,
-    ``best_epoch`` and ``best_val_loss`` summarise early stopping.
+    evaluated), ``lr`` and ``beta`` (of the epoch's last step), ``seconds`` (wall time of the
+    epoch's steps). ``stopped_early``, ``best_epoch`` and ``best_val_loss`` summarise early
+    stopping.
     """
 
     epoch: list[int] = field(default_factory=list)

@@ -58,6 +58,9 @@ class Trainer:
             set-up); ``optimizer``, ``scheduler``, ``pyro_optim`` and ``last_grad_norm`` are its.
         early_stopping: the :class:`~bayesattn.training.early_stopping.EarlyStopping` state.
         epoch_state: the open epoch (:class:`~bayesattn.training.loop.EpochState`).
+        num_data: the number of training examples :math:`N` (after set-up); ``data`` the training
+            data source; ``param_names`` the Pyro parameter names of the model and guide;
+            ``generator`` the data-order generator (seeded by ``config.seed``).
 
     Example::
 

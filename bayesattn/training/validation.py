@@ -1,5 +1,4 @@
-r"""Validation, one way for both loops (:meth:`Trainer.evaluate
-<bayesattn.training.trainer.Trainer.evaluate>` and
+r"""Validation, one way for both loops (:meth:`~bayesattn.training.trainer.Trainer.evaluate` and
 :class:`~bayesattn.lightning.BayesianLightningModule`). Per example (token-level, padding
 ignored, for sequence models):
 
