@@ -46,6 +46,9 @@ is saved); for a stream (an ``IterableDataset``) it restarts the stream and skip
 the open epoch already trained on, which is exact when every pass over the stream yields the same
 items in the same order.
 
+The objective is :class:`~bayesattn.training.objective.ElboObjective` (shared with
+:mod:`bayesattn.lightning`); validation, :func:`~bayesattn.training.validation.validate`, reports
+the loss of ``TrainConfig.val_loss`` and the posterior predictive's accuracy, NLL and ECE.
 The pieces live in :mod:`bayesattn.training`, one concern per module, and are re-exported here:
 :mod:`~bayesattn.training.config` (:class:`TrainConfig`), :mod:`~bayesattn.training.kl`
 (:func:`kl_beta`, :class:`ScaleLatents`), :mod:`~bayesattn.training.history` (:class:`History`),

@@ -7,7 +7,8 @@ module imports them at import time; ``import bayesattn`` does not import this mo
 (classifier, ViT, ``Seq2Seq`` or ``CausalLM``) with the objective of
 :mod:`bayesattn.inference`:
 
-* ``method="hybrid"``: ``network.elbo_loss`` (one pass, analytic KLs); ``method="svi"``: Pyro's
+* the objective of the ``Trainer``, :class:`~bayesattn.training.objective.ElboObjective`:
+  ``method="hybrid"``: ``network.elbo_loss`` (one pass, analytic KLs); ``method="svi"``: Pyro's
   ``Trace_ELBO``/``TraceMeanField_ELBO`` ``differentiable_loss`` of ``network.model`` against
   ``network.guide``, with :class:`~bayesattn.inference.ScaleLatents` for the KL weight. Either way
   the loss is the negative ELBO per training example, KL-annealed by
@@ -15,10 +16,10 @@ module imports them at import time; ``import bayesattn`` does not import this mo
 * ``torch.optim.AdamW`` with :func:`~bayesattn.training.schedules.lr_scheduler` stepped every
   optimiser step, and global-norm gradient clipping at ``config.clip_norm`` (unless the Lightning
   ``Trainer`` sets ``gradient_clip_val``).
-* validation through the posterior predictive engine,
-  :meth:`bayesattn.predictive.Predictive.probs_and_targets` (``num_samples`` draws, averaged
-  probabilities; token by token for sequence models); accuracy, NLL and ECE of the averaged
-  probabilities through ``torchmetrics`` (synchronised across processes).
+* validation as the ``Trainer`` validates (:mod:`bayesattn.training.validation`): the loss of
+  ``config.val_loss`` and the posterior predictive's accuracy, NLL and ECE (``num_samples``
+  draws, token by token for sequence models), accumulated by ``torchmetrics`` (synchronised
+  across processes).
 
 **ELBO scaling across processes.** Under DDP each of :math:`R` ranks sees a batch of :math:`b`
 examples of the global batch :math:`Rb`. Every rank scales its data plate to the *full* dataset
@@ -55,7 +56,6 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import torch
-from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch import Tensor
 
 try:
@@ -70,13 +70,15 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from ._deprecation import renamed_kwargs
 from ._validation import check_bool, check_int
-from .inference import TrainConfig, _resolve_config, kl_beta, sync_param_store
+from .inference import TrainConfig, _resolve_config, sync_param_store
 from .nn.networks import BayesianNetwork, CausalLM, Seq2Seq, TransformerClassifier
 from .predictive import Predictive
 from .training.config import _upgrade_config_dict
 from .training.data import as_batch, fork_rng
-from .training.kl import AnnealedPair
+from .training.objective import ElboObjective, predictive_scores
+from .training.optimisation import schedule_args
 from .training.schedules import lr_scheduler
+from .training.validation import validation_batch
 
 if TYPE_CHECKING:
     from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
@@ -132,7 +134,8 @@ class BayesianLightningModule(L.LightningModule):
             fields. Used here: ``method``, ``lr``, ``weight_decay``, the schedule fields
             (``warmup_steps``, ``lr_decay``, ``decay_steps``, ``min_lr_ratio``, ``lr_step_size``,
             ``lr_gamma``), ``clip_norm``, the KL fields (``kl_anneal_steps``, ``kl_start``,
-            ``kl_weight``), ``num_particles``, ``vectorize_particles``, ``elbo`` and ``seed``.
+            ``kl_weight``), ``num_particles``, ``vectorize_particles``, ``elbo``, ``val_loss`` and
+            ``seed``.
             Epochs, steps, devices, checkpoints and early stopping belong to the Lightning
             ``Trainer`` (``decay_steps`` defaults to ``trainer.estimated_stepping_batches``).
         num_data: the number of training examples :math:`N` (default: the length of the train
@@ -142,7 +145,9 @@ class BayesianLightningModule(L.LightningModule):
         shared_noise: seed every rank's step identically (see "Randomness" above).
 
     Logged: ``train/loss`` (negative ELBO per example), ``train/acc``, ``train/beta``,
-    ``train/lr``; ``val/acc``, ``val/nll``, ``val/ece`` (posterior predictive, per epoch).
+    ``train/lr``; per epoch, what :meth:`~bayesattn.training.trainer.Trainer.evaluate`
+    reports: ``val/loss`` (``config.val_loss``), ``val/acc``, ``val/nll``, ``val/ece``
+    (posterior predictive).
     """
 
     @renamed_kwargs(mode="method")
@@ -175,27 +180,15 @@ class BayesianLightningModule(L.LightningModule):
         if network.weight_guide is not None:
             with fork_rng(), torch.no_grad(), network.pyro_context:
                 network.weight_guide()
-        c = self.config
-        if c.method == "svi":
-            elbo_cls = Trace_ELBO if c.elbo == "trace" else TraceMeanField_ELBO
-            self._elbo = elbo_cls(
-                num_particles=c.num_particles,
-                vectorize_particles=c.vectorize_particles and c.num_particles > 1,
-                max_plate_nesting=1,
-            )
-        self._beta = 1.0
-        self._pair = AnnealedPair(network, self._current_beta)  # a method: the module pickles
+        self.objective = ElboObjective(network, self.config)
         self._synced = False
         self.train_acc = MulticlassAccuracy(num_classes=C, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes=C, average="micro")
+        self.val_loss = MeanMetric()
         self.val_nll = MeanMetric()
         self.val_ece = MulticlassCalibrationError(num_classes=C, n_bins=n_bins, norm="l1")
 
     # ---- set-up -------------------------------------------------------------------------------
-    def _current_beta(self) -> float:
-        """The KL weight of the step in progress (read by the annealed model/guide pair)."""
-        return self._beta
-
     def _resolve_num_data(self) -> int:
         if self.num_data is None:
             loader = self.trainer.train_dataloader
@@ -237,15 +230,7 @@ class BayesianLightningModule(L.LightningModule):
                 )
             else:
                 decay_steps = 1
-        sched = lr_scheduler(
-            opt,
-            warmup_steps=c.warmup_steps,
-            decay=c.lr_decay,
-            decay_steps=decay_steps,
-            min_lr_ratio=c.min_lr_ratio,
-            step_size=c.lr_step_size,
-            gamma=c.lr_gamma,
-        )
+        sched = lr_scheduler(opt, **schedule_args(c, decay_steps))  # the Trainer's schedule
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def configure_gradient_clipping(
@@ -265,24 +250,10 @@ class BayesianLightningModule(L.LightningModule):
     # ---- training -----------------------------------------------------------------------------
     def elbo_per_example(self, xb: Tensor, yb: Tensor | None, n: int) -> tuple[Tensor, Tensor]:
         """The β-weighted negative ELBO per training example (differentiable) and the logits of
-        the sampled pass ``(*P, B, ...)``; β at the current ``global_step``."""
-        c, net = self.config, self.network
-        self._beta = kl_beta(self.global_step, c.kl_anneal_steps, c.kl_start, c.kl_weight)
-        if c.method == "hybrid":
-            if c.num_particles == 1 or c.vectorize_particles:
-                loss, logits = net.elbo_loss(
-                    xb, yb, num_data=n, beta=self._beta, num_particles=c.num_particles
-                )
-                return loss / n, logits.detach()
-            losses, outs = [], []
-            for _ in range(c.num_particles):
-                loss, logits = net.elbo_loss(xb, yb, num_data=n, beta=self._beta)
-                losses.append(loss)
-                outs.append(logits.detach())
-            return torch.stack(losses).mean() / n, torch.stack(outs)
-        self._pair.clear()
-        loss = self._elbo.differentiable_loss(self._pair.model, self._pair.guide, xb, yb, n)
-        return loss / n, self._pair.pop_logits()
+        the sampled pass ``(*P, B, ...)``; β at the current ``global_step``
+        (:meth:`~bayesattn.training.objective.ElboObjective.loss`)."""
+        self.objective.set_step(self.global_step)
+        return self.objective.loss(xb, yb, n)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         xb, yb = as_batch(batch, "train batch")
@@ -298,15 +269,13 @@ class BayesianLightningModule(L.LightningModule):
         targets, mask, _ = self.network.targets(xb, yb)
         if targets is None:
             raise ValueError(f"{type(self.network).__name__}.targets(x, y) gave no targets")
-        if logits.dim() > targets.dim() + 1:  # particles: average the predictive
-            probs = torch.softmax(logits, -1).reshape((-1,) + logits.shape[-targets.dim() - 1 :])
-            logits = probs.mean(0).log()
+        logits = predictive_scores(logits, targets.dim())  # particles: averaged predictive
         pred, tgt = (logits[mask], targets[mask]) if mask is not None else (logits, targets)
         self.train_acc(pred.reshape(-1, pred.shape[-1]), tgt.reshape(-1))
         B = xb.shape[0]
         self.log("train/loss", loss.detach(), prog_bar=True, batch_size=B, sync_dist=True)
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=B)
-        self.log("train/beta", self._beta, batch_size=B, rank_zero_only=True)
+        self.log("train/beta", self.objective.beta, batch_size=B, rank_zero_only=True)
         lr = self.trainer.optimizers[0].param_groups[0]["lr"]
         self.log("train/lr", float(lr), batch_size=B, rank_zero_only=True)
         return loss
@@ -317,15 +286,34 @@ class BayesianLightningModule(L.LightningModule):
         if not self._synced:
             self._sync(xb, yb, self.num_data or xb.shape[0])
         self._seed_step(-(batch_idx + 1) * 7_919)  # reproducible draws, apart from training's
-        probs, targets = predictive_probs(self.network, xb, yb, self.num_samples)
+        c = self.config
+        n = self._val_num_data() if c.val_loss == "elbo" else None
+        b = validation_batch(
+            self.network, xb, yb, val_loss=c.val_loss, num_data=n, num_samples=self.num_samples
+        )
+        probs, targets = b.probs, b.targets
         nll = -torch.log(probs.gather(-1, targets[:, None]).squeeze(-1).clamp_min(1e-12))
+        B = xb.shape[0]
+        self.val_loss.update(torch.tensor(b.loss_sum / B), weight=B)
         self.val_acc.update(probs, targets)
         self.val_nll.update(nll)
         self.val_ece.update(probs, targets)
-        B = xb.shape[0]
+        self.log("val/loss", self.val_loss, on_epoch=True, batch_size=B)
         self.log("val/acc", self.val_acc, on_epoch=True, batch_size=B, prog_bar=True)
         self.log("val/nll", self.val_nll, on_epoch=True, batch_size=B, prog_bar=True)
         self.log("val/ece", self.val_ece, on_epoch=True, batch_size=B)
+
+    def _val_num_data(self) -> int:
+        """The number of validation examples (``val_loss="elbo"`` scales to it)."""
+        loaders = self.trainer.val_dataloaders
+        loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+        try:
+            return len(loader.dataset)  # type: ignore[union-attr]
+        except (AttributeError, TypeError):
+            raise ValueError(
+                "val_loss='elbo' needs the number of validation examples: give a validation "
+                "dataset with __len__ or use val_loss='nll'"
+            ) from None
 
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
         """The network's deterministic (posterior-mean) logits."""

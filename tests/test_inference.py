@@ -623,7 +623,7 @@ def test_check_state_fits_names_each_mismatch(method):
         num_data=32,
         network=trainer.network,
         optimizer=trainer.optimizer,
-        param_names=trainer._param_names,
+        param_names=trainer.param_names,
     )
     check_state_fits(st, **fits)  # its own state fits
     cases = [

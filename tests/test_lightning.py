@@ -290,6 +290,31 @@ def test_sequence_models_train_under_lightning():
     torch.testing.assert_close(probs.sum(-1), torch.ones(len(probs)))
 
 
+@pytest.mark.parametrize("kind", ["classifier", "lm"])
+@pytest.mark.parametrize("val_loss", ["nll", "elbo"])
+def test_both_loops_validate_the_same_way(kind, val_loss):
+    """The Lightning module logs what Trainer.evaluate reports (one validation function): with
+    nothing random in the network the two agree to float round-off."""
+    from bayesattn.inference import Trainer
+
+    torch.manual_seed(0)
+    if kind == "classifier":
+        net = TransformerClassifier(2, vocab_size=10, d_model=8, nhead=2, num_layers=1,
+                                    dim_feedforward=16, attention=AttentionConfig(family=None))
+        data = TensorDataset(*contains3(20, 1, T=6))
+    else:
+        net = CausalLM(8, d_model=8, nhead=2, num_layers=1, dim_feedforward=16, max_len=8,
+                       attention=AttentionConfig(family=None))
+        data = TensorDataset(torch.randint(1, 8, (20, 6)))
+    assert not net.bayesian_layers and net.weight_guide is None
+    expected = Trainer(net, val_loss=val_loss, eval_batch_size=8).evaluate(data)
+    module = BayesianLightningModule(net, val_loss=val_loss, num_samples=3, num_data=20)
+    m = _trainer().validate(module, DataLoader(data, batch_size=8), verbose=False)[0]
+    for key, name in (("loss", "val/loss"), ("accuracy", "val/acc"), ("nll", "val/nll"),
+                      ("ece", "val/ece")):
+        assert m[name] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+
+
 class _Stream(IterableDataset):
     def __iter__(self):
         x, y = contains3(16, 2, T=6)

@@ -81,8 +81,8 @@ def test_lightning_module_pickles():
     net = ba.TransformerClassifier(2, vocab_size=6, d_model=8, nhead=2, num_layers=1,
                                    attention="dirichlet")
     module = pickle.loads(pickle.dumps(BayesianLightningModule(net, kl_anneal_steps=4)))
-    module._beta = 0.25
-    assert module._pair.anneal is not None and module._current_beta() == 0.25
+    module.objective.beta = 0.25  # the unpickled annealed pair reads the unpickled objective's β
+    assert module.objective.pair.anneal.beta() == 0.25
 
 
 def test_trainer_pickles():
@@ -91,4 +91,5 @@ def test_trainer_pickles():
     net = ba.TransformerClassifier(2, vocab_size=6, d_model=8, nhead=2, num_layers=1,
                                    attention="dirichlet")
     trainer = pickle.loads(pickle.dumps(Trainer(net)))
-    assert trainer._current_beta() == 1.0
+    trainer.objective.beta = 0.5
+    assert trainer.objective.pair.anneal.beta() == 0.5

@@ -290,3 +290,131 @@ def test_validation_on_a_loader_matches_tensors():
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
     assert a["accuracy"] == b["accuracy"]
     assert 0 < c["loss"] < 5
+
+
+# ---------------------------------------------------------------------------------------------
+# the objective (training/objective.py) and validation (training/validation.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def _grads(net):
+    return {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize(
+    "method, particles, vectorize",
+    [("hybrid", 1, True), ("hybrid", 3, True), ("hybrid", 3, False), ("svi", 1, True),
+     ("svi", 2, False)],
+)
+def test_objective_loss_and_loss_and_grads_agree(method, particles, vectorize):
+    """The Lightning path (a differentiable loss) and the Trainer path (back-propagated per
+    particle, gradients in per-example units) are one objective: same value, same gradients."""
+    from bayesattn.training.objective import ElboObjective
+    from bayesattn.training.param_store import sync_param_store
+
+    x, y = contains3(12, 0)
+    net = classifier(dropout=0.0)
+    cfg = TrainConfig(method=method, num_particles=particles, vectorize_particles=vectorize,
+                      kl_anneal_steps=4, kl_start=0.1)
+    sync_param_store(net, x, y, 40)
+    obj = ElboObjective(net, cfg)
+    assert obj.set_step(2) == pytest.approx(0.1 + 0.9 * 2 / 4)  # kl_beta's closed form
+    torch.manual_seed(1)
+    loss, logits = obj.loss(x, y, 40)
+    loss.backward()
+    g_loss = _grads(net)
+    net.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    step = obj.loss_and_grads(x, y, 40)
+    g_step = {n: p.grad for n, p in net.named_parameters() if p.grad is not None}
+    assert step.loss == pytest.approx(float(loss.detach()), rel=1e-5)
+    torch.testing.assert_close(step.logits, logits)
+    assert logits.shape == ((particles,) if particles > 1 else ()) + (12, 2)
+    assert g_loss.keys() == g_step.keys() and g_loss
+    for k in g_loss:
+        scale = float(g_loss[k].abs().max())  # float32 sums in another order: ~1e-6 relative
+        torch.testing.assert_close(g_step[k], g_loss[k], rtol=0, atol=1e-4 * scale, msg=k)
+    if method == "hybrid" and particles == 1:  # independent: the network's own ELBO over N
+        torch.manual_seed(1)
+        ref, _ = net.elbo_loss(x, y, num_data=40, beta=obj.beta)
+        assert float(loss.detach()) == pytest.approx(float(ref.detach()) / 40, rel=1e-6)
+
+
+def test_predictive_scores_average_particle_probabilities():
+    from bayesattn.training.objective import predictive_scores
+
+    logits = torch.randn(3, 4, 5, 7)  # (P, B, T, C)
+    out = predictive_scores(logits, target_dims=2)
+    torch.testing.assert_close(out.exp(), torch.softmax(logits, -1).mean(0))
+    one = logits[0]
+    assert predictive_scores(one, target_dims=2) is one  # one pass: the logits themselves
+
+
+def test_validation_metrics_match_calibration_on_the_whole_set():
+    """Batch-wise sums give the metrics of all predictions at once (bayesattn.calibration)."""
+    from bayesattn.calibration import accuracy, expected_calibration_error, negative_log_likelihood
+    from bayesattn.training.validation import ValidationBatch, ValidationMetrics
+
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(3 * torch.randn(50, 4, generator=g), -1)
+    y = torch.randint(0, 4, (50,), generator=g)
+    m = ValidationMetrics(n_bins=10)
+    for sl in (slice(0, 7), slice(7, 30), slice(30, 50)):
+        m.update(ValidationBatch(1.5, sl.stop - sl.start, probs[sl], y[sl]))
+    out = m.compute()
+    assert out["loss"] == pytest.approx(3 * 1.5 / 50)
+    assert out["accuracy"] == pytest.approx(accuracy(probs, y))
+    assert out["nll"] == pytest.approx(negative_log_likelihood(probs, y), rel=1e-6)
+    assert out["ece"] == pytest.approx(expected_calibration_error(probs, y, n_bins=10), abs=1e-9)
+
+
+def test_evaluate_reports_the_posterior_predictive():
+    """Trainer.evaluate: the deterministic loss plus the posterior predictive of
+    bayesattn.uncertainty.predict (accuracy, NLL, ECE), the RNG untouched."""
+    from bayesattn.calibration import expected_calibration_error
+    from bayesattn.uncertainty import predict
+
+    x, y = contains3(32, 0)
+    xv, yv = contains3(24, 1)
+    trainer = Trainer(classifier(), epochs=1, batch_size=16, val_samples=4, progress=False)
+    h = trainer.fit((x, y), (xv, yv))
+    assert h.val_nll[-1] is not None and h.val_ece[-1] is not None
+    before = torch.get_rng_state()
+    m = trainer.evaluate((xv, yv))
+    assert torch.equal(torch.get_rng_state(), before)
+    assert m["loss"] == pytest.approx(h.val_loss[-1]) and m["nll"] == pytest.approx(h.val_nll[-1])
+    net = trainer.network
+    with torch.no_grad():
+        torch.manual_seed(7)
+        ref = -net.likelihood(net(xv), None, 0).log_prob(yv).mean()
+    assert m["loss"] == pytest.approx(float(ref), rel=1e-5)
+    p = predict(net, xv, num_samples=4, keep_attention=False).mean_probs  # other draws
+    assert m["accuracy"] == pytest.approx(float((p.argmax(-1) == yv).double().mean()), abs=0.15)
+    assert abs(m["ece"] - expected_calibration_error(p, yv)) < 0.15
+    assert 0 < m["nll"] < 2
+
+
+def test_history_from_before_the_predictive_metrics_loads():
+    from bayesattn.training.history import History
+
+    old = {"epoch": [1, 2], "step": [2, 4], "train_loss": [1.0, 0.5], "train_acc": [0.5, 0.6],
+           "val_loss": [None, 0.7], "val_acc": [None, 0.6], "lr": [0.1, 0.1], "beta": [1, 1],
+           "seconds": [0.1, 0.1]}
+    h = History.from_dict(old)
+    assert h.val_nll == [None, None] and h.val_ece == [None, None] and len(h) == 2
+    assert History.from_dict(h.to_dict()) == h
+
+
+def test_val_samples_zero_is_the_deterministic_predictive():
+    """``val_samples=0``: accuracy and NLL of the posterior-mean network (one pass)."""
+    x, y = contains3(32, 0)
+    xv, yv = contains3(24, 1)
+    trainer = Trainer(classifier(), epochs=1, batch_size=16, val_samples=0, progress=False)
+    trainer.fit((x, y))
+    m = trainer.evaluate((xv, yv))
+    with torch.no_grad():
+        logits = trainer.network(xv)
+    assert m["accuracy"] == float((logits.argmax(-1) == yv).double().mean())
+    assert m["nll"] == pytest.approx(m["loss"], rel=1e-5)  # the deterministic NLL, twice
+    with pytest.raises(ValueError, match="val_samples"):
+        TrainConfig(val_samples=-1)

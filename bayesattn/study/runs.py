@@ -124,7 +124,9 @@ class Run:
 
     def train(self, net: BayesianNetwork, seed: int, bayes: bool, kl_weight: float = 1.0) -> float:
         """Train ``net`` (hybrid ELBO; cross-entropy for a deterministic one) and return the
-        seconds it took. Every training starts from an empty Pyro param store."""
+        seconds it took. Every training starts from an empty Pyro param store; the validation
+        loss picks the epoch restored (``val_samples=0``: no posterior-predictive validation
+        metrics, which the study computes itself, so they do not cost training time)."""
         m, d = self.model, self.data
         pyro.clear_param_store()
         steps = math.ceil(len(d.x_train) / m["batch_size"])
@@ -133,7 +135,7 @@ class Run:
             epochs=m["epochs"], batch_size=m["batch_size"], lr=m["lr"], weight_decay=1e-4,
             warmup_steps=steps, kl_anneal_steps=self.cfg.kl_anneal_epochs * steps if bayes else 0,
             kl_weight=kl_weight, seed=seed, progress=False, restore_best=True,
-            early_stopping_patience=None)  # fmt: skip
+            early_stopping_patience=None, val_samples=0)  # fmt: skip
         return time.perf_counter() - t0
 
     def members(self, n: int) -> tuple[list[BayesianNetwork], list[float]]:

@@ -13,7 +13,7 @@ import io
 import os
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from torch import nn
 
     from .config import TrainConfig
-    from .trainer import Trainer
 
 __all__ = [
     "CheckpointError",
@@ -36,10 +35,24 @@ __all__ = [
     "prepare_checkpoint_path",
     "upgrade_state",
     "check_state_fits",
+    "checkpoint_header",
+    "rng_state",
+    "set_rng_state",
 ]
 
 _FORMAT = "bayesattn.checkpoint"
 _VERSION = 2  # 2: torch.optim.lr_scheduler schedules, data sources (loaders, streams)
+
+
+def checkpoint_header() -> dict[str, Any]:
+    """The entries that mark a state dict as a checkpoint of this format version."""
+    return {"format": _FORMAT, "version": _VERSION}
+
+
+class HasState(Protocol):
+    """Anything whose state is a checkpoint: a :class:`~bayesattn.training.trainer.Trainer`."""
+
+    def state_dict(self) -> dict[str, Any]: ...
 
 
 class CheckpointError(ValueError):
@@ -106,16 +119,15 @@ def prepare_checkpoint_path(path: str | os.PathLike) -> Path:
     return path
 
 
-def save_checkpoint(path: str | os.PathLike, state: Trainer | dict[str, Any]) -> Path:
-    """Write a trainer's state (or a state dict from :meth:`Trainer.state_dict`) atomically.
+def save_checkpoint(path: str | os.PathLike, state: HasState | dict[str, Any]) -> Path:
+    """Write a trainer's state (or a state dict from
+    :meth:`~bayesattn.training.trainer.Trainer.state_dict`) atomically.
 
     The file is written to a temporary file in the same directory, flushed and fsynced, then
     moved over ``path`` with ``os.replace``: a crash leaves either the old or the new checkpoint,
     never a torn one. It loads with ``torch.load(path, weights_only=True)``.
     """
-    from .trainer import Trainer  # the trainer imports this module
-
-    if isinstance(state, Trainer):
+    if not isinstance(state, dict) and callable(getattr(state, "state_dict", None)):
         state = state.state_dict()
     if not isinstance(state, dict):
         raise TypeError(f"state must be a Trainer or a dict; got {type(state).__name__}")
@@ -130,7 +142,17 @@ def save_checkpoint(path: str | os.PathLike, state: Trainer | dict[str, Any]) ->
     return path
 
 
-_REQUIRED = ("format", "version", "method", "config", "network", "optimizer", "step", "epoch", "rng")
+_REQUIRED = (
+    "format",
+    "version",
+    "method",
+    "config",
+    "network",
+    "optimizer",
+    "step",
+    "epoch",
+    "rng",
+)
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
@@ -299,7 +321,8 @@ def _check_network_fits(sd: dict[str, Any], where: str, network: nn.Module) -> N
         raise CheckpointError(f"checkpoint {where} has mismatched shapes: {bad}")
 
 
-def _rng_state(gen: torch.Generator) -> dict[str, Any]:
+def rng_state(gen: torch.Generator) -> dict[str, Any]:
+    """The RNG states (torch, Python, NumPy, CUDA when initialised) and the data generator's."""
     version, internal, gauss = random.getstate()
     np_state: Any = np.random.get_state()  # the legacy tuple (kind, keys, pos, has_gauss, cached)
     state: dict[str, Any] = {
@@ -319,7 +342,8 @@ def _rng_state(gen: torch.Generator) -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: dict[str, Any], gen: torch.Generator) -> None:
+def set_rng_state(state: dict[str, Any], gen: torch.Generator) -> None:
+    """Restore what :func:`rng_state` saved."""
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))

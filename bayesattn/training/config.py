@@ -66,7 +66,11 @@ class TrainConfig:
         eval_every: evaluate on the validation data every this many epochs (and after the last).
         eval_batch_size: evaluation batch size (default ``max(batch_size, 256)``).
         val_loss: ``"nll"`` (deterministic posterior-mean negative log-likelihood per example) or
-            ``"elbo"`` (negative ELBO per example, β = 1, one particle).
+            ``"elbo"`` (negative ELBO per example, β = 1, one particle): what early stopping
+            watches.
+        val_samples: posterior draws per prediction of the posterior-predictive validation
+            metrics (accuracy, NLL, ECE; :mod:`bayesattn.training.validation`); 0: of the
+            deterministic posterior-mean predictive (one pass, as cheap as the loss).
         drop_last: drop the last incomplete batch of each epoch.
         device: torch device the network and batches are moved to.
     """
@@ -98,6 +102,7 @@ class TrainConfig:
     eval_every: int = 1
     eval_batch_size: int | None = None
     val_loss: ValLoss = "nll"
+    val_samples: int = 8
     drop_last: bool = False
     device: str = "cpu"
 
@@ -117,9 +122,15 @@ class TrainConfig:
         def arg(name: str) -> tuple[str, Any]:  # (name in messages, value)
             return f"TrainConfig.{name}", getattr(self, name)
 
-        for name in ("epochs", "batch_size", "num_particles", "eval_every", "lr_step_size"):
+        for name in (
+            "epochs",
+            "batch_size",
+            "num_particles",
+            "eval_every",
+            "lr_step_size",
+        ):
             check_int(*arg(name), 1)
-        for name in ("warmup_steps", "kl_anneal_steps", "seed"):
+        for name in ("warmup_steps", "kl_anneal_steps", "seed", "val_samples"):
             check_int(*arg(name), 0)
         for name in ("max_steps", "decay_steps", "eval_batch_size", "early_stopping_patience"):
             check_int(*arg(name), 1, allow_none=True)

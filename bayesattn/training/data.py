@@ -52,6 +52,7 @@ __all__ = [
     "StreamSource",
     "as_train_data",
     "as_batch",
+    "as_tensors",
     "iter_eval_batches",
     "fork_rng",
 ]
@@ -74,7 +75,7 @@ def fork_rng() -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _as_tensors(data: Any, name: str) -> tuple[Tensor, Tensor | None]:
+def as_tensors(data: Any, name: str) -> tuple[Tensor, Tensor | None]:
     """``(x, y)`` tuple/list, a ``TensorDataset`` of 1 or 2 tensors, or an object with
     ``.src``/``.tgt`` (a :class:`bayesattn.data.SequenceTask`) → ``(x, y or None)``."""
     tensors: tuple[Any, ...]
@@ -479,7 +480,7 @@ def as_train_data(
     elif isinstance(data, Dataset) and not isinstance(data, TensorDataset):
         src = DatasetSource(data, batch_size, drop_last, name)
     else:
-        x, y = _as_tensors(data, name)
+        x, y = as_tensors(data, name)
         src = TensorSource(x, y, batch_size, drop_last, name)
     if num_data is not None and num_data != src.num_data:
         raise ValueError(
@@ -501,7 +502,7 @@ def iter_eval_batches(data: Any, name: str, batch_size: int) -> tuple[Iterator[B
             _sized(data),
         )
     else:
-        x, y = _as_tensors(data, name)
+        x, y = as_tensors(data, name)
 
         def slices() -> Iterator[Batch]:
             for i in range(0, len(x), batch_size):

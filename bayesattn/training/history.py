@@ -1,5 +1,5 @@
 """The per-epoch training record, :class:`History` (its figure is drawn by
-:func:`bayesattn.plots.plot_history`)."""
+:func:`bayesattn.training.curves.plot_history`)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ _HISTORY_KEYS = (
     "train_acc",
     "val_loss",
     "val_acc",
+    "val_nll",
+    "val_ece",
     "lr",
     "beta",
     "seconds",
@@ -33,9 +35,11 @@ class History:
     ``epoch`` (1-based), ``step`` (optimiser steps so far), ``train_loss`` (β-weighted negative ELBO
     per training example, averaged over the epoch's minibatches), ``train_acc`` (accuracy of the
     sampled-attention predictions seen in training; token-level, padding ignored, for sequence
-    models), ``val_loss``/``val_acc`` (``None`` when not evaluated), ``lr`` and ``beta`` (of the
-    epoch's last step), ``seconds`` (wall time of the epoch's steps). ``stopped_early``,
-    ``best_epoch`` and ``best_val_loss`` summarise early stopping.
+    models), ``val_loss`` (``TrainConfig.val_loss``), ``val_acc``, ``val_nll``, ``val_ece``
+    (posterior predictive; see :mod:`bayesattn.training.validation`; all ``None`` when not
+    evaluated), ``lr`` and ``beta`` (of the epoch's last step), ``seconds`` (wall time of the
+    epoch's steps). ``stopped_early``, ``best_epoch`` and ``best_val_loss`` summarise early
+    stopping.
     """
 
     epoch: list[int] = field(default_factory=list)
@@ -44,6 +48,8 @@ class History:
     train_acc: list[float] = field(default_factory=list)
     val_loss: list[float | None] = field(default_factory=list)
     val_acc: list[float | None] = field(default_factory=list)
+    val_nll: list[float | None] = field(default_factory=list)
+    val_ece: list[float | None] = field(default_factory=list)
     lr: list[float] = field(default_factory=list)
     beta: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
@@ -73,7 +79,9 @@ class History:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> History:
-        curves: dict[str, Any] = {k: list(d.get(k, [])) for k in _HISTORY_KEYS}
+        n = len(d.get("epoch", []))
+        # a history saved before val_nll/val_ece existed: those curves are unknown (None)
+        curves: dict[str, Any] = {k: list(d.get(k, [None] * n)) for k in _HISTORY_KEYS}
         h = cls(**curves)
         h.stopped_early = bool(d.get("stopped_early", False))
         h.best_epoch = d.get("best_epoch")
@@ -82,8 +90,8 @@ class History:
 
     def plot(self, path: str | os.PathLike | None = None) -> Figure:
         """Loss, accuracy and LR/β curves as a :class:`matplotlib.figure.Figure` (saved as an
-        image, e.g. PNG, when ``path`` is given): :func:`bayesattn.plots.plot_history`.
+        image, e.g. PNG, when ``path`` is given): :func:`bayesattn.training.curves.plot_history`.
         matplotlib is imported lazily."""
-        from ..plots import plot_history
+        from .curves import plot_history
 
         return plot_history(self, path)
