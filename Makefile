@@ -28,6 +28,7 @@ venv install: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check bayesattn tests benchmarks examples notebooks docs
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 test: $(VENV)/.study-installed lint
 	BAYESATTN_EXPECT_ARVIZ_MAJOR=0 $(PY) -m pytest -q
