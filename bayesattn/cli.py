@@ -66,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="runs in parallel worker processes (default 1); the numbers do not change, only "
         "the wall time (each worker uses --threads torch threads)",
     )
+    s.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="instead of running: merge finished studies of the same runs and settings (e.g. a "
+        "method added later) into --out, pooled again (a method in several must agree)",
+    )
     s.add_argument("--no-progress", action="store_true")
     return p
 
@@ -108,6 +116,18 @@ def _study(args: argparse.Namespace) -> int:
         print(f"bayesattn: --threads must be >= 1 (0: torch's default); got {args.threads}",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.merge:
+        from .study import merge_studies
+
+        try:
+            prepare_out_dir(args.out, force=args.force)
+            results = merge_studies(args.merge, args.out)
+        except (ValueError, TypeError) as e:
+            print(f"bayesattn: {e}", file=sys.stderr)
+            return 2
+        print(format_table(results))
+        print(f"\nwrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'report.md'}")
+        return 0
     try:
         cfg = _config(args)
         # refuses unsafe paths, folders a study did not write, and a study without --force

@@ -269,3 +269,37 @@ def test_posthoc_gp_method_is_the_interop_read_on_the_pooled_features():
     torch.testing.assert_close(m.score(f, run, x), read.variance(run.features("", x)))
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
     assert f.params["temperature"] == read.temperature > 0
+
+
+@pytest.mark.slow
+def test_merging_studies_equals_one_study_with_every_method(tmp_path):
+    """Two studies over the same runs with different methods, merged, give the pooled numbers
+    of one study running all of them; a shared method must agree; other settings are refused."""
+    from bayesattn.study import run_study
+    from bayesattn.study.merge import merge_studies, without_times
+
+    kw = dict(seeds=2, epochs=1, figures=False, progress=False, holdout_rotation=1)
+    a = tmp_path / "a"
+    run_study(StudyConfig.quick(out=str(a), methods=("deterministic", "mc_dropout"), **kw))
+    b = tmp_path / "b"
+    run_study(StudyConfig.quick(out=str(b), methods=("deterministic", "posthoc_gp"), **kw))
+    both = run_study(StudyConfig.quick(
+        out=str(tmp_path / "all"), methods=("deterministic", "mc_dropout", "posthoc_gp"), **kw
+    ))  # fmt: skip
+    merged = merge_studies([a, b], tmp_path / "merged")
+    assert merged["methods"] == ["deterministic", "mc_dropout", "posthoc_gp"]
+    want, got = both["datasets"]["digits"], merged["datasets"]["digits"]
+    for part in ("pooled", "paired", "per_pair", "wins"):
+        assert without_times(got[part]) == without_times(want[part]), part
+    assert (tmp_path / "merged" / "report.md").is_file()
+    assert json.loads((tmp_path / "merged" / "results.json").read_text())["merged_from"]
+
+    c = tmp_path / "c"  # other seeds: refused
+    run_study(StudyConfig.quick(out=str(c), methods=("deterministic",), seed=5, **kw))
+    with pytest.raises(ValueError, match="seed"):
+        merge_studies([a, c], tmp_path / "bad")
+    res = json.loads((b / "results.json").read_text())  # a shared method that disagrees
+    res["datasets"]["digits"]["runs"][0]["methods"]["deterministic"]["accuracy"] += 0.01
+    (b / "results.json").write_text(json.dumps(res))
+    with pytest.raises(ValueError, match="'deterministic' differs"):
+        merge_studies([a, b], tmp_path / "bad2")

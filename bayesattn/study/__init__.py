@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from ._compat import _train, _vit  # noqa: F401 - the 0.3 names benchmark scripts import
 from .config import DATASETS, DEFAULT_ROTATION, MODEL_DEFAULTS, StudyConfig
+from .merge import merge_studies
 from .methods import (
     DEFAULT_METHODS,
     METHODS,
@@ -42,5 +43,6 @@ __all__ = [
     "register_method",
     "get_method",
     "run_study",
+    "merge_studies",
     "format_table",
 ]

@@ -1,0 +1,111 @@
+"""Merge finished studies over the same runs into one (:func:`merge_studies`): a method added
+later (``--methods new_method`` on the same pairs, seeds and settings) joins the pooled tables and
+the paired differences of the first study without rerunning it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .._study_io import RESULTS, begin_run, finish_run, prepare_out_dir, register_output
+from .protocol import pool
+
+__all__ = ["merge_studies", "without_times"]
+
+#: config fields that may differ between merged studies (they do not change the numbers)
+_FREE = ("methods", "out", "jobs", "progress", "figures", "geometry")
+
+
+def without_times(o: Any) -> Any:
+    """A results block without what depends on the machine's load (times, figure paths)."""
+    if isinstance(o, dict):
+        return {
+            k: without_times(v)
+            for k, v in o.items()
+            if not (k.startswith("infer_ms") or "seconds" in k or k in ("figures", "first_run"))
+        }
+    if isinstance(o, list):
+        return [without_times(v) for v in o]
+    return o
+
+
+def _load(src: str | Path) -> dict[str, Any]:
+    path = Path(src) / RESULTS
+    if not path.is_file():
+        raise ValueError(f"sources must be finished study folders; no {RESULTS} in {src}")
+    out: dict[str, Any] = json.loads(path.read_text())
+    return out
+
+
+def _key(run: dict[str, Any]) -> tuple[tuple[int, ...], int]:
+    return tuple(run["pair"]), int(run["seed"])
+
+
+def merge_studies(sources: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
+    """One study from finished ``sources`` run with the same datasets, held-out pairs, seeds and
+    settings (all but ``methods`` and how they ran): every run gets the union of the methods
+    (first source first), pooled again with intervals and paired differences; written to ``out``
+    (a study folder: ``results.json``, ``report.md``, the sources' figures).
+
+    A method in more than one source must have the same numbers in each (times aside): the runs
+    are seeded, so this is a reproducibility check, and a ``ValueError`` names the method and run
+    that differ."""
+    from . import figures, report
+
+    if len(sources) < 2:
+        raise ValueError(f"sources must name at least two studies; got {list(sources)}")
+    loaded = [_load(s) for s in sources]
+    base = loaded[0]
+    for src, r in zip(sources[1:], loaded[1:], strict=True):
+        diff = sorted(
+            k for k in set(base["config"]) | set(r["config"])
+            if k not in _FREE and base["config"].get(k) != r["config"].get(k)
+        )  # fmt: skip
+        if diff or set(r["datasets"]) != set(base["datasets"]):
+            raise ValueError(
+                f"sources must share their settings; {src} differs from {sources[0]} in "
+                f"{diff or ['datasets']}"
+            )
+    methods = list(dict.fromkeys(m for r in loaded for m in r["methods"]))
+    out_dir = prepare_out_dir(out, force=True)
+    foreign = begin_run(out_dir)
+    for src, r in zip(sources, loaded, strict=True):  # the figures the sources wrote
+        for name in r.get("files", []):
+            if name != RESULTS and name != "report.md" and (Path(src) / name).is_file():
+                shutil.copyfile(Path(src) / name, register_output(out_dir, name))
+    merged: dict[str, Any] = dict(base, methods=methods, datasets={},
+                                  merged_from=[str(s) for s in sources])  # fmt: skip
+    merged["config"] = dict(base["config"], methods=methods, out=str(out))
+    for dataset, block in base["datasets"].items():
+        runs = {_key(run): json.loads(json.dumps(run)) for run in block["runs"]}
+        for src, r in zip(sources[1:], loaded[1:], strict=True):
+            other = {_key(run): run for run in r["datasets"][dataset]["runs"]}
+            if set(other) != set(runs):
+                raise ValueError(f"sources must have the same runs; {src} has {sorted(other)}")
+            for key, run in other.items():
+                mine = runs[key]
+                for m, row in run["methods"].items():
+                    if m in mine["methods"]:
+                        if without_times(mine["methods"][m]) != without_times(row):
+                            raise ValueError(
+                                f"method {m!r} differs between the sources on {dataset} pair "
+                                f"{key[0]} seed {key[1]}: not the same settings or code"
+                            )
+                    else:
+                        mine["methods"][m] = row
+                if not mine["ensemble_curve"]:
+                    mine["ensemble_curve"] = run["ensemble_curve"]
+                mine["first_run"] = {**run.get("first_run", {}), **mine.get("first_run", {})}
+        ordered = [runs[_key(run)] for run in block["runs"]]
+        new = pool(ordered, methods)
+        new["model"] = block["model"]
+        new["seconds"] = sum(r["datasets"][dataset]["seconds"] for r in loaded)
+        new["figures"] = figures.dataset_figures(out_dir, dataset, new)
+        merged["datasets"][dataset] = new
+    merged["seconds"] = sum(r["seconds"] for r in loaded)
+    merged.pop("files", None)
+    finish_run(out_dir, merged, report.render(merged), foreign)
+    return merged
