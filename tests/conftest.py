@@ -19,26 +19,6 @@ def _seed_and_clear():
     pyro.clear_param_store()
 
 
-#: test files that run whole programs (notebooks, examples, the study, docs, kill tests) and the
-#: slow checks in other files: ``make test-fast`` skips them (``-m "not slow"``); CI runs all
-_SLOW_FILES = {
-    "test_notebooks.py",
-    "test_examples.py",
-    "test_study.py",
-    "test_docs.py",
-    "test_faults.py",
-}
-_SLOW_NAMES = ("nuts", "ddp", "learns", "svi_matches")
-
-
-def pytest_collection_modifyitems(config, items):
-    slow = pytest.mark.slow
-    for item in items:
-        name = item.name.lower()
-        if item.path.name in _SLOW_FILES or any(s in name for s in _SLOW_NAMES):
-            item.add_marker(slow)
-
-
 @pytest.fixture(autouse=True)
 def one_thread():
     """One torch thread in every test (tiny models: intra-op threads only add contention on a

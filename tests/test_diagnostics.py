@@ -536,6 +536,7 @@ def nuts_run():
     return data, nuts
 
 
+@pytest.mark.slow
 @_JIT_OK
 def test_nuts_converges_on_the_attention_regression(nuts_run):
     data, nuts = nuts_run
@@ -549,6 +550,7 @@ def test_nuts_converges_on_the_attention_regression(nuts_run):
         assert bool(((s.mean(0) - truth).abs() < 3 * s.std(0)).all())
 
 
+@pytest.mark.slow
 @_JIT_OK
 def test_full_rank_svi_matches_nuts_and_mean_field_is_narrower(nuts_run):
     data, nuts = nuts_run

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+#: whole programs (``make test-fast`` skips them; CI runs them)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 

@@ -24,9 +24,10 @@ from bayesattn import inference as I
 from bayesattn._study_io import INCOMPLETE, REPORT, RESULTS, study_status
 from bayesattn.nn import AttentionConfig
 
-pytestmark = pytest.mark.skipif(
-    "fork" not in mp.get_all_start_methods(), reason="needs os.fork (POSIX)"
-)
+pytestmark = [  # whole programs killed mid-run (``make test-fast`` skips them)
+    pytest.mark.slow,
+    pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="needs os.fork (POSIX)"),
+]
 _CTX = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
 
 

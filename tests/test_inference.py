@@ -63,6 +63,7 @@ def assert_same_state(a, b, atol=1e-6):
 @pytest.mark.parametrize(
     "method, family", [("hybrid", "dirichlet"), ("svi", "logistic_normal"), ("svi", "dirichlet")]
 )
+@pytest.mark.slow
 def test_classifier_learns_in_both_methods(method, family):
     train, val = contains3(384, seed=0), contains3(256, seed=1)
     net = classifier(family)
@@ -85,6 +86,7 @@ def _seq_uncertainty(net, task, max_len):
     return g, mi, h
 
 
+@pytest.mark.slow
 def test_seq2seq_learns_reverse_and_is_uncertain_out_of_distribution():
     from scipy.stats import mannwhitneyu
 

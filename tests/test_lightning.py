@@ -147,6 +147,7 @@ def _run_two_processes(tmp_path, out, *args: str) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_equal_one_process_and_resume(tmp_path):
     out = tmp_path / "ddp"
     infos = _run_two_processes(tmp_path, out)
@@ -168,6 +169,7 @@ def test_ddp_two_processes_equal_one_process_and_resume(tmp_path):
     assert _max_diff(ddp, resumed) < TOL
 
 
+@pytest.mark.slow
 def test_ddp_spawn_pickles_the_module_into_two_processes(tmp_path):
     """``strategy="ddp_spawn"`` pickles the module (network, Pyro sites, load-state hooks, the
     KL-annealed pair) into 2 fresh processes; they train as 2-process DDP does, and rank 0's

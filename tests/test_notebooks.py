@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pytest
 
+#: whole programs (``make test-fast`` skips them; CI runs them)
+pytestmark = pytest.mark.slow
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")

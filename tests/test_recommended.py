@@ -128,6 +128,7 @@ def test_recommended_one_pass_elbo_matches_pyro_trace_elbo():
     assert tr.nodes[site]["value"].shape == (4, 2, 1, 5)  # (B, H, CLS row, keys)
 
 
+@pytest.mark.slow
 def test_the_plain_elbo_learns_well_above_chance():
     """KL weight 1 (no tempering): the recommended recipe learns a token task."""
     g = torch.Generator().manual_seed(0)

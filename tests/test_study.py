@@ -8,6 +8,9 @@ import pytest
 from bayesattn.cli import main
 from bayesattn.study import StudyConfig, format_table, run_study
 
+#: whole programs (``make test-fast`` skips them; CI runs them)
+pytestmark = pytest.mark.slow
+
 TINY = dict(
     epochs=1,
     seeds=1,
