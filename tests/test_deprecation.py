@@ -346,6 +346,17 @@ def test_library_code_uses_no_deprecated_name():
         _s2s("weibull").generate(_tokens(2, 3), 2, num_samples=2)
 
 
+def test_the_suite_runs_with_deprecation_warnings_as_errors():
+    """pyproject.toml's ``error::DeprecationWarning``: a warning attributed to bayesattn code, or
+    (a ``stacklevel`` pointing at the caller) to a test, raises instead of being recorded."""
+    with pytest.raises(DeprecationWarning, match="probe"):
+        warnings.warn_explicit(
+            "probe", DeprecationWarning, F.__file__, 1, module="bayesattn.families"
+        )
+    with pytest.raises(DeprecationWarning, match="probe"):
+        warnings.warn("probe", DeprecationWarning, stacklevel=1)
+
+
 # ---- TrainConfig.mode (a training method) → method: shims kept until the training refactor --
 
 
