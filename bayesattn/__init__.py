@@ -64,7 +64,6 @@ __version__ = "0.3.0"
 _SUBMODULES = (
     "calibration",
     "data",
-    "data_long",
     "diagnostics",
     "geometry",
     "inference",
@@ -78,9 +77,6 @@ _SUBMODULES = (
     "lightning",
     "families",
 )
-
-#: top-level names renamed in 0.3 (old -> new), served with a DeprecationWarning until 0.4
-_RENAMED = {"AttentionPosterior": "AttentionFamily"}
 
 __all__ = [
     "functional",
@@ -124,11 +120,6 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """Submodules are imported on first use (``bayesattn.diagnostics`` etc.)."""
-    if name in _SUBMODULES or name == "posteriors":  # posteriors: deprecated, warns on import
+    if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
-    if name in _RENAMED:
-        from ._deprecation import warn_renamed
-
-        warn_renamed(f"bayesattn.{name}", f"bayesattn.{_RENAMED[name]}", "name")
-        return globals()[_RENAMED[name]]
     raise AttributeError(f"module 'bayesattn' has no attribute {name!r}")

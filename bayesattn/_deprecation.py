@@ -1,17 +1,19 @@
-"""Deprecated spellings kept for one release (see ``docs/glossary.md``).
+"""Old names in saved files, and the last 0.3 deprecation shims (see ``docs/glossary.md``).
 
-Every old name still works and emits a :class:`DeprecationWarning` that names the new spelling.
-One helper per kind of rename:
+The 0.3 spellings of the API were removed in 0.4 (migration table in ``CHANGELOG.md``). What stays
+for good is reading files written before 0.3, silently (the file, not the caller, holds the old
+name):
 
-* :func:`warn_renamed` — the warning itself (``kind`` is ``"class"``, ``"function"``,
-  ``"module"``, ``"keyword argument"``, ``"method"`` or ``"value"``);
-* :func:`renamed_kwargs` — a decorator accepting old keyword-argument names;
-* :func:`renamed_value` — maps an old string value of an option to its new one;
-* :func:`module_getattr` — a module ``__getattr__`` serving old attribute names;
-* :func:`renamed_attribute` — a property serving an old attribute name;
 * :func:`renamed_state_keys` / :func:`renamed_submodule_hook` — ``state_dict`` keys saved under an
-  old submodule name read as the new one (old checkpoints keep loading, silently: the file, not
-  the caller, holds the old name).
+  old submodule name read as the new one.
+
+Still used by the training entry points (``bayesattn.training``, ``bayesattn.lightning``,
+``bayesattn.inference``) until their 0.3 spellings go too; then these four go with them:
+
+* :func:`warn_renamed` — the :class:`DeprecationWarning` naming the new spelling;
+* :func:`renamed_kwargs` — a decorator accepting old keyword-argument names;
+* :func:`module_getattr` — a module ``__getattr__`` serving old attribute names;
+* :func:`renamed_attribute` — a property serving an old attribute name.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from typing import Any, TypeVar, cast
 __all__ = [
     "warn_renamed",
     "renamed_kwargs",
-    "renamed_value",
     "module_getattr",
     "renamed_attribute",
     "renamed_state_keys",
@@ -71,14 +72,6 @@ def renamed_kwargs(**renames: str) -> Callable[[F], F]:
         return cast(F, wrapper)  # functools.wraps keeps fn's signature
 
     return deco
-
-
-def renamed_value(option: str, value: Any, renames: Mapping[str, str], stacklevel: int = 4) -> Any:
-    """``renames[value]`` with a warning when ``value`` is an old spelling, else ``value``."""
-    if isinstance(value, str) and value in renames:
-        warn_renamed(f"{option}={value!r}", f"{option}={renames[value]!r}", "value", stacklevel)
-        return renames[value]
-    return value
 
 
 def module_getattr(

@@ -26,7 +26,7 @@ A new family subclasses :class:`AttentionFamily` and implements :meth:`Attention
 :meth:`AttentionFamily.model` and :meth:`AttentionFamily.to_weights` (and sets ``analytic_kl``);
 :func:`register_family` gives it a name that ``AttentionConfig(family=...)`` and the layers accept
 (``docs/extending.md``).
-This module was ``bayesattn.posteriors`` (a deprecated alias until 0.4).
+This module was ``bayesattn.posteriors`` before 0.3 (the alias is gone since 0.4).
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from torch import Tensor, nn
 from torch.distributions import Distribution, constraints
 from torch.distributions.kl import kl_divergence, register_kl
 
-from ._deprecation import module_getattr, renamed_kwargs, warn_renamed
 from ._validation import check_float_tensor, check_int, check_no_nan, check_real, check_tensor
 from .functional import log_posterior_weights, posterior_weights
 from .registry import Registry
@@ -74,17 +73,15 @@ MODEL_LOCATIONS: tuple[str, ...] = get_args(ModelLocation)
 #: the built-in families :func:`get_family` builds by name (:data:`FAMILIES` may hold more)
 FamilyName = Literal["dirichlet", "logistic_normal", "weibull", "concrete"]
 
-#: keyword arguments and attributes of the families renamed in 0.3 (old -> new)
-_RENAMED = {
-    "prior_location": "model_location",
-    "prior_concentration": "model_concentration",
-    "prior_scale": "model_scale",
-    "prior_temperature": "model_temperature",
-}
 #: a shape argument as torch.distributions takes it
 _Shape = torch.Size | list[int] | tuple[int, ...]
-#: extension-point methods renamed in 0.3 (old -> new)
-_RENAMED_METHODS = {"posterior": "guide", "prior": "model", "prior_log_location": "model_log_location"}
+#: extension-point methods renamed in 0.3 (old -> new): a subclass defining only an old name is
+#: refused (it would otherwise never be called)
+_RENAMED_METHODS = {
+    "posterior": "guide",
+    "prior": "model",
+    "prior_log_location": "model_log_location",
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -502,35 +499,22 @@ class AttentionFamily(nn.Module):
     :math:`\log\pi`) broadcastable to it (``-inf`` = masked); ``query`` per-head queries
     ``(B, H, Tq, Dh)`` for input-dependent variances.
 
-    Formerly ``AttentionPosterior`` with methods ``posterior``/``prior``: the old names still
-    work (and warn) until 0.4, also when a subclass overrides the old method names.
+    Formerly ``AttentionPosterior`` with methods ``posterior``/``prior`` (renamed in 0.3, removed
+    in 0.4): a subclass defining one of the old method names only is a ``TypeError``.
     """
 
     #: ``True``: :meth:`kl` uses the closed form registered with ``torch.distributions``
     analytic_kl: ClassVar[bool] = True
-    #: extension points a subclass defined under their old names (served under the new ones)
-    _legacy_methods: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        legacy = []
         for old, new in _RENAMED_METHODS.items():
             if old in cls.__dict__ and new not in cls.__dict__:
-                # a family written against the old extension points: serve it under the new names
-                warn_renamed(f"{cls.__name__}.{old}", f"{cls.__name__}.{new}", "method", 3)
-                setattr(cls, new, cls.__dict__[old])
-                legacy.append(new)
-        cls._legacy_methods = tuple(legacy)
+                raise TypeError(
+                    f"{cls.__name__} defines {old!r}, the pre-0.3 name of the extension point "
+                    f"{new!r} (removed in 0.4): rename the method to {new!r}"
+                )
 
-    def _inherited(self, new: str) -> Any:
-        """The first ``new`` method along the MRO that is not a legacy override, bound: what an
-        old-style ``super().posterior(...)`` call inside such an override means."""
-        for c in type(self).__mro__:
-            if new in c.__dict__ and new not in c.__dict__.get("_legacy_methods", ()):
-                return c.__dict__[new].__get__(self)
-        raise AttributeError(new)  # unreachable: AttentionFamily defines every extension point
-
-    @renamed_kwargs(prior_location="model_location")
     def __init__(self, num_heads: int = 1, model_location: ModelLocation = "key_relevance") -> None:
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads, 1)
@@ -654,39 +638,6 @@ class AttentionFamily(nn.Module):
         with no allowed key gets all-zero weights."""
         raise NotImplementedError
 
-    # deprecated spellings (until 0.4) -------------------------------------------------------
-    def _renamed_attr(self, old: str) -> Any:
-        warn_renamed(f"{type(self).__name__}.{old}", _RENAMED[old], "attribute", 4)
-        return getattr(self, _RENAMED[old])
-
-    prior_location = property(lambda self: self._renamed_attr("prior_location"),
-                              doc="Deprecated: ``model_location``.")
-    prior_concentration = property(lambda self: self._renamed_attr("prior_concentration"),
-                                   doc="Deprecated: ``model_concentration``.")
-    prior_scale = property(lambda self: self._renamed_attr("prior_scale"),
-                           doc="Deprecated: ``model_scale``.")
-    prior_temperature = property(lambda self: self._renamed_attr("prior_temperature"),
-                                 doc="Deprecated: ``model_temperature``.")
-
-    def posterior(
-        self, logits: Tensor, log_prior: Tensor | None = None, query: Tensor | None = None
-    ) -> TorchDistribution:
-        """Deprecated: :meth:`guide`."""
-        warn_renamed(f"{type(self).__name__}.posterior", "guide", "method")
-        return self._inherited("guide")(logits, log_prior, query)
-
-    def prior(self, log_prior: Tensor | None, like: Tensor, key: Tensor | None = None) -> TorchDistribution:
-        """Deprecated: :meth:`model`."""
-        warn_renamed(f"{type(self).__name__}.prior", "model", "method")
-        return self._inherited("model")(log_prior, like, key)
-
-    def prior_log_location(
-        self, log_prior: Tensor | None, logits: Tensor
-    ) -> tuple[Tensor, Tensor | None]:
-        """Deprecated: :meth:`model_log_location`."""
-        warn_renamed(f"{type(self).__name__}.prior_log_location", "model_log_location", "method")
-        return self._inherited("model_log_location")(log_prior, logits)
-
     def kl(self, q_dist: Distribution, p_dist: Distribution, num_samples: int = 1) -> Tensor:
         r""":math:`\mathrm{KL}(q\|p)` per row ``(..., Tq)`` between a :meth:`guide` and a :meth:`model`
         distribution: closed form when registered (``analytic_kl``), else a Monte-Carlo estimate
@@ -714,7 +665,6 @@ class DirichletWeights(AttentionFamily):
     Weight model :math:`p(w_i) = \mathrm{Dir}(\kappa_0 n_i \pi_i)` (``κ0 = 1``, uniform π: flat Dirichlet).
     """
 
-    @renamed_kwargs(prior_concentration="model_concentration", prior_location="model_location")
     def __init__(
         self,
         num_heads: int = 1,
@@ -763,7 +713,6 @@ class LogisticNormalWeights(AttentionFamily):
     \sigma_0^2)`.
     """
 
-    @renamed_kwargs(prior_scale="model_scale", prior_location="model_location")
     def __init__(
         self,
         num_heads: int = 1,
@@ -837,7 +786,6 @@ class WeibullWeights(AttentionFamily):
     #: :math:`-\log u \le 87.3` overflows float32 once :math:`1/k \gtrsim 20`.
     MIN_SHAPE = 0.1
 
-    @renamed_kwargs(prior_concentration="model_concentration", prior_location="model_location")
     def __init__(
         self,
         num_heads: int = 1,
@@ -896,7 +844,6 @@ class ConcreteWeights(AttentionFamily):
 
     analytic_kl = False
 
-    @renamed_kwargs(prior_temperature="model_temperature")
     def __init__(
         self, num_heads: int = 1, temperature: float = 0.5, model_temperature: float | None = None
     ) -> None:
@@ -964,12 +911,3 @@ def get_family(
     if head_dim is not None and "head_dim" in (FAMILIES.arguments(name) or ()):
         kwargs.setdefault("head_dim", head_dim)
     return FAMILIES.create(name, num_heads=num_heads, **kwargs)
-
-
-#: module-level names renamed in 0.3, served with a warning until 0.4: old -> (module, new)
-_RENAMED_NAMES = {
-    "AttentionPosterior": ("bayesattn.families", "AttentionFamily"),
-    "get_posterior": ("bayesattn.families", "get_family"),
-    "PRIOR_LOCATIONS": ("bayesattn.families", "MODEL_LOCATIONS"),
-}
-__getattr__ = module_getattr("bayesattn.families", _RENAMED_NAMES)

@@ -113,8 +113,7 @@ def predict(
         batch_size: split ``x`` into chunks of at most this many inputs (``None``: one chunk).
         progress: show a ``tqdm`` bar over the chunks.
         mode: the attention mode: ``"guide"`` (default), ``"model"``, ``"mean"`` or ``"elbo"``
-            (guide draws without Pyro sites); see :mod:`bayesattn.nn.modes`. ``"posterior"`` and
-            ``"prior"`` are deprecated spellings of ``"guide"`` and ``"model"``.
+            (guide draws without Pyro sites); see :mod:`bayesattn.nn.modes`.
         keep_attention: record every attention layer's weights.
         y: target sequences for a ``Seq2Seq`` (BOS first); not used by other networks.
         forward, temperature, vectorised: for a **model we did not write** (any ``nn.Module``
@@ -134,7 +133,7 @@ def predict(
         ``probs (S, B, C)`` (``(S, B, T, V)`` for sequence models), attention
         ``(S, B, H, Tq, Tk)`` per layer.
     """
-    mode = check_mode(mode, stacklevel=4)
+    mode = check_mode(mode)
     if isinstance(network, Sequence):  # an ensemble is predict_ensemble's
         check_network(network)
     engine = Predictive(
@@ -185,7 +184,7 @@ def predict_ensemble(
     run through :func:`predict` (``num_samples`` draws each in ``mode``; deterministic
     exact-posterior attention, ``"mean"``, by default); the samples of all members are stacked,
     ``probs (M·S, B, ..., C)``, and the decomposition reads member disagreement as epistemic."""
-    mode = check_mode(mode, stacklevel=4)
+    mode = check_mode(mode)
     if isinstance(networks, BayesianNetwork) or not isinstance(networks, Sequence):
         raise TypeError(
             f"networks must be a sequence of BayesianNetworks; got {type(networks).__name__}"

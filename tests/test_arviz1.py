@@ -34,7 +34,7 @@ def _clf(num_layers=1):
         num_layers=num_layers,
         dim_feedforward=32,
         dropout=0.0,
-        attention=AttentionConfig(posterior="dirichlet"),
+        attention=AttentionConfig(family="dirichlet"),
     )
 
 

@@ -1,9 +1,18 @@
-"""Renamed names (issue 12, "one meaning per word"; docs/glossary.md): every old spelling still
-works for one release, gives the same result as the new one and warns naming the new spelling."""
+"""The 0.3 spellings (issue 12, "one meaning per word"; docs/glossary.md) are gone in 0.4 (issue 20):
+each old spelling fails with the error a misspelt name gets (``TypeError`` for a keyword argument,
+``AttributeError`` for an attribute or module name, ``ValueError`` naming the argument for an
+option value), while files written with the old names (checkpoints, ``state_dict`` keys, saved
+``TrainConfig``s) still load, silently.
 
+The training entry points (``TrainConfig``/``Trainer``/``fit``/``BayesianLightningModule``
+``mode=``, ``MODES``) keep their shims until the training refactor of issue 20 lands: their tests
+at the end still expect the warning."""
+
+import contextlib
 import importlib
-import sys
+import pkgutil
 import warnings
+from importlib.machinery import PathFinder
 
 import pyro
 import pytest
@@ -13,8 +22,8 @@ import bayesattn
 from bayesattn import families as F
 from bayesattn.inference import TrainConfig, Trainer, load_checkpoint
 from bayesattn.nn.attention import BayesianMultiheadAttention
-from bayesattn.nn.blocks import AttentionConfig
-from bayesattn.nn.modes import MODES, attention_mode, current_mode
+from bayesattn.nn.blocks import AttentionConfig, DecoderLayer, EncoderLayer
+from bayesattn.nn.modes import MODES, attention_mode
 from bayesattn.nn.networks import Seq2Seq, TransformerClassifier
 from bayesattn.uncertainty import PredictionResult, predict, predict_ensemble
 
@@ -33,36 +42,52 @@ def _tokens(B=5, T=4):
     return torch.randint(0, 7, (B, T))
 
 
-# ---- modules and names --------------------------------------------------------------------
+@contextlib.contextmanager
+def _no_warning():
+    """A block in which any DeprecationWarning is an error (also outside the pytest config)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        yield
 
 
-def test_posteriors_module_is_a_warning_alias_of_families():
-    _forget_posteriors_module()
-    with pytest.warns(DeprecationWarning, match="bayesattn.families"):
-        P = importlib.import_module("bayesattn.posteriors")
-    assert P.DirichletWeights is F.DirichletWeights
-    assert P.MaskedDirichlet is F.MaskedDirichlet and P.kl_weibull_gamma is F.kl_weibull_gamma
+# ---- modules and names: AttributeError / ImportError ----------------------------------------
 
 
 @pytest.mark.parametrize(
     "where, old, new",
     [
-        ("bayesattn", "AttentionPosterior", F.AttentionFamily),
-        ("bayesattn.families", "AttentionPosterior", F.AttentionFamily),
-        ("bayesattn.families", "get_posterior", F.get_family),
-        ("bayesattn.families", "PRIOR_LOCATIONS", F.MODEL_LOCATIONS),
-        ("bayesattn.posteriors", "AttentionPosterior", F.AttentionFamily),
-        ("bayesattn.posteriors", "get_posterior", F.get_family),
+        ("bayesattn", "AttentionPosterior", "AttentionFamily"),
+        ("bayesattn", "posteriors", "families"),
+        ("bayesattn", "data_long", "data"),
+        ("bayesattn.families", "AttentionPosterior", "AttentionFamily"),
+        ("bayesattn.families", "get_posterior", "get_family"),
+        ("bayesattn.families", "PRIOR_LOCATIONS", "MODEL_LOCATIONS"),
+        ("bayesattn.interop.posthoc", "posterior_parameters", "family_parameters"),
+        ("bayesattn.diagnostics", "prediction_to_arviz", "predictive_to_arviz"),
     ],
 )
-def test_old_names_are_the_new_objects_and_warn(where, old, new):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # the module alias itself
-        mod = importlib.import_module(where)
-    with pytest.warns(DeprecationWarning, match=f"{old}.*deprecated.*use"):
-        assert getattr(mod, old) is new
-    with pytest.raises(AttributeError):
-        getattr(mod, old + "_nonexistent")
+def test_old_names_are_gone(where, old, new):
+    mod = importlib.import_module(where)
+    assert hasattr(mod, new)
+    with pytest.raises(AttributeError, match=old):
+        getattr(mod, old)
+    assert old not in getattr(mod, "__all__", ())
+
+
+@pytest.mark.parametrize("module", ["posteriors", "data_long"])
+def test_old_modules_are_gone(module):
+    """The package has no such module (looked up on the package's own path: an editable install's
+    finder of another checkout must not count)."""
+    assert PathFinder.find_spec(f"bayesattn.{module}", list(bayesattn.__path__)) is None
+    assert module not in {m.name for m in pkgutil.iter_modules(bayesattn.__path__)}
+    assert PathFinder.find_spec("bayesattn.families", list(bayesattn.__path__)) is not None
+
+
+def test_star_import_uses_no_old_name():
+    ns: dict = {}
+    exec("from bayesattn import *", ns)
+    assert "AttentionPosterior" not in ns and "posteriors" not in ns and "data_long" not in ns
+    assert ns["AttentionFamily"] is F.AttentionFamily
 
 
 # ---- family keyword arguments, attributes and methods --------------------------------------
@@ -80,249 +105,166 @@ def test_old_names_are_the_new_objects_and_warn(where, old, new):
         (F.ConcreteWeights, "prior_temperature", "model_temperature", 0.8),
     ],
 )
-def test_old_family_keywords_and_attributes(cls, old, new, value):
-    with pytest.warns(DeprecationWarning, match=f"'{old}='.*'{new}='"):
-        fam = cls(2, **{old: value})
+def test_old_family_keywords_and_attributes_are_gone(cls, old, new, value):
+    with pytest.raises(TypeError, match=old):
+        cls(2, **{old: value})
+    fam = cls(2, **{new: value})
     assert getattr(fam, new) == value
-    with pytest.warns(DeprecationWarning, match=f"{old}.*'{new}'"):
-        assert getattr(fam, old) == value
-    logits = torch.randn(1, 2, 3, 4)
-    ref, p = cls(2, **{new: value}), fam.model(None, logits)
-    z = ref.model(None, logits).rsample()
-    torch.testing.assert_close(p.log_prob(z), ref.model(None, logits).log_prob(z))
-    with pytest.raises(TypeError, match="both"):
-        cls(2, **{old: value, new: value})
+    with pytest.raises(AttributeError, match=old):
+        getattr(fam, old)
+    name = {F.DirichletWeights: "dirichlet", F.LogisticNormalWeights: "logistic_normal",
+            F.WeibullWeights: "weibull", F.ConcreteWeights: "concrete"}[cls]  # fmt: skip
+    with pytest.raises(TypeError, match=old):
+        F.get_family(name, 2, **{old: value})
+    with pytest.raises(TypeError, match=old):
+        AttentionConfig(family=name, family_kwargs={old: value})
 
 
-def test_old_family_methods_give_the_new_distributions():
-    torch.manual_seed(0)
+@pytest.mark.parametrize(
+    "old, new",
+    [("posterior", "guide"), ("prior", "model"), ("prior_log_location", "model_log_location")],
+)
+def test_old_family_methods_are_gone(old, new):
     fam = F.LogisticNormalWeights(2, model_location="attention")
-    logits, lp = torch.randn(2, 2, 3, 5), torch.zeros(1, 1, 3, 5)
-    with pytest.warns(DeprecationWarning, match="'guide'"):
-        q = fam.posterior(logits, lp)
-    with pytest.warns(DeprecationWarning, match="'model'"):
-        p = fam.prior(lp, logits)
-    with pytest.warns(DeprecationWarning, match="'model_log_location'"):
-        loc = fam.prior_log_location(lp, logits)
-    torch.testing.assert_close(q.loc, fam.guide(logits, lp).loc)
-    torch.testing.assert_close(p.loc, fam.model(lp, logits).loc)
-    torch.testing.assert_close(loc[0], fam.model_log_location(lp, logits)[0])
+    assert callable(getattr(fam, new))
+    with pytest.raises(AttributeError, match=old):
+        getattr(fam, old)
 
 
-def test_a_family_written_against_the_old_extension_points_still_works_in_a_layer():
-    calls = []
-    with pytest.warns(DeprecationWarning) as rec:
+def test_a_family_written_against_the_old_extension_points_is_refused():
+    """Overriding only an old method name would silently never be called: a TypeError naming
+    the method and its new name, at class creation."""
+    with pytest.raises(TypeError, match="'posterior'.*'guide'"):
 
-        class OldStyle(F.DirichletWeights):  # overrides the old names only, calls super()'s
+        class OldStyle(F.DirichletWeights):
             def posterior(self, logits, log_prior=None, query=None):
-                calls.append("posterior")
-                return super().posterior(logits, log_prior, query)
+                return self.guide(logits, log_prior, query)
 
+    with pytest.raises(TypeError, match="'prior'.*'model'"):
+
+        class OldModel(F.DirichletWeights):
             def prior(self, log_prior, like, key=None):
-                calls.append("prior")
-                return super().prior(log_prior, like, key)
+                return self.model(log_prior, like, key)
 
-    assert sorted(str(w.message).split("'")[1] for w in rec) == ["OldStyle.posterior", "OldStyle.prior"]
-    x = torch.randn(2, 4, 8)
-    m = BayesianMultiheadAttention(8, 2, batch_first=True, posterior=OldStyle(2))
-    for mode in ("guide", "model"):
-        with attention_mode(mode):
-            tr = pyro.poutine.trace(m).get_trace(x, x, x)
-        assert tr.nodes["latent"]["value"].shape == (2, 2, 4, 4)
-    assert calls == ["posterior", "prior"]  # the layer reached the user's overrides
-    fam, logits = OldStyle(2), torch.randn(1, 2, 3, 4)
-    torch.manual_seed(3)
-    z = fam.posterior(logits).rsample()  # direct old-name call: the override, once
-    torch.manual_seed(3)
-    torch.testing.assert_close(z, F.DirichletWeights(2).guide(logits).rsample())
-    assert calls[2:] == ["posterior"]
+    class Both(F.DirichletWeights):  # defines the new name too: the old one is just a method
+        def guide(self, logits, log_prior=None, query=None):
+            return super().guide(logits, log_prior, query)
+
+        def posterior(self):
+            return "mine"
+
+    assert Both(2).posterior() == "mine"
 
 
-# ---- attention modes, prediction kinds ------------------------------------------------------
+# ---- attention modes, prediction kinds: ValueError naming the argument ---------------------------
 
 
 @pytest.mark.parametrize("old, new", [("posterior", "guide"), ("prior", "model")])
-def test_old_attention_modes_map_to_the_new_ones(old, new):
+def test_old_attention_modes_are_gone(old, new):
     assert new in MODES and old not in MODES
-    with pytest.warns(DeprecationWarning, match=f"mode='{old}'.*mode='{new}'"):
+    with pytest.raises(ValueError, match=f"mode must be one of.*'{old}' was renamed '{new}'"):
         with attention_mode(old):
-            assert current_mode() == new
+            pass
     net, x = _clf().eval(), _tokens()
-    with pytest.warns(DeprecationWarning, match=f"mode='{new}'"):
-        torch.manual_seed(1)
-        r_old = predict(net, x, 3, mode=old)
-    torch.manual_seed(1)
-    r_new = predict(net, x, 3, mode=new)
-    torch.testing.assert_close(r_old.probs, r_new.probs)
-    assert r_old.kind == new
-    with pytest.warns(DeprecationWarning, match=f"mode='{new}'"):
-        r_ens = predict_ensemble([net], x, mode=old, num_samples=2)
-    assert r_ens.kind == f"ensemble/{new}"
-    s2s = _s2s("dirichlet").eval()
-    with pytest.warns(DeprecationWarning, match=f"mode='{new}'"):
-        torch.manual_seed(2)
-        g_old = s2s.generate(_tokens(2, 3), max_len=3, num_samples=2, mode=old)
-    torch.manual_seed(2)
-    g_new = s2s.generate(_tokens(2, 3), max_len=3, num_samples=2, mode=new)
-    assert torch.equal(g_old.tokens, g_new.tokens)
+    with pytest.raises(ValueError, match=f"mode must be one of.*'{new}'"):
+        predict(net, x, 3, mode=old)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        predict_ensemble([net], x, mode=old, num_samples=2)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        _s2s("dirichlet").eval().generate(_tokens(2, 3), max_len=3, num_samples=2, mode=old)
 
 
 def test_bad_modes_still_name_the_choices():
-    with pytest.raises(ValueError, match="mode must be one of"):
+    with pytest.raises(ValueError, match="mode must be one of") as e:
         with attention_mode("posterior_mean"):
             pass
+    assert "renamed" not in str(e.value)
     with pytest.raises(ValueError, match="mode must be one of"):
         predict(_clf(), _tokens(), 2, mode="sample")
 
 
-def test_prediction_result_mode_is_kind():
+def test_prediction_result_mode_is_gone():
     probs = torch.full((2, 3, 4), 0.25)
-    with pytest.warns(DeprecationWarning, match="'kind='"):
-        r = PredictionResult(probs=probs, mode="mc_dropout")
-    assert r.kind == "mc_dropout"
-    with pytest.warns(DeprecationWarning, match="'kind'"):
-        assert r.mode == "mc_dropout"
+    with pytest.raises(TypeError, match="'mode'"):
+        PredictionResult(probs=probs, mode="mc_dropout")
+    r = PredictionResult(probs=probs, kind="mc_dropout")
+    with pytest.raises(AttributeError, match="mode"):
+        getattr(r, "mode")  # noqa: B009 (the point is the attribute lookup)
 
 
-# ---- saved configs and checkpoints ----------------------------------------------------------
+# ---- posterior= (a variational family) → family= -----------------------------------------------
 
 
-def test_checkpoint_of_a_network_built_from_an_old_config_loads_into_the_new_spelling(tmp_path):
-    old_cfg = dict(
-        posterior="logistic_normal",
-        posterior_kwargs={"prior_scale": 0.8, "prior_location": "attention"},
-    )
-    with pytest.warns(DeprecationWarning, match="model_"):
-        net = _clf(AttentionConfig(**old_cfg))
-    x, y = _tokens(8), torch.randint(0, 3, (8,))
-    trainer = Trainer(net, TrainConfig(epochs=1, batch_size=4, progress=False))
-    trainer.fit((x, y), checkpoint_path=tmp_path / "ckpt.pt")
-    new_cfg = AttentionConfig(
-        family="logistic_normal",
-        family_kwargs={"model_scale": 0.8, "model_location": "attention"},
-    )
-    net2 = _clf(new_cfg)
-    state = load_checkpoint(tmp_path / "ckpt.pt")  # torch.load(weights_only=True)
-    net2.load_state_dict(state["network"])
-    assert state["config"] == TrainConfig(**state["config"]).to_dict()
-    with torch.no_grad():
-        torch.testing.assert_close(net2.eval()(x), net.eval()(x))
-    fam = net2.encoder.layers[0].self_attn.family
-    assert (fam.model_scale, fam.model_location) == (0.8, "attention")
+def test_attention_posterior_keyword_and_attribute_are_gone():
+    with pytest.raises(TypeError, match="'posterior'"):
+        BayesianMultiheadAttention(8, 2, batch_first=True, posterior="dirichlet")
+    m = BayesianMultiheadAttention(8, 2, batch_first=True, family="dirichlet")
+    with pytest.raises(AttributeError, match="posterior"):
+        getattr(m, "posterior")  # noqa: B009
 
 
-def test_library_code_uses_no_deprecated_name():
-    """Train, predict and decode with every DeprecationWarning an error: internal code is on the
-    new names (the whole suite also runs with ``-W error::DeprecationWarning:bayesattn``)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        net = _clf(AttentionConfig.recommended())
-        bayesattn.inference.fit(
-            net, (_tokens(8), torch.randint(0, 3, (8,))), epochs=1, batch_size=4, progress=False
-        )
-        for mode in MODES:
-            predict(net, _tokens(), 2, mode=mode)
-        _s2s("weibull").generate(_tokens(2, 3), 2, num_samples=2)
-
-
-def _forget_posteriors_module():
-    sys.modules.pop("bayesattn.posteriors", None)
-    bayesattn.__dict__.pop("posteriors", None)  # set by an earlier import of the submodule
-
-
-def test_star_import_and_all_use_no_deprecated_name():
-    _forget_posteriors_module()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        exec("from bayesattn import *", {})
-    assert "AttentionPosterior" not in bayesattn.__all__ and "posteriors" not in bayesattn.__all__
-    with pytest.warns(DeprecationWarning, match="bayesattn.families"):
-        assert bayesattn.posteriors.DirichletWeights is F.DirichletWeights
-
-
-# ---- posterior= (a variational family) → family= ---------------------------------------------
-
-
-def test_attention_posterior_keyword_and_attribute_are_family():
-    with pytest.warns(DeprecationWarning, match="'posterior=' .* use 'family='"):
-        m = BayesianMultiheadAttention(8, 2, batch_first=True, posterior="dirichlet")
-    assert isinstance(m.family, F.DirichletWeights) and m.is_bayesian
-    with pytest.warns(DeprecationWarning, match="'BayesianMultiheadAttention.posterior'"):
-        assert m.posterior is m.family
-    with pytest.warns(DeprecationWarning, match="'family'"):
-        m.posterior = None  # assigning the old attribute sets the family (no stray submodule)
-    assert m.family is None and "posterior" not in m._modules and not m.is_bayesian
-    with pytest.raises(TypeError, match="both"):
-        BayesianMultiheadAttention(8, 2, posterior="dirichlet", family="dirichlet")
-
-
-def test_block_posterior_keywords_are_family():
-    from bayesattn.nn.blocks import DecoderLayer, EncoderLayer
-
-    with pytest.warns(DeprecationWarning, match="'family='"):
-        enc = EncoderLayer(8, 2, 16, posterior="weibull")
-    assert isinstance(enc.self_attn.family, F.WeibullWeights)
-    with pytest.warns(DeprecationWarning) as rec:
-        dec = DecoderLayer(8, 2, 16, self_posterior="dirichlet", cross_posterior="concrete")
-    assert {str(w.message).split("'")[3] for w in rec} == {"self_family=", "cross_family="}
-    assert isinstance(dec.self_attn.family, F.DirichletWeights)
+def test_block_posterior_keywords_are_gone():
+    with pytest.raises(TypeError, match="'posterior'"):
+        EncoderLayer(8, 2, 16, posterior="weibull")
+    with pytest.raises(TypeError, match="'self_posterior'"):
+        DecoderLayer(8, 2, 16, self_posterior="dirichlet")
+    with pytest.raises(TypeError, match="'cross_posterior'"):
+        DecoderLayer(8, 2, 16, cross_posterior="concrete")
+    dec = DecoderLayer(8, 2, 16, self_family="dirichlet", cross_family="concrete")
     assert isinstance(dec.multihead_attn.family, F.ConcreteWeights)
 
 
-def test_attention_config_posterior_fields_are_family():
-    new = AttentionConfig(family="logistic_normal", family_kwargs={"input_dependent": True})
-    with pytest.warns(DeprecationWarning) as rec:
-        old = AttentionConfig(posterior="logistic_normal", posterior_kwargs={"input_dependent": True})
-    assert sorted(str(w.message).split("'")[3] for w in rec) == ["family=", "family_kwargs="]
-    assert old == new
-    with pytest.warns(DeprecationWarning, match="'AttentionConfig.posterior'"):
-        assert old.posterior == "logistic_normal"
-    with pytest.warns(DeprecationWarning, match="'AttentionConfig.posterior_kwargs'"):
-        assert old.posterior_kwargs == {"input_dependent": True}
-    with pytest.warns(DeprecationWarning):
-        assert AttentionConfig.recommended(posterior="dirichlet", posterior_kwargs={}).family == (
-            "dirichlet"
-        )
+@pytest.mark.parametrize("old", ["posterior", "posterior_kwargs"])
+def test_attention_config_posterior_fields_are_gone(old):
+    value = "dirichlet" if old == "posterior" else {}
+    with pytest.raises(TypeError, match=f"'{old}'"):
+        AttentionConfig(**{old: value})
+    with pytest.raises(TypeError, match=f"'{old}'"):
+        AttentionConfig.recommended(**{old: value})
+    with pytest.raises(AttributeError, match=old):
+        getattr(AttentionConfig(family="dirichlet"), old)
 
 
-def test_saved_attention_config_with_posterior_fields_loads():
-    """A config saved as a dict of fields (hparams, JSON) before the rename builds the same net."""
-    saved = {"posterior": "dirichlet", "prior": "alibi", "layers": [0], "which": ["self"],
-             "posterior_kwargs": {"init_concentration": 2.0}, "prior_kwargs": {}}  # fmt: skip
-    with pytest.warns(DeprecationWarning):
-        old = AttentionConfig(**saved)
-    new = AttentionConfig(**{("family" if k == "posterior" else "family_kwargs"
-                              if k == "posterior_kwargs" else k): v for k, v in saved.items()})  # fmt: skip
-    assert old == new
-    torch.manual_seed(0)
-    a = _clf(old)
-    torch.manual_seed(0)
-    b = _clf(new)
-    x = _tokens()
-    with torch.no_grad():
-        torch.testing.assert_close(a.eval()(x), b.eval()(x))
-
-
-def test_convert_posterior_keyword_is_family():
+def test_convert_posterior_keyword_is_gone():
     model = torch.nn.TransformerEncoder(
         torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 1, enable_nested_tensor=False
     )
-    with pytest.warns(DeprecationWarning, match="'family='"):
+    with pytest.raises(TypeError, match="'posterior'"):
         bayesattn.convert(model, posterior="dirichlet")
-    layers = bayesattn.interop.bayesian_attention_modules(model)
-    assert list(layers) == ["layers.0.self_attn"]
-    assert isinstance(layers["layers.0.self_attn"].family, F.DirichletWeights)
+    assert not bayesattn.interop.bayesian_attention_modules(model)  # nothing converted
 
 
-def test_posthoc_posterior_parameters_is_family_parameters():
-    from bayesattn.interop import posthoc
+def test_convert_hf_posterior_keyword_is_gone_and_old_state_dict_keys_load():
+    transformers = pytest.importorskip("transformers")
+    from bayesattn.interop.hf import convert_hf, hf_attention_modules, unconvert_hf
 
-    model = bayesattn.convert(torch.nn.MultiheadAttention(8, 2), family="dirichlet")
-    holder = torch.nn.Sequential(model)
-    with pytest.warns(DeprecationWarning, match="family_parameters"):
-        old = posthoc.posterior_parameters
-    assert old is posthoc.family_parameters
-    assert old(holder) == list(model.family.parameters()) != []
+    def bert():
+        torch.manual_seed(0)
+        cfg = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=16, vocab_size=20,
+                                      attn_implementation="eager")  # fmt: skip
+        return transformers.BertModel(cfg).eval()
+
+    with pytest.raises(TypeError, match="'posterior'"):
+        convert_hf(bert(), posterior="dirichlet")
+    a = convert_hf(bert(), family="dirichlet")
+    (mod,) = hf_attention_modules(a).values()
+    with torch.no_grad():
+        mod.bayesattn_family.log_concentration.add_(0.5)
+    old = {k.replace("bayesattn_family.", "bayesattn_posterior."): v
+           for k, v in a.state_dict().items()}  # fmt: skip
+    assert any("bayesattn_posterior." in k for k in old)
+    b = convert_hf(bert(), family="dirichlet")
+    with _no_warning():  # a file's old keys load silently
+        b.load_state_dict(old, strict=True)
+    (mb,) = hf_attention_modules(b).values()
+    torch.testing.assert_close(mb.bayesattn_family.log_concentration,
+                               mod.bayesattn_family.log_concentration)  # fmt: skip
+    unconvert_hf(b)
+    assert not hasattr(mb, "_bayesattn_old_keys_hook")
+
+
+# ---- saved files with the old names still load, silently -----------------------------------------
 
 
 def _old_keys(sd):
@@ -340,7 +282,8 @@ def test_state_dict_with_old_family_keys_loads():
     assert any(".posterior.log_concentration" in k for k in old)
     assert not any(".family." in k for k in old)
     b = _s2s("dirichlet")
-    b.load_state_dict(old, strict=True)  # no missing or unexpected keys
+    with _no_warning():
+        b.load_state_dict(old, strict=True)  # no missing or unexpected keys
     for k, v in a.state_dict().items():
         torch.testing.assert_close(b.state_dict()[k], v)
     layer = BayesianMultiheadAttention(8, 2, family="dirichlet")  # a root layer: bare keys
@@ -389,7 +332,32 @@ def test_checkpoint_with_old_names_resumes(method, tmp_path):
         torch.testing.assert_close(net.state_dict()[k], v)
 
 
-# ---- TrainConfig.mode (a training method) → method -------------------------------------------
+def test_library_code_uses_no_deprecated_name():
+    """Train, predict and decode with every DeprecationWarning an error: internal code is on the
+    new names (the whole suite also runs with ``error::DeprecationWarning``, pyproject.toml)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        net = _clf(AttentionConfig.recommended())
+        bayesattn.inference.fit(
+            net, (_tokens(8), torch.randint(0, 3, (8,))), epochs=1, batch_size=4, progress=False
+        )
+        for mode in MODES:
+            predict(net, _tokens(), 2, mode=mode)
+        _s2s("weibull").generate(_tokens(2, 3), 2, num_samples=2)
+
+
+def test_the_suite_runs_with_deprecation_warnings_as_errors():
+    """pyproject.toml's ``error::DeprecationWarning``: a warning attributed to bayesattn code, or
+    (a ``stacklevel`` pointing at the caller) to a test, raises instead of being recorded."""
+    with pytest.raises(DeprecationWarning, match="probe"):
+        warnings.warn_explicit(
+            "probe", DeprecationWarning, F.__file__, 1, module="bayesattn.families"
+        )
+    with pytest.raises(DeprecationWarning, match="probe"):
+        warnings.warn("probe", DeprecationWarning, stacklevel=1)
+
+
+# ---- TrainConfig.mode (a training method) → method: shims kept until the training refactor --
 
 
 def test_train_config_mode_is_method():
@@ -451,32 +419,3 @@ def test_lightning_mode_keyword_and_old_checkpoint_metadata():
     cfg["mode"] = "hybrid"
     with pytest.raises(ValueError, match="method 'hybrid'"):
         fresh.on_load_checkpoint(ckpt)
-
-
-def test_convert_hf_posterior_keyword_and_old_state_dict_keys():
-    transformers = pytest.importorskip("transformers")
-    from bayesattn.interop.hf import convert_hf, hf_attention_modules, unconvert_hf
-
-    def bert():
-        torch.manual_seed(0)
-        cfg = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                      intermediate_size=16, vocab_size=20,
-                                      attn_implementation="eager")  # fmt: skip
-        return transformers.BertModel(cfg).eval()
-
-    with pytest.warns(DeprecationWarning, match="'family='"):
-        a = convert_hf(bert(), posterior="dirichlet")
-    (mod,) = hf_attention_modules(a).values()
-    assert isinstance(mod.bayesattn_family, F.DirichletWeights)
-    with torch.no_grad():
-        mod.bayesattn_family.log_concentration.add_(0.5)
-    old = {k.replace("bayesattn_family.", "bayesattn_posterior."): v
-           for k, v in a.state_dict().items()}  # fmt: skip
-    assert any("bayesattn_posterior." in k for k in old)
-    b = convert_hf(bert(), family="dirichlet")
-    b.load_state_dict(old, strict=True)
-    (mb,) = hf_attention_modules(b).values()
-    torch.testing.assert_close(mb.bayesattn_family.log_concentration,
-                               mod.bayesattn_family.log_concentration)  # fmt: skip
-    unconvert_hf(b)
-    assert not hasattr(mb, "_bayesattn_old_keys_hook")

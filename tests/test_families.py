@@ -702,7 +702,7 @@ def test_invalid_hyperparameters_raise_value_error(make, match):
         make()
 
 
-def test_get_posterior_unknown_name_lists_names():
+def test_get_family_unknown_name_lists_names():
     with pytest.raises(ValueError) as ei:
         get_family("gaussian", 2)
     msg = str(ei.value)
@@ -711,7 +711,7 @@ def test_get_posterior_unknown_name_lists_names():
         assert n in msg
 
 
-def test_get_posterior_builds_each_family():
+def test_get_family_builds_each_family():
     classes = [DirichletWeights, LogisticNormalWeights, WeibullWeights, ConcreteWeights]
     for n, cls in zip(NAMES, classes, strict=True):
         fam = get_family(n, 3)

@@ -63,15 +63,6 @@ def test_inference_objects_live_in_training_modules():
     assert inference.sync_param_store is trainer.sync_param_store
 
 
-def test_data_long_is_a_shim_of_data_long_module():
-    import bayesattn.data.long as new
-    import bayesattn.data_long as old
-
-    assert old.make_retrieval_task is new.make_retrieval_task
-    assert old.RetrievalTask is new.RetrievalTask
-    assert old.__all__ == new.__all__
-
-
 def test_patch_kernel_sits_below_nn_and_data():
     """``bayesattn._patches`` imports only torch, so ``nn`` and ``data`` can both use it."""
     tree = ast.parse((PKG / "_patches.py").read_text())

@@ -206,11 +206,7 @@ def test_one_arviz_export_reads_results_networks_and_engines():
     res = Predictive(net, 4)(x)
     torch.manual_seed(9)
     new = D.predictive_to_arviz(res, y=y)
-    torch.manual_seed(9)
-    with pytest.warns(DeprecationWarning, match="predictive_to_arviz"):
-        old = D.prediction_to_arviz(res, y)
-    for group in ("posterior_predictive", "log_likelihood"):
-        assert (new[group]["obs"].values == old[group]["obs"].values).all()
+    assert not hasattr(D, "prediction_to_arviz")  # its deprecated alias, removed in 0.4
     assert new.posterior["probs"].shape == (1, 4, 5, 3)
     # a network, or an engine built on one: the same trace draws
     a = D.predictive_to_arviz(net, x, y, num_samples=4, seed=0)

@@ -21,4 +21,4 @@ def test_kernel_names_are_the_kernels_get_kernel_builds():
 )
 def test_literal_options_are_still_checked_at_run_time(field, value):
     with pytest.raises(ValueError, match=field):
-        AttentionConfig(posterior="dirichlet", **{field: value})
+        AttentionConfig(family="dirichlet", **{field: value})

@@ -12,8 +12,7 @@ predictions, draws from a network's guide through the predictive engine
 (:meth:`bayesattn.predictive.Predictive.trace`), replays its model and exports posterior attention
 weights, the posterior predictive, the observed labels and the pointwise log-likelihood
 :math:`\log p(y_b\mid x_b, w_s)`; or exports any predictor's
-:class:`~bayesattn.predictive.PredictionResult` (``prediction_to_arviz``, its deprecated 0.3
-name for results, warns).
+:class:`~bayesattn.predictive.PredictionResult`.
 
 **What ArviZ diagnostics mean for variational draws.** Draws from a variational guide are
 independent, so they are stored as **one chain** of ``S`` draws, ``(chain, draw) = (1, S)``. For
@@ -70,7 +69,7 @@ from ..models.regression import (
 from .arviz_io import ATTENTION_DIMS as ATTENTION_DIMS  # module constants, kept importable here
 from .arviz_io import SAMPLE_DIMS as SAMPLE_DIMS
 from .arviz_io import arviz_major_version, to_arviz, to_arviz_dict
-from .draws import NetworkDraws, network_draws, prediction_to_arviz, predictive_to_arviz
+from .draws import NetworkDraws, network_draws, predictive_to_arviz
 from .loo import compare_attention_variants, pointwise_log_likelihood
 from .psis import KHAT_INTERPRETATIONS, PSISResult, interpret_khat, psis_diagnostic, psis_smooth
 from .svi_nuts import (
@@ -89,7 +88,6 @@ __all__ = [
     "NetworkDraws",
     "network_draws",
     "predictive_to_arviz",
-    "prediction_to_arviz",
     # variational diagnostics
     "KHAT_INTERPRETATIONS",
     "interpret_khat",

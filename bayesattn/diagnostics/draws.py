@@ -5,7 +5,6 @@ r"""Posterior-predictive draws of a network and their export to ArviZ, through t
 pointwise log-likelihood :math:`\log p(y_b\mid x_b, w_s)` of every draw;
 :func:`predictive_to_arviz` exports either such draws (from a network) or any predictor's
 :class:`~bayesattn.predictive.PredictionResult` (``predict``, MC dropout, ensembles).
-``prediction_to_arviz`` is its deprecated 0.3 name for results.
 """
 
 from __future__ import annotations
@@ -16,11 +15,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._deprecation import warn_renamed
 from ..predictive import NetworkDraws, PredictionResult, Predictive
 from .arviz_io import to_arviz
 
-__all__ = ["NetworkDraws", "network_draws", "prediction_to_arviz", "predictive_to_arviz"]
+__all__ = ["NetworkDraws", "network_draws", "predictive_to_arviz"]
 
 
 def network_draws(
@@ -172,17 +170,3 @@ def predictive_to_arviz(
         dims=dims,
         num_chains=num_chains,
     )
-
-
-def prediction_to_arviz(
-    result: Any,
-    y: Tensor | None = None,
-    *,
-    num_chains: int = 1,
-    tokens: Sequence[str] | None = None,
-) -> Any:
-    """Deprecated since 0.4 (removed with the 0.3 shims): ``predictive_to_arviz(result, y=y)``."""
-    warn_renamed("prediction_to_arviz", "predictive_to_arviz", "function")
-    if not isinstance(result, PredictionResult):
-        raise TypeError(f"result must be a PredictionResult; got {type(result).__name__}")
-    return predictive_to_arviz(result, y=y, num_chains=num_chains, tokens=tokens)

@@ -36,7 +36,6 @@ from typing import Any, cast
 
 from torch import nn
 
-from .._deprecation import renamed_kwargs
 from ..families import AttentionFamily, FamilyName, get_family
 from ..nn.attention import (
     BayesianMultiheadAttention,
@@ -109,7 +108,6 @@ def _name_sites(layer: BayesianMultiheadAttention, path: str) -> None:
     layer._pyro_set_supermodule(path, layer._pyro_context)
 
 
-@renamed_kwargs(posterior="family")
 def convert(
     model: nn.Module,
     family: str | AttentionFamily | Callable | None = None,
@@ -124,7 +122,7 @@ def convert(
         family: family name (``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
             ``"concrete"``), an :class:`~bayesattn.families.AttentionFamily` (deep-copied
             per layer), a callable ``(path, mha) -> AttentionFamily | None``, or ``None``
-            (deterministic drop-ins). ``posterior=`` is its deprecated spelling (until 0.4).
+            (deterministic drop-ins).
         prior: a :class:`~bayesattn.priors.KeyRelevancePrior` (deep-copied per layer), a callable
             ``(path, mha) -> KeyRelevancePrior | None``, or ``None`` (uniform: outputs unchanged).
         layers: ``"all"``, ``"last"``, a list of module paths or of indices into the model's

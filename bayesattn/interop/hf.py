@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._deprecation import renamed_kwargs, renamed_submodule_hook
+from .._deprecation import renamed_submodule_hook
 from ..bayesian_read import sample_attention_weights
 from ..families import AttentionFamily, FamilyName, get_family
 from ..nn.modes import AttentionMode, context_mode, current_kl_collector
@@ -309,7 +309,6 @@ def _heads(m: nn.Module) -> tuple[int, int]:
     return int(H), int(D)
 
 
-@renamed_kwargs(posterior="family")
 def convert_hf(
     model: nn.Module,
     family: FamilyName | AttentionFamily | None = "dirichlet",
@@ -321,9 +320,9 @@ def convert_hf(
     Args:
         model: a transformers model whose attention modules use ``AttentionInterface``.
         family: family name or an :class:`~bayesattn.families.AttentionFamily` (deep-copied
-            per module); ``None`` installs the deterministic function only. ``posterior=`` is
-            its deprecated spelling (until 0.4); state_dicts saved with the families under
-            ``bayesattn_posterior.*`` load as ``bayesattn_family.*``.
+            per module); ``None`` installs the deterministic function only. State_dicts saved
+            before 0.3 with the families under ``bayesattn_posterior.*`` load as
+            ``bayesattn_family.*``.
         layers: ``"all"``, ``"last"`` or module paths / indices into :func:`hf_attention_modules`.
         family_kwargs: passed to :func:`~bayesattn.families.get_family`.
 

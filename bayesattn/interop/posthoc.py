@@ -38,7 +38,6 @@ import torch
 from torch import Tensor, nn
 
 from .. import calibration as C
-from .._deprecation import module_getattr
 from .._validation import check_bool, check_int, check_real, check_seed, torch_generator
 from ..nn.attention import BayesianMultiheadAttention
 from ..nn.modes import collect_kl
@@ -56,13 +55,6 @@ __all__ = [
 ]
 
 Forward = Callable[[nn.Module, Any], Tensor]
-
-#: deprecated names (until 0.4)
-__getattr__ = module_getattr(
-    "bayesattn.interop.posthoc",
-    {"posterior_parameters": ("bayesattn.interop.posthoc", "family_parameters")},
-    "function",
-)
 
 
 def family_parameters(model: nn.Module) -> list[nn.Parameter]:

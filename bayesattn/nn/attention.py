@@ -28,12 +28,7 @@ from pyro.nn import PyroModule
 from torch import Tensor, nn
 
 from .. import functional as BF
-from .._deprecation import (
-    renamed_attribute,
-    renamed_kwargs,
-    renamed_submodule_hook,
-    warn_renamed,
-)
+from .._deprecation import renamed_submodule_hook
 from .._validation import (
     ShapeAssertionError,
     ShapeRuntimeError,
@@ -228,8 +223,7 @@ class BayesianMultiheadAttention(PyroModule):
             ``LocalKernel(window=64)``. With a kernel, returned weights are a
             :class:`~bayesattn.kernels.SupportWeights`.
 
-    ``posterior=`` (and the attribute ``posterior``) are deprecated spellings of ``family``
-    (until 0.4); state_dicts saved with the family under ``posterior.*`` load as ``family.*``.
+    State_dicts saved before 0.3 with the family under ``posterior.*`` load as ``family.*``.
 
     Shape:
         query ``(Tq, B, E)`` (``(B, Tq, E)`` if ``batch_first``; ``(Tq, E)`` unbatched; with
@@ -249,9 +243,6 @@ class BayesianMultiheadAttention(PyroModule):
 
     __constants__ = ["batch_first"]
 
-    posterior = renamed_attribute("posterior", "family", "BayesianMultiheadAttention")
-
-    @renamed_kwargs(posterior="family")
     def __init__(
         self,
         embed_dim: int,
@@ -354,9 +345,6 @@ class BayesianMultiheadAttention(PyroModule):
         self._sync_fastpath_guard()
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "posterior":  # deprecated spelling; nn.Module would register a submodule
-            warn_renamed("BayesianMultiheadAttention.posterior", "family", "attribute")
-            name = "family"
         super().__setattr__(name, value)
         if (
             name in ("family", "prior", "record_weights", "gp_read")

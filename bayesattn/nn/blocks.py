@@ -23,7 +23,6 @@ from pyro.nn import PyroModule
 from torch import Tensor, nn
 
 from .. import priors as P
-from .._deprecation import renamed_attribute, renamed_kwargs
 from .._validation import check_int, check_real
 from ..families import FamilyName, get_family
 from .attention import BayesianMultiheadAttention, linear
@@ -101,9 +100,6 @@ class AttentionConfig:
 
     Names resolve through the registries (:mod:`bayesattn.registry`) when the config is made, so
     user-registered families, priors and supports work in every network built from it.
-
-    ``posterior=``/``posterior_kwargs=`` (and those attributes) are deprecated spellings of
-    ``family``/``family_kwargs`` (until 0.4); saved configs that use them still load.
     """
 
     family: FamilyName | str | None = None
@@ -232,7 +228,6 @@ class AttentionConfig:
             )
 
     @classmethod
-    @renamed_kwargs(posterior="family", posterior_kwargs="family_kwargs")
     def recommended(cls, **overrides: Any) -> AttentionConfig:
         r"""The library's recommended Bayesian attention (the study's ``recommended`` method).
 
@@ -303,18 +298,6 @@ class AttentionConfig:
             gp_read=gp, **mha_kwargs,
         )  # fmt: skip
 
-
-# deprecated spellings (until 0.4): AttentionConfig(posterior=..., posterior_kwargs=...) and the
-# attributes; saved configs (dicts of fields) that use them still load through the constructor
-AttentionConfig.__init__ = renamed_kwargs(  # type: ignore[method-assign]
-    posterior="family", posterior_kwargs="family_kwargs"
-)(AttentionConfig.__init__)
-AttentionConfig.posterior = renamed_attribute(  # type: ignore[attr-defined]
-    "posterior", "family", "AttentionConfig"
-)
-AttentionConfig.posterior_kwargs = renamed_attribute(  # type: ignore[attr-defined]
-    "posterior_kwargs", "family_kwargs", "AttentionConfig"
-)
 
 def _activation(name: str | Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
     if callable(name):
@@ -403,7 +386,7 @@ class EncoderLayer(_FeedForward):
 
     Arguments are ``torch.nn.TransformerEncoderLayer``'s, in its positional order (``batch_first``
     included, default ``False`` as in torch), then keyword-only ``attn_dropout``, ``prior`` and
-    ``family`` for the self-attention (``posterior=`` is its deprecated spelling).
+    ``family`` for the self-attention.
 
     Post-norm: :math:`x \leftarrow \mathrm{LN}(x + \mathrm{SA}(x))`,
     :math:`x \leftarrow \mathrm{LN}(x + \mathrm{FF}(x))`; pre-norm: :math:`x \leftarrow x +
@@ -413,7 +396,6 @@ class EncoderLayer(_FeedForward):
         src ``(T, B, E)``, or ``(*S, B, T, E)`` with ``batch_first`` → same.
     """
 
-    @renamed_kwargs(posterior="family")
     def __init__(
         self,
         d_model: int,
@@ -519,8 +501,7 @@ class DecoderLayer(_FeedForward):
 
     Arguments are ``torch.nn.TransformerDecoderLayer``'s, in its positional order (``batch_first``
     default ``False`` as in torch), then keyword-only ``attn_dropout`` and ``self_``/``cross_``
-    ``prior``/``family`` (``self_posterior``/``cross_posterior`` are their deprecated
-    spellings).
+    ``prior``/``family``.
 
     Shape:
         tgt ``(Tt, B, E)``, memory ``(Ts, B, E)``; with ``batch_first`` tgt ``(*S, B, Tt, E)``,
@@ -529,7 +510,6 @@ class DecoderLayer(_FeedForward):
 
     _ff_dropout = "dropout3"
 
-    @renamed_kwargs(self_posterior="self_family", cross_posterior="cross_family")
     def __init__(
         self,
         d_model: int,

@@ -16,8 +16,8 @@ otherwise):
     one-pass ELBO: draw from the guide *without* Pyro sites and add each layer's
     ``KL(q‖p)`` to the collector opened by :func:`collect_kl` (analytic where registered).
 
-``"posterior"`` and ``"prior"`` are deprecated spellings of ``"guide"`` and ``"model"`` (until 0.4;
-see ``docs/glossary.md``).
+``"posterior"`` and ``"prior"``, the pre-0.3 spellings of ``"guide"`` and ``"model"``, are removed
+(a ``ValueError`` naming the new spelling; see ``docs/glossary.md``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from typing import Literal, get_args
 
 import torch
 from torch import Tensor
-
-from .._deprecation import renamed_value
 
 __all__ = [
     "AttentionMode",
@@ -48,20 +46,24 @@ __all__ = [
 
 AttentionMode = Literal["mean", "guide", "model", "elbo"]
 MODES: tuple[AttentionMode, ...] = get_args(AttentionMode)
-#: deprecated spellings of attention modes (old -> new), accepted with a warning until 0.4
-RENAMED_MODES = {"posterior": "guide", "prior": "model"}
+#: attention modes renamed in 0.3 (old -> new; removed in 0.4): named in the error only
+_OLD_MODES = {"posterior": "guide", "prior": "model"}
 
 _MODE: ContextVar[AttentionMode | None] = ContextVar("bayesattn_attention_mode", default=None)
 _KL: ContextVar[KLCollector | None] = ContextVar("bayesattn_kl", default=None)
 _GLOBALS: ContextVar[dict[str, Tensor] | None] = ContextVar("bayesattn_globals", default=None)
 
 
-def check_mode(mode: str, name: str = "mode", stacklevel: int = 5) -> AttentionMode:
-    """``mode`` as one of :data:`MODES`: an old spelling is mapped (with a warning), anything else
-    is a ``ValueError`` naming ``name``."""
-    mode = renamed_value(name, mode, RENAMED_MODES, stacklevel)
+def _renamed_hint(mode: object) -> str:
+    new = _OLD_MODES.get(mode) if isinstance(mode, str) else None
+    return f" ({mode!r} was renamed {new!r} in 0.3)" if new else ""
+
+
+def check_mode(mode: str, name: str = "mode") -> AttentionMode:
+    """``mode`` as one of :data:`MODES`; anything else (a pre-0.3 spelling included) is a
+    ``ValueError`` naming ``name``."""
     if mode not in MODES:
-        raise ValueError(f"{name} must be one of {MODES}; got {mode!r}")
+        raise ValueError(f"{name} must be one of {MODES}; got {mode!r}{_renamed_hint(mode)}")
     return mode
 
 
@@ -85,9 +87,10 @@ def attention_mode(mode: AttentionMode | None) -> Iterator[None]:
     """Context manager setting how every Bayesian attention layer inside draws its weights
     (``None``: each layer's default)."""
     if mode is not None:
-        mode = renamed_value("mode", mode, RENAMED_MODES, 5)
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES} or None; got {mode!r}")
+            raise ValueError(
+                f"mode must be one of {MODES} or None; got {mode!r}{_renamed_hint(mode)}"
+            )
     token = _MODE.set(mode)
     try:
         yield

@@ -739,7 +739,7 @@ class _Generative(BayesianNetwork):
         """
         check_int("max_len", max_len, 1)
         check_int("num_samples", num_samples, 1)
-        mode = check_mode(mode, stacklevel=6)
+        mode = check_mode(mode)
         S = num_samples if mode != "mean" else 1
         with attention_mode(mode), self.pyro_context:
             state, B, device = self._start(x, S)

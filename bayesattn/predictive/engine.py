@@ -121,7 +121,7 @@ class Predictive:
             self.kind = "other"  # only .trace() (a model/guide pair); __call__ raises
         self.num_samples = check_int("num_samples", num_samples, 1)
         self.batch_size = check_int("batch_size", batch_size, 1, allow_none=True)
-        self.mode: AttentionMode = check_mode(mode, stacklevel=3)
+        self.mode: AttentionMode = check_mode(mode)
         self.dropout = check_bool("dropout", dropout)
         self.keep_attention = check_bool("keep_attention", keep_attention)
         self.progress = check_bool("progress", progress)

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .._deprecation import renamed_kwargs, warn_renamed
 from .._validation import check_real, check_simplex
 from ..functional import entropy, uncertainty_decomposition
 
@@ -160,8 +159,8 @@ class PredictionResult:
         attention: layer path → :class:`AttentionSamples` ``(S, B, H, Tq, Tk)`` (empty when
             ``keep_attention=False``).
         kind: how the samples were drawn: the attention mode (``"guide"``, ``"model"``,
-            ``"mean"``, ``"elbo"``), ``"mc_dropout"`` or ``"ensemble/<mode>"`` (formerly
-            ``mode``, a deprecated alias until 0.4).
+            ``"mean"``, ``"elbo"``), ``"mc_dropout"`` or ``"ensemble/<mode>"`` (``mode``
+            before 0.3).
         mask: for per-token predictives ``(S, B, T, V)``, the valid positions ``(B, T)``
             (``None``: all valid).
 
@@ -179,12 +178,6 @@ class PredictionResult:
     attention: dict[str, AttentionSamples] = field(default_factory=dict)
     kind: str = "guide"
     mask: Tensor | None = None
-
-    @property
-    def mode(self) -> str:
-        """Deprecated: :attr:`kind`."""
-        warn_renamed("PredictionResult.mode", "kind", "attribute")
-        return self.kind
 
     def __post_init__(self) -> None:
         if not isinstance(self.probs, Tensor):
@@ -283,7 +276,3 @@ class PredictionResult:
             for k, v in a.summary().items():
                 out[f"attention/{name}/{k}"] = v
         return out
-
-
-# ``PredictionResult(mode=...)``: the field is ``kind`` since 0.3 (deprecated alias until 0.4)
-PredictionResult.__init__ = renamed_kwargs(mode="kind")(PredictionResult.__init__)  # type: ignore[method-assign]
