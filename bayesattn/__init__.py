@@ -8,7 +8,7 @@ check their uncertainty (calibration, OOD, ArviZ diagnostics).
 
 Heavy optional pieces (ArviZ, matplotlib, scikit-learn) are imported only when used:
 ``bayesattn.diagnostics``, ``bayesattn.plots`` and ``bayesattn.data`` load them lazily.
-``bayesattn.lightning`` needs the ``lightning`` extra and is imported only when asked for.
+``bayesattn.training.lightning`` needs the ``lightning`` extra and is imported only when asked for.
 
 Families, priors and reduced key supports of your own join by name with ``register_family``,
 ``register_prior`` and ``register_support`` (:mod:`bayesattn.registry`, ``docs/extending.md``).
@@ -67,7 +67,6 @@ _SUBMODULES = (
     "data_long",
     "diagnostics",
     "geometry",
-    "inference",
     "kernels",
     "models",
     "plots",
@@ -75,7 +74,6 @@ _SUBMODULES = (
     "uncertainty",
     "cli",
     "training",
-    "lightning",
     "families",
 )
 

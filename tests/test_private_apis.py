@@ -108,7 +108,7 @@ def test_torch_private_assert_async_passes_and_raises():
 def test_scale_latents_skips_subsample_sites():
     """``ScaleLatents`` uses Pyro's public ``site_is_subsample``: plates' subsample sites keep
     their scale, latent sites are scaled."""
-    from bayesattn.inference import ScaleLatents
+    from bayesattn.training import ScaleLatents
 
     def model():
         with pyro.plate("data", 10, subsample_size=5):
