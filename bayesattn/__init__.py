@@ -67,7 +67,6 @@ _SUBMODULES = (
     "data_long",
     "diagnostics",
     "geometry",
-    "kernels",
     "models",
     "plots",
     "predictive",

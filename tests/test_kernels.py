@@ -16,7 +16,7 @@ from torch import nn
 from bayesattn import BayesianMultiheadAttention, LocalWindowPrior, attention_mode, collect_kl
 from bayesattn import functional as BF
 from bayesattn.families import get_family
-from bayesattn.kernels import (
+from bayesattn.functional.supports import (
     SupportWeights,
     chunk_log_prior,
     cluster_topk_support,

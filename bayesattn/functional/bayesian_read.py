@@ -44,11 +44,11 @@ import pyro
 import torch
 from torch import Tensor
 
-from .functional import allowed_keys
+from .posterior import allowed_keys
 
 if TYPE_CHECKING:
-    from .families import AttentionFamily
-    from .priors import KeyRelevancePrior
+    from ..families import AttentionFamily
+    from ..priors import KeyRelevancePrior
 
 __all__ = ["DrawMode", "DRAW_MODES", "KLSink", "sample_attention_weights", "add_key_prior"]
 
