@@ -45,8 +45,8 @@ from .nn import (
     bayesian_projections,
     collect_kl,
 )
-from .nn.kernels import list_supports, register_support
 from .nn.sampling import num_samples
+from .nn.supports import list_supports, register_support
 from .priors import (
     CausalPrior,
     ContextualPrior,

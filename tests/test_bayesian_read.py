@@ -16,12 +16,12 @@ import torch.nn.functional as F
 
 import bayesattn.functional.bayesian_read as BR
 import bayesattn.interop.hf as hf
-import bayesattn.nn.kernels as NK
+import bayesattn.nn.supports as NK
 from bayesattn.families import get_family
 from bayesattn.functional.bayesian_read import add_key_prior, sample_attention_weights
 from bayesattn.nn.attention import BayesianMultiheadAttention
-from bayesattn.nn.kernels import TiledKernel, TopKKernel
 from bayesattn.nn.modes import attention_mode, collect_kl
+from bayesattn.nn.supports import TiledKernel, TopKKernel
 from bayesattn.priors import ContextualPrior, DistanceDecayPrior
 
 E, H, T, B = 8, 2, 5, 3

@@ -32,7 +32,8 @@ from bayesattn.functional.supports import (
     topk_support,
 )
 from bayesattn.nn.blocks import AttentionConfig
-from bayesattn.nn.kernels import (
+from bayesattn.nn.networks import TransformerClassifier
+from bayesattn.nn.supports import (
     ClusterTopKKernel,
     LocalGlobalKernel,
     LocalKernel,
@@ -41,7 +42,6 @@ from bayesattn.nn.kernels import (
     TopKKernel,
     get_kernel,
 )
-from bayesattn.nn.networks import TransformerClassifier
 from bayesattn.priors import DistanceDecayPrior
 
 FAMILIES = ["dirichlet", "logistic_normal", "weibull", "concrete"]

@@ -46,15 +46,15 @@ from ..families import AttentionFamily, FamilyName, get_family
 from ..functional.bayesian_read import add_key_prior
 from ..priors import KeyRelevancePrior, UniformPrior
 from .gp_read import SparseGP
-from .kernels import (
+from .modes import AttentionMode, context_mode, current_mode
+from .sampling import layer_num_samples
+from .supports import (
     AttentionKernel,
     KernelName,
     draw_attention_weights,
     get_kernel,
     kernel_attention,
 )
-from .modes import AttentionMode, context_mode, current_mode
-from .sampling import layer_num_samples
 
 if TYPE_CHECKING:
     from ..functional.supports import SupportWeights
@@ -223,8 +223,8 @@ class BayesianMultiheadAttention(PyroModule):
             or a family name (``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
             ``"concrete"``) built with ``num_heads`` heads.
         kernel: ``None``/``"dense"`` (every key), or an efficient kernel over a reduced key
-            support (:mod:`bayesattn.nn.kernels`): ``"local"``, ``"topk"``, ``"lowrank"`` (default
-            options) or an :class:`~bayesattn.nn.kernels.AttentionKernel` such as
+            support (:mod:`bayesattn.nn.supports`): ``"local"``, ``"topk"``, ``"lowrank"`` (default
+            options) or an :class:`~bayesattn.nn.supports.AttentionKernel` such as
             ``LocalKernel(window=64)``. With a kernel, returned weights are a
             :class:`~bayesattn.functional.supports.SupportWeights`.
 
