@@ -74,6 +74,7 @@ _SUBMODULES = (
     "cli",
     "training",
     "families",
+    "distributions",
 )
 
 #: top-level names renamed in 0.3 (old -> new), served with a DeprecationWarning until 0.4

@@ -41,7 +41,7 @@ def test_posteriors_module_is_a_warning_alias_of_families():
     with pytest.warns(DeprecationWarning, match="bayesattn.families"):
         P = importlib.import_module("bayesattn.posteriors")
     assert P.DirichletWeights is F.DirichletWeights
-    assert P.MaskedDirichlet is F.MaskedDirichlet and P.kl_weibull_gamma is F.kl_weibull_gamma
+    assert P.WeibullWeights is F.WeibullWeights
 
 
 @pytest.mark.parametrize(

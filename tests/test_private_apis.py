@@ -4,7 +4,7 @@ We keep two private torch functions for speed/memory (``benchmarks/private_apis.
 what they buy): ``torch._softmax(x, dim, half_to_float, out=x)`` (in-place softmax in the
 inference paths of ``nn/attention.py`` and ``functional/supports.py``) and
 ``torch._standard_gamma`` (the reparameterised Gamma draws of
-``posteriors.MaskedDirichlet``/``MaskedGamma``). These tests call
+``distributions.MaskedDirichlet``/``MaskedGamma``). These tests call
 them exactly as the library does and compare with the public equivalents, so a torch release that
 renames, re-signs or changes them fails here, loudly, rather than somewhere deep in a model.
 Pyro's private ``_Subsample`` is no longer used (``pyro.poutine.util.site_is_subsample``).
@@ -26,7 +26,7 @@ PKG = Path(bayesattn.__file__).parent
 #: every private attribute of a dependency the package may use: (module alias, name) -> where
 ALLOWED_PRIVATE = {
     ("torch", "_softmax"): {"nn/attention.py", "functional/supports.py"},
-    ("torch", "_standard_gamma"): {"families.py"},
+    ("torch", "_standard_gamma"): {"distributions.py"},
     ("torch", "_assert_async"): {"_validation.py"},  # data checks inside torch.compile graphs
 }
 
