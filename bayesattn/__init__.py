@@ -8,7 +8,7 @@ check their uncertainty (calibration, OOD, ArviZ diagnostics).
 
 Heavy optional pieces (ArviZ, matplotlib, scikit-learn) are imported only when used:
 ``bayesattn.diagnostics``, ``bayesattn.plots`` and ``bayesattn.data`` load them lazily.
-``bayesattn.lightning`` needs the ``lightning`` extra and is imported only when asked for.
+``bayesattn.training.lightning`` needs the ``lightning`` extra and is imported only when asked for.
 
 Families, priors and reduced key supports of your own join by name with ``register_family``,
 ``register_prior`` and ``register_support`` (:mod:`bayesattn.registry`, ``docs/extending.md``).
@@ -45,8 +45,8 @@ from .nn import (
     bayesian_projections,
     collect_kl,
 )
-from .nn.kernels import list_supports, register_support
 from .nn.sampling import num_samples
+from .nn.supports import list_supports, register_support
 from .priors import (
     CausalPrior,
     ContextualPrior,
@@ -66,16 +66,14 @@ _SUBMODULES = (
     "data",
     "diagnostics",
     "geometry",
-    "inference",
-    "kernels",
     "models",
     "plots",
     "predictive",
     "uncertainty",
     "cli",
     "training",
-    "lightning",
     "families",
+    "distributions",
 )
 
 __all__ = [

@@ -3,14 +3,14 @@ r"""One registry pattern for every extension point (as in timm): name → entry.
 A :class:`Registry` maps names to *factories* (a class or a function) that build one kind of
 object, or, with ``instances=True``, to ready objects. The library has four:
 
-=====================================  ========================  ==================================
-registry                               an entry builds           add one with
-=====================================  ========================  ==================================
-:data:`bayesattn.families.FAMILIES`    an ``AttentionFamily``    :func:`bayesattn.register_family`
-:data:`bayesattn.priors.PRIORS`        a ``KeyRelevancePrior``   :func:`bayesattn.register_prior`
-:data:`bayesattn.nn.kernels.SUPPORTS`  a reduced key support     :func:`bayesattn.register_support`
-``bayesattn.study.methods``            (is a ``Method`` object)  ``bayesattn.study.register_method``
-=====================================  ========================  ==================================
+======================================  ========================  ==================================
+registry                                an entry builds           add one with
+======================================  ========================  ==================================
+:data:`bayesattn.families.FAMILIES`     an ``AttentionFamily``    :func:`bayesattn.register_family`
+:data:`bayesattn.priors.PRIORS`         a ``KeyRelevancePrior``   :func:`bayesattn.register_prior`
+:data:`bayesattn.nn.supports.SUPPORTS`  a reduced key support     :func:`bayesattn.register_support`
+``bayesattn.study.methods``             (is a ``Method`` object)  ``bayesattn.study.register_method``
+======================================  ========================  ==================================
 
 Everything that takes one of these by name (:class:`~bayesattn.nn.blocks.AttentionConfig`, the
 layers, :func:`~bayesattn.families.get_family`, the study) looks the name up in its registry, so a

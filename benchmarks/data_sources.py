@@ -24,9 +24,9 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from bayesattn.inference import TrainConfig, Trainer
 from bayesattn.nn.blocks import AttentionConfig
 from bayesattn.nn.networks import TransformerClassifier
+from bayesattn.training import TrainConfig, Trainer
 from bayesattn.training.data import as_train_data
 
 T, VOCAB = 32, 100

@@ -67,8 +67,8 @@ def make_call(method: str, path: str, T: int, E: int, H: int):
     import torch
 
     from bayesattn.nn.attention import BayesianMultiheadAttention
-    from bayesattn.nn.kernels import get_kernel
     from bayesattn.nn.modes import attention_mode
+    from bayesattn.nn.supports import get_kernel
 
     torch.manual_seed(0)
     x = torch.randn(1, T, E)

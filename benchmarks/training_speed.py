@@ -8,7 +8,7 @@ in every layer; ``--families`` picks the families) takes one optimiser step per 
 * ``torch.nn``: ``torch.nn.TransformerEncoder`` of the same sizes (embedding, mean pooling, head);
 * ``hybrid/svi, attention=None``: the trainer on the deterministic network (no latent sites):
   the trainer's and Pyro's own overhead, without any attention sampling;
-* ``hybrid``: :class:`bayesattn.inference.Trainer` ``method="hybrid"`` (one pass, analytic KL);
+* ``hybrid``: :class:`bayesattn.training.Trainer` ``method="hybrid"`` (one pass, analytic KL);
 * ``svi``: ``method="svi"`` (``Trace_ELBO``: guide pass + replayed model pass);
 * 8 particles: svi vectorised / sequential, hybrid vectorised / sequential.
 
@@ -33,9 +33,9 @@ import torch
 from _results import table, write_results
 from torch import nn
 
-from bayesattn.inference import TrainConfig, Trainer
 from bayesattn.nn.blocks import AttentionConfig
 from bayesattn.nn.networks import TransformerClassifier
+from bayesattn.training import TrainConfig, Trainer
 
 B, T, D, H, FF, LAYERS, VOCAB, CLASSES = 64, 32, 64, 4, 128, 2, 100, 2
 NUM_DATA = 100 * B

@@ -3,7 +3,7 @@
 The task is synthetic: sequences of 8 tokens drawn from ids 1..12, label 1 if token 3 occurs, with
 10 % of the labels flipped (so a calibrated model is at most 90 % sure). A
 ``bayesattn.TransformerClassifier`` whose attention weights have a Dirichlet posterior
-(``AttentionConfig(family="dirichlet")``) is trained with ``bayesattn.inference.fit`` (the
+(``AttentionConfig(family="dirichlet")``) is trained with ``bayesattn.training.fit`` (the
 one-pass "hybrid" ELBO, with KL annealing), then
 
 * ``bayesattn.uncertainty.predict`` draws posterior-predictive samples in one vectorised pass and
@@ -30,8 +30,8 @@ import torch
 
 from bayesattn import AttentionConfig, TransformerClassifier
 from bayesattn import calibration as C
-from bayesattn.inference import fit
 from bayesattn.plots import plot_reliability_diagram, plot_uncertainty_histograms
+from bayesattn.training import fit
 from bayesattn.uncertainty import predict
 
 VOCAB, LENGTH, MARKER, UNSEEN = 12, 8, 3, 4  # ids 1..12 in training, 13..16 only out of domain

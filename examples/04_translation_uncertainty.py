@@ -3,7 +3,7 @@
 ``bayesattn.data.make_translation_task`` is a tiny English→German grammar that forces reordering
 ("i can see the house tomorrow" → "ich kann morgen das haus sehen") and comes with gold word
 alignments. A ``bayesattn.Seq2Seq`` whose decoder cross-attention has a posterior over its weights
-(``AttentionConfig(family=..., which=("cross",))``) is trained with ``bayesattn.inference.fit``.
+(``AttentionConfig(family=..., which=("cross",))``) is trained with ``bayesattn.training.fit``.
 
 Decoding is sequential posterior sampling: ``Seq2Seq.generate`` draws the attention weights afresh
 at every step (``num_samples`` draws in one pass), emits the argmax of the posterior-averaged
@@ -33,8 +33,8 @@ import torch
 from bayesattn import AttentionConfig, Seq2Seq, attention_mode
 from bayesattn.calibration import ood_auroc
 from bayesattn.data import make_translation_task, train_val_test_split
-from bayesattn.inference import fit
 from bayesattn.plots import plot_attention_uncertainty
+from bayesattn.training import fit
 
 
 def parse_args() -> argparse.Namespace:

@@ -1,7 +1,7 @@
 """Scale out: train a Bayesian-attention vision transformer with Lightning, on 1..N processes.
 
 The 8x8 digits (scikit-learn) train a ``bayesattn.VisionTransformer`` with Dirichlet attention,
-wrapped in ``bayesattn.lightning.BayesianLightningModule`` (the one-pass ELBO, KL annealing, a
+wrapped in ``bayesattn.training.lightning.BayesianLightningModule`` (the one-pass ELBO, KL annealing, a
 warm-up + cosine ``torch.optim.lr_scheduler`` schedule) and run by ``lightning.Trainer``. With
 ``--devices N`` (N > 1) the Trainer runs ``strategy="ddp"``: N processes, each with 1/N of every
 global batch (Lightning's ``DistributedSampler``), gradients averaged; every rank scales the ELBO's
@@ -50,7 +50,7 @@ def main() -> None:
 
     from bayesattn import AttentionConfig, VisionTransformer
     from bayesattn.data import load_digits_data
-    from bayesattn.lightning import BayesianLightningModule
+    from bayesattn.training.lightning import BayesianLightningModule
     from bayesattn.uncertainty import predict
 
     L.seed_everything(args.seed, verbose=False)  # same init on every rank, seeded sampler

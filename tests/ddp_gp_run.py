@@ -30,7 +30,7 @@ def main() -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     from bayesattn import AttentionConfig, TransformerClassifier
-    from bayesattn.lightning import BayesianLightningModule
+    from bayesattn.training.lightning import BayesianLightningModule
 
     x, y = contains3(N, 0, T=6)
     torch.manual_seed(0)

@@ -72,7 +72,7 @@ def run(
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
     from bayesattn import AttentionConfig, TransformerClassifier, bayesian_projections
-    from bayesattn.lightning import BayesianLightningModule
+    from bayesattn.training.lightning import BayesianLightningModule
 
     x, y = contains3(N, 0, T=6)
     torch.manual_seed(0)

@@ -502,7 +502,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
     add("attention_mode/bad", lambda: _in_mode("sample", lambda: None))
 
     # ---- inference --------------------------------------------------------------------------------
-    from bayesattn import inference as I
+    from bayesattn import training as I
 
     add("TrainConfig/lr -1", lambda: I.TrainConfig(lr=-1.0))
     add("TrainConfig/epochs 0", lambda: I.TrainConfig(epochs=0))
@@ -861,7 +861,7 @@ def _new_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
     import bayesattn as ba
     from bayesattn import families as PO
     from bayesattn import functional as F
-    from bayesattn import inference as I
+    from bayesattn import training as I
     from bayesattn import uncertainty as U
     from bayesattn.interop import convert, posthoc, unconvert
 

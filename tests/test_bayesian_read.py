@@ -1,5 +1,5 @@
-"""The Bayesian read (:mod:`bayesattn.bayesian_read`): one draw function that the dense layer, the
-reduced-support kernels and the Hugging Face interop all call.
+"""The Bayesian read (:mod:`bayesattn.functional.bayesian_read`): one draw function that the dense
+layer, the reduced-support kernels and the Hugging Face interop all call.
 
 Each path is checked two ways: it calls :func:`sample_attention_weights` (a spy), and under the
 same seed it returns the draw of a direct call of that function on logits computed here from the
@@ -14,14 +14,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import bayesattn.bayesian_read as BR
+import bayesattn.functional.bayesian_read as BR
 import bayesattn.interop.hf as hf
-import bayesattn.nn.kernels as NK
-from bayesattn.bayesian_read import add_key_prior, sample_attention_weights
+import bayesattn.nn.supports as NK
 from bayesattn.families import get_family
+from bayesattn.functional.bayesian_read import add_key_prior, sample_attention_weights
 from bayesattn.nn.attention import BayesianMultiheadAttention
-from bayesattn.nn.kernels import TiledKernel, TopKKernel
 from bayesattn.nn.modes import attention_mode, collect_kl
+from bayesattn.nn.supports import TiledKernel, TopKKernel
 from bayesattn.priors import ContextualPrior, DistanceDecayPrior
 
 E, H, T, B = 8, 2, 5, 3

@@ -2,11 +2,7 @@
 each old spelling fails with the error a misspelt name gets (``TypeError`` for a keyword argument,
 ``AttributeError`` for an attribute or module name, ``ValueError`` naming the argument for an
 option value), while files written with the old names (checkpoints, ``state_dict`` keys, saved
-``TrainConfig``s) still load, silently.
-
-The training entry points (``TrainConfig``/``Trainer``/``fit``/``BayesianLightningModule``
-``mode=``, ``MODES``) keep their shims until the training refactor of issue 20 lands: their tests
-at the end still expect the warning."""
+``TrainConfig``s) still load, silently."""
 
 import contextlib
 import importlib
@@ -20,11 +16,11 @@ import torch
 
 import bayesattn
 from bayesattn import families as F
-from bayesattn.inference import TrainConfig, Trainer, load_checkpoint
 from bayesattn.nn.attention import BayesianMultiheadAttention
 from bayesattn.nn.blocks import AttentionConfig, DecoderLayer, EncoderLayer
 from bayesattn.nn.modes import MODES, attention_mode
 from bayesattn.nn.networks import Seq2Seq, TransformerClassifier
+from bayesattn.training import TrainConfig, Trainer, load_checkpoint
 from bayesattn.uncertainty import PredictionResult, predict, predict_ensemble
 
 SMALL = dict(d_model=8, nhead=2, dim_feedforward=16, dropout=0.0)
@@ -297,7 +293,7 @@ def test_state_dict_with_old_family_keys_loads():
 def test_checkpoint_with_old_names_resumes(method, tmp_path):
     """A checkpoint written by save_checkpoint with the pre-0.3 names ("mode" entry and config
     field, ``posterior.*`` network/optimiser keys) resumes exactly like the new one."""
-    from bayesattn.inference import save_checkpoint
+    from bayesattn.training import save_checkpoint
 
     x, y = _tokens(8), torch.randint(0, 3, (8,))
     kw = dict(method=method, epochs=2, batch_size=4, progress=False, seed=3)
@@ -324,7 +320,7 @@ def test_checkpoint_with_old_names_resumes(method, tmp_path):
     pyro.clear_param_store()
     torch.manual_seed(0)
     net = _clf()
-    h = bayesattn.inference.fit(
+    h = bayesattn.training.fit(
         net, (x, y), checkpoint_path=tmp_path / "old.pt", resume=True, max_steps=None
     )
     assert h.step == ref.history.step
@@ -338,7 +334,7 @@ def test_library_code_uses_no_deprecated_name():
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         net = _clf(AttentionConfig.recommended())
-        bayesattn.inference.fit(
+        bayesattn.training.fit(
             net, (_tokens(8), torch.randint(0, 3, (8,))), epochs=1, batch_size=4, progress=False
         )
         for mode in MODES:
@@ -357,18 +353,16 @@ def test_the_suite_runs_with_deprecation_warnings_as_errors():
         warnings.warn("probe", DeprecationWarning, stacklevel=1)
 
 
-# ---- TrainConfig.mode (a training method) → method: shims kept until the training refactor --
+# ---- TrainConfig.mode (a training method) → method: removed in 0.4 ----------------------------
 
 
-def test_train_config_mode_is_method():
-    with pytest.warns(DeprecationWarning, match="'mode=' .* use 'method='"):
-        c = TrainConfig(mode="svi")
-    assert c == TrainConfig(method="svi")
-    with pytest.warns(DeprecationWarning, match="'TrainConfig.mode'"):
-        assert c.mode == "svi"
-    with pytest.warns(DeprecationWarning, match="'TrainConfig.mode'"):
-        c.mode = "hybrid"
-    assert c.method == "hybrid"
+def test_train_config_saved_with_mode_loads():
+    """0.4 removed ``TrainConfig(mode=...)``, ``config.mode``, ``fit``/``Trainer``/
+    ``BayesianLightningModule``'s ``mode=`` and ``MODES``; a config saved before 0.3 (key
+    ``"mode"``) still loads, silently."""
+    with pytest.raises(TypeError, match="mode"):
+        TrainConfig(mode="svi")  # type: ignore[call-arg]
+    assert not hasattr(TrainConfig(), "mode")
     with pytest.raises(ValueError, match="TrainConfig.method"):
         TrainConfig(method="mcmc")
     saved = {**TrainConfig(method="svi").to_dict()}
@@ -378,33 +372,28 @@ def test_train_config_mode_is_method():
         assert TrainConfig.from_dict(saved) == TrainConfig(method="svi")
 
 
-def test_fit_and_trainer_mode_keyword_is_method():
+def test_fit_and_trainer_mode_keyword_is_gone():
     x, y = _tokens(8), torch.randint(0, 3, (8,))
-    with pytest.warns(DeprecationWarning, match="'method='"):
-        t = Trainer(_clf(None), mode="svi", progress=False)
-    assert t.config.method == "svi"
-    with pytest.warns(DeprecationWarning, match="'method='"):
-        h = bayesattn.inference.fit(_clf(None), (x, y), mode="svi", epochs=1, batch_size=4,
-                                    progress=False)  # fmt: skip
-    assert len(h) == 1
-    with pytest.raises(TypeError, match="both"):
-        Trainer(_clf(None), mode="svi", method="svi")
+    with pytest.raises(TypeError, match="mode"):
+        Trainer(_clf(None), mode="svi", progress=False)
+    with pytest.raises(TypeError, match="mode"):
+        bayesattn.training.fit(_clf(None), (x, y), mode="svi", epochs=1, progress=False)
 
 
-@pytest.mark.parametrize("module", ["bayesattn.inference", "bayesattn.training.config"])
-def test_train_modes_constant_is_methods(module):
+@pytest.mark.parametrize("module", ["bayesattn.training", "bayesattn.training.config"])
+def test_train_modes_constant_is_gone(module):
     m = importlib.import_module(module)
-    with pytest.warns(DeprecationWarning, match="METHODS"):
-        assert m.MODES == ("svi", "hybrid") == m.METHODS
+    assert m.METHODS == ("svi", "hybrid")
+    assert not hasattr(m, "MODES")
 
 
-def test_lightning_mode_keyword_and_old_checkpoint_metadata():
+def test_lightning_old_checkpoint_metadata():
     pytest.importorskip("lightning")
-    from bayesattn.lightning import BayesianLightningModule
+    from bayesattn.training.lightning import BayesianLightningModule
 
-    with pytest.warns(DeprecationWarning, match="'method='"):
-        module = BayesianLightningModule(_clf(), mode="svi")
-    assert module.config.method == "svi"
+    with pytest.raises(TypeError, match="mode"):
+        BayesianLightningModule(_clf(), mode="svi")
+    module = BayesianLightningModule(_clf(), method="svi")
     fresh = BayesianLightningModule(_clf(), method="svi")
     ckpt = {"state_dict": module.state_dict()}
     module.on_save_checkpoint(ckpt)

@@ -26,18 +26,20 @@ from torch.distributions import (
 from torch.distributions.relaxed_categorical import ExpRelaxedCategorical
 
 from bayesattn import functional as BF
-from bayesattn.families import (
-    ConcreteWeights,
-    DirichletWeights,
-    LogisticNormalWeights,
+from bayesattn.distributions import (
     MaskedConcrete,
     MaskedDirichlet,
     MaskedGamma,
     MaskedNormal,
     MaskedWeibull,
+    kl_weibull_gamma,
+)
+from bayesattn.families import (
+    ConcreteWeights,
+    DirichletWeights,
+    LogisticNormalWeights,
     WeibullWeights,
     get_family,
-    kl_weibull_gamma,
 )
 
 D64 = torch.float64

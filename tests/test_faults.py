@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import bayesattn as ba
-from bayesattn import inference as I
+from bayesattn import training as I
 from bayesattn._study_io import INCOMPLETE, REPORT, RESULTS, study_status
 from bayesattn.nn import AttentionConfig
 

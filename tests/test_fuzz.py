@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import bayesattn as ba
 from bayesattn import families as PO
 from bayesattn import functional as F
-from bayesattn import inference as I
+from bayesattn import training as I
 from bayesattn.nn import AttentionConfig, attention_mode
 
 FUZZ = settings(

@@ -10,7 +10,7 @@ import torch
 from torch.distributions import MultivariateNormal, kl_divergence
 
 from bayesattn import AttentionConfig, TransformerClassifier
-from bayesattn.gaussian_process import (
+from bayesattn.functional.gaussian_process import (
     get_covariance,
     matern52_covariance,
     rbf_covariance,
@@ -309,7 +309,7 @@ def test_ddp_two_processes_keep_the_global_posterior_in_sync(tmp_path):
 
 
 def test_random_fourier_features_approximate_the_rbf_covariance():
-    from bayesattn.gaussian_process import random_fourier_features
+    from bayesattn.functional.gaussian_process import random_fourier_features
 
     g = torch.Generator().manual_seed(0)
     R, D = 40000, 3
@@ -321,7 +321,7 @@ def test_random_fourier_features_approximate_the_rbf_covariance():
 
 
 def test_laplace_covariance_closed_form():
-    from bayesattn.gaussian_process import laplace_covariance
+    from bayesattn.functional.gaussian_process import laplace_covariance
 
     g = torch.Generator().manual_seed(1)
     f = torch.randn(20, 6, generator=g, dtype=D64)

@@ -1,4 +1,4 @@
-"""Tests for bayesattn.inference: SVI / hybrid training, schedules, annealing, checkpoints."""
+"""Tests for bayesattn.training: SVI / hybrid training, schedules, annealing, checkpoints."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from pyro.infer import Predictive, Trace_ELBO
 from tasks import contains3
 
 from bayesattn.data import make_ood_sequences, make_reverse_task
-from bayesattn.inference import (
+from bayesattn.nn.blocks import AttentionConfig
+from bayesattn.nn.networks import CausalLM, Seq2Seq, TransformerClassifier, VisionTransformer
+from bayesattn.training import (
     CheckpointError,
     History,
     ScaleLatents,
@@ -25,8 +27,6 @@ from bayesattn.inference import (
     lr_factor,
     save_checkpoint,
 )
-from bayesattn.nn.blocks import AttentionConfig
-from bayesattn.nn.networks import CausalLM, Seq2Seq, TransformerClassifier, VisionTransformer
 
 
 def classifier(family="dirichlet", seed=0, num_layers=1, dropout=0.0, **kw):
@@ -772,7 +772,7 @@ def test_bad_inputs_raise_before_training(case, exc, match):
 
 
 def test_kl_weight_scales_the_whole_schedule():
-    from bayesattn.inference import TrainConfig, kl_beta
+    from bayesattn.training import TrainConfig, kl_beta
 
     assert kl_beta(0, 10, 0.1, final=0.01) == pytest.approx(0.001)
     assert kl_beta(10, 10, 0.1, final=0.01) == pytest.approx(0.01)

@@ -16,7 +16,7 @@ from torch import nn
 from bayesattn import BayesianMultiheadAttention, LocalWindowPrior, attention_mode, collect_kl
 from bayesattn import functional as BF
 from bayesattn.families import get_family
-from bayesattn.kernels import (
+from bayesattn.functional.supports import (
     SupportWeights,
     chunk_log_prior,
     cluster_topk_support,
@@ -32,7 +32,8 @@ from bayesattn.kernels import (
     topk_support,
 )
 from bayesattn.nn.blocks import AttentionConfig
-from bayesattn.nn.kernels import (
+from bayesattn.nn.networks import TransformerClassifier
+from bayesattn.nn.supports import (
     ClusterTopKKernel,
     LocalGlobalKernel,
     LocalKernel,
@@ -41,7 +42,6 @@ from bayesattn.nn.kernels import (
     TopKKernel,
     get_kernel,
 )
-from bayesattn.nn.networks import TransformerClassifier
 from bayesattn.priors import DistanceDecayPrior
 
 FAMILIES = ["dirichlet", "logistic_normal", "weibull", "concrete"]

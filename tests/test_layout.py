@@ -1,5 +1,6 @@
-"""The split of ``bayesattn.data`` and ``bayesattn.inference`` into modules kept the public API:
-every old import path still works and gives the same objects, and no function grew past ~100 lines."""
+"""The split of ``bayesattn.data`` and of ``bayesattn.inference`` (0.4: ``bayesattn.training``) into
+modules kept the public API: the package paths export the same objects, and no function grew past
+~100 lines."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "bayesattn"
 
-# the public names of bayesattn.data and bayesattn.inference before the split
+# the public names of bayesattn.data and bayesattn.inference before the split (0.4: the
+# training names are imported from bayesattn.training, which adds its building blocks)
 DATA_ALL = [
     "DigitsData", "load_digits_data", "CORRUPTION_KINDS", "corrupt_images", "corruption_suite",
     "images_to_patches", "patches_to_images", "PAD_ID", "BOS_ID", "EOS_ID", "SPECIAL_TOKENS",
@@ -24,11 +26,15 @@ INFERENCE_ALL = [
     "lr_scheduler", "save_checkpoint", "load_checkpoint", "prepare_checkpoint_path",
     "CheckpointError",
 ]  # fmt: skip
+TRAINING_ALL = [
+    *INFERENCE_ALL, "sync_param_store", "METHODS", "ELBOS", "VAL_LOSSES", "LR_DECAYS",
+    "as_train_data", "iter_eval_batches", "fork_rng",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("module", "names", "home"),
-    [("bayesattn.data", DATA_ALL, "bayesattn.data."), ("bayesattn.inference", INFERENCE_ALL, "")],
+    [("bayesattn.data", DATA_ALL, "bayesattn.data."), ("bayesattn.training", TRAINING_ALL, "")],
 )
 def test_old_import_paths_export_the_same_names(module, names, home):
     mod = importlib.import_module(module)
@@ -40,9 +46,9 @@ def test_old_import_paths_export_the_same_names(module, names, home):
             assert where.startswith(home), (name, where)
 
 
-def test_inference_objects_live_in_training_modules():
-    import bayesattn.inference as inference
-    from bayesattn.training import checkpoint, config, history, kl, trainer
+def test_training_objects_live_in_training_modules():
+    import bayesattn.training as training
+    from bayesattn.training import checkpoint, config, history, kl, param_store, trainer
 
     expected = {
         "TrainConfig": config,
@@ -57,10 +63,19 @@ def test_inference_objects_live_in_training_modules():
         "CheckpointError": checkpoint,
     }
     for name, mod in expected.items():
-        assert getattr(inference, name) is getattr(mod, name)
-    # private names another module of the package imports from bayesattn.inference
-    assert inference._resolve_config is config._resolve_config
-    assert inference.sync_param_store is trainer.sync_param_store
+        assert getattr(training, name) is getattr(mod, name)
+    assert training.sync_param_store is param_store.sync_param_store
+
+
+def test_the_old_training_paths_are_gone():
+    """0.4 moved ``bayesattn.inference`` into ``bayesattn.training`` and ``bayesattn.lightning`` to
+    ``bayesattn.training.lightning`` without shims (CHANGELOG migration table)."""
+    import bayesattn
+
+    for old in ("inference", "lightning"):
+        assert not (PKG / f"{old}.py").exists()
+        assert old not in bayesattn.__all__
+    assert (PKG / "training" / "lightning.py").is_file()
 
 
 def test_patch_kernel_sits_below_nn_and_data():
@@ -90,7 +105,6 @@ def _long_functions(path: Path, limit: int) -> list[str]:
 
 def test_no_function_over_100_lines_in_the_split_modules():
     files = [
-        PKG / "inference.py",
         *sorted((PKG / "study").glob("*.py")),
         *sorted((PKG / "training").glob("*.py")),
         *sorted((PKG / "data").glob("*.py")),

@@ -1,4 +1,4 @@
-"""Tests for bayesattn.lightning: the LightningModule, ELBO scaling across processes, and a real
+"""Tests for bayesattn.training.lightning: the LightningModule, ELBO scaling across processes, and a real
 2-process DDP run on CPU (gloo) against a 1-process run with the same global batch."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from bayesattn import (  # noqa: E402
 )
 from bayesattn.calibration import expected_calibration_error  # noqa: E402
 from bayesattn.data import make_reverse_task  # noqa: E402
-from bayesattn.lightning import BayesianLightningModule, predictive_probs  # noqa: E402
+from bayesattn.training.lightning import BayesianLightningModule, predictive_probs  # noqa: E402
 from bayesattn.training.schedules import lr_factor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -297,7 +297,7 @@ def test_sequence_models_train_under_lightning():
 def test_both_loops_validate_the_same_way(kind, val_loss):
     """The Lightning module logs what Trainer.evaluate reports (one validation function): with
     nothing random in the network the two agree to float round-off."""
-    from bayesattn.inference import Trainer
+    from bayesattn.training import Trainer
 
     torch.manual_seed(0)
     if kind == "classifier":

@@ -20,7 +20,6 @@ from pyro import poutine
 from torch import nn
 
 from bayesattn import diagnostics as D
-from bayesattn.inference import Trainer, fit
 from bayesattn.nn import (
     BayesianMultiheadAttention,
     BayesianNetwork,
@@ -39,6 +38,7 @@ from bayesattn.nn.contract import (
     NetworkContract,
     check_network,
 )
+from bayesattn.training import Trainer, fit
 from bayesattn.uncertainty import predict
 
 # ---------------------------------------------------------------------------------------------
@@ -292,7 +292,7 @@ def test_lightning_trains_a_user_network_that_declares_num_classes():
     L = pytest.importorskip("lightning")
     from torch.utils.data import DataLoader, TensorDataset
 
-    from bayesattn.lightning import BayesianLightningModule
+    from bayesattn.training.lightning import BayesianLightningModule
 
     x, y = _blobs(64)
     net = LogReg(3, 2)

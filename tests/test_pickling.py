@@ -76,7 +76,7 @@ def test_converted_hf_model_pickles():
 def test_lightning_module_pickles():
     pytest.importorskip("lightning")
     pytest.importorskip("torchmetrics")
-    from bayesattn.lightning import BayesianLightningModule
+    from bayesattn.training.lightning import BayesianLightningModule
 
     net = ba.TransformerClassifier(2, vocab_size=6, d_model=8, nhead=2, num_layers=1,
                                    attention="dirichlet")

@@ -139,7 +139,7 @@ def test_foreign_predict_is_the_engine(vectorised):
 
 def test_sequence_models_and_lightning_validation_are_the_engine():
     pytest.importorskip("lightning")
-    from bayesattn.lightning import predictive_probs
+    from bayesattn.training.lightning import predictive_probs
 
     task = make_reverse_task(8, length=5, vocab_size=8, seed=0)
     torch.manual_seed(0)

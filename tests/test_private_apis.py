@@ -2,8 +2,9 @@
 
 We keep two private torch functions for speed/memory (``benchmarks/private_apis.py`` measures
 what they buy): ``torch._softmax(x, dim, half_to_float, out=x)`` (in-place softmax in the
-inference paths of ``nn/attention.py`` and ``kernels.py``) and ``torch._standard_gamma`` (the
-reparameterised Gamma draws of ``posteriors.MaskedDirichlet``/``MaskedGamma``). These tests call
+inference paths of ``nn/attention.py`` and ``functional/supports.py``) and
+``torch._standard_gamma`` (the reparameterised Gamma draws of
+``distributions.MaskedDirichlet``/``MaskedGamma``). These tests call
 them exactly as the library does and compare with the public equivalents, so a torch release that
 renames, re-signs or changes them fails here, loudly, rather than somewhere deep in a model.
 Pyro's private ``_Subsample`` is no longer used (``pyro.poutine.util.site_is_subsample``).
@@ -24,8 +25,8 @@ PKG = Path(bayesattn.__file__).parent
 
 #: every private attribute of a dependency the package may use: (module alias, name) -> where
 ALLOWED_PRIVATE = {
-    ("torch", "_softmax"): {"nn/attention.py", "kernels.py"},
-    ("torch", "_standard_gamma"): {"families.py"},
+    ("torch", "_softmax"): {"nn/attention.py", "functional/supports.py"},
+    ("torch", "_standard_gamma"): {"distributions.py"},
     ("torch", "_assert_async"): {"_validation.py"},  # data checks inside torch.compile graphs
 }
 
@@ -108,7 +109,7 @@ def test_torch_private_assert_async_passes_and_raises():
 def test_scale_latents_skips_subsample_sites():
     """``ScaleLatents`` uses Pyro's public ``site_is_subsample``: plates' subsample sites keep
     their scale, latent sites are scaled."""
-    from bayesattn.inference import ScaleLatents
+    from bayesattn.training import ScaleLatents
 
     def model():
         with pyro.plate("data", 10, subsample_size=5):

@@ -8,11 +8,11 @@ from pyro import poutine
 from pyro.infer import SVI, Trace_ELBO
 
 from bayesattn.families import DirichletWeights, LogisticNormalWeights, WeibullWeights
-from bayesattn.inference import fit
 from bayesattn.nn.blocks import AttentionConfig
 from bayesattn.nn.modes import attention_mode
 from bayesattn.nn.networks import CausalLM, Seq2Seq, TransformerClassifier, VisionTransformer
 from bayesattn.nn.weights import bayesian_projections
+from bayesattn.training import fit
 from bayesattn.uncertainty import predict, predict_ensemble, predict_mc_dropout
 
 SMALL = dict(d_model=8, nhead=2, dim_feedforward=16, dropout=0.0)

@@ -28,11 +28,11 @@ from bayesattn import (
 )
 from bayesattn import priors as P
 from bayesattn.families import FAMILIES, FamilyName, get_family
-from bayesattn.inference import fit
 from bayesattn.nn.blocks import PriorName
-from bayesattn.nn.kernels import SUPPORTS, KernelName, LocalKernel, get_kernel
+from bayesattn.nn.supports import SUPPORTS, KernelName, LocalKernel, get_kernel
 from bayesattn.registry import Registry
 from bayesattn.study import methods as study_methods
+from bayesattn.training import fit
 from bayesattn.uncertainty import predict
 
 DOCS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "extending.md"

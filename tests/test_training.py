@@ -12,9 +12,9 @@ import torch
 from tasks import contains3
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from bayesattn.inference import TrainConfig, Trainer, fit, load_checkpoint
 from bayesattn.nn.blocks import AttentionConfig
 from bayesattn.nn.networks import TransformerClassifier
+from bayesattn.training import TrainConfig, Trainer, fit, load_checkpoint
 from bayesattn.training.data import as_train_data
 from bayesattn.training.schedules import lr_factor, lr_scheduler
 

@@ -4,14 +4,14 @@ from typing import get_args
 
 import pytest
 
-from bayesattn.nn import kernels
+from bayesattn.nn import supports
 from bayesattn.nn.blocks import AttentionConfig
 
 
 def test_kernel_names_are_the_kernels_get_kernel_builds():
-    assert set(get_args(kernels.KernelName)) == {"dense", *kernels.SUPPORTS}
-    for name in get_args(kernels.KernelName):
-        k = kernels.get_kernel(name)
+    assert set(get_args(supports.KernelName)) == {"dense", *supports.SUPPORTS}
+    for name in get_args(supports.KernelName):
+        k = supports.get_kernel(name)
         assert (k is None) == (name == "dense")
 
 

@@ -15,8 +15,8 @@ from bayesattn import _validation as V
 from bayesattn.data import corrupt_images
 from bayesattn.data.long import make_retrieval_task
 from bayesattn.functional import check_finite as public_check_finite
-from bayesattn.kernels import local_attention
-from bayesattn.nn.kernels import TopKKernel
+from bayesattn.functional.supports import local_attention
+from bayesattn.nn.supports import TopKKernel
 from bayesattn.training.config import TrainConfig
 
 # ---------------------------------------------------------------------------------------------

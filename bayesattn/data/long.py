@@ -1,4 +1,4 @@
-r"""Seeded long-sequence tasks for the efficient attention kernels (:mod:`bayesattn.nn.kernels`).
+r"""Seeded long-sequence tasks for the efficient attention kernels (:mod:`bayesattn.nn.supports`).
 
 :func:`make_retrieval_task` — *needle retrieval*: a sequence of ``length`` noise tokens holds one
 needle token somewhere; the label is which of ``num_values`` needles it is. A classifier that pools

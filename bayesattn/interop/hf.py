@@ -51,8 +51,8 @@ import torch
 from torch import Tensor, nn
 
 from .._deprecation import renamed_submodule_hook
-from ..bayesian_read import sample_attention_weights
 from ..families import AttentionFamily, FamilyName, get_family
+from ..functional.bayesian_read import sample_attention_weights
 from ..nn.modes import AttentionMode, context_mode, current_kl_collector
 from ..nn.sampling import context_num_samples, current_num_samples, num_samples
 

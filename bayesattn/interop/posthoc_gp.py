@@ -5,7 +5,7 @@ The model (torch or Hugging Face) is not converted: one ordinary forward pass gi
 :math:`z(x)` and, through a forward hook on its classification ``head`` module, the features
 :math:`h(x)` that head reads. On a calibration split :func:`fit_posthoc_gp` fits a temperature
 :math:`T` (as temperature scaling) and a Gaussian posterior over random-feature output weights
-(:func:`~bayesattn.gaussian_process.random_fourier_features`, RBF length-scale the median
+(:func:`~bayesattn.functional.gaussian_process.random_fourier_features`, RBF length-scale the median
 feature distance), with a Gaussian likelihood of unit noise, so its covariance is the closed form
 :math:`\Sigma = (I + \Phi^\top\Phi)^{-1}` (``Phi`` the calibration features). The predictive is
 
@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from .. import calibration as C
 from .._validation import check_int
-from ..gaussian_process import random_fourier_features
+from ..functional.gaussian_process import random_fourier_features
 from ..predictive.foreign import Inputs, default_forward, input_batch_size, take_rows
 
 __all__ = ["PosthocGP", "fit_posthoc_gp"]

@@ -37,22 +37,22 @@ from .._validation import (
     check_real,
     check_same_dtype,
 )
-from ..bayesian_read import add_key_prior
 from ..families import AttentionFamily, FamilyName, get_family
+from ..functional.bayesian_read import add_key_prior
 from ..priors import KeyRelevancePrior, UniformPrior
 from .gp_read import SparseGP
-from .kernels import (
+from .modes import AttentionMode, context_mode, current_mode
+from .sampling import layer_num_samples
+from .supports import (
     AttentionKernel,
     KernelName,
     draw_attention_weights,
     get_kernel,
     kernel_attention,
 )
-from .modes import AttentionMode, context_mode, current_mode
-from .sampling import layer_num_samples
 
 if TYPE_CHECKING:
-    from ..kernels import SupportWeights
+    from ..functional.supports import SupportWeights
 
 __all__ = [
     "BayesianMultiheadAttention",
@@ -218,10 +218,10 @@ class BayesianMultiheadAttention(PyroModule):
             or a family name (``"dirichlet"``, ``"logistic_normal"``, ``"weibull"``,
             ``"concrete"``) built with ``num_heads`` heads.
         kernel: ``None``/``"dense"`` (every key), or an efficient kernel over a reduced key
-            support (:mod:`bayesattn.nn.kernels`): ``"local"``, ``"topk"``, ``"lowrank"`` (default
-            options) or an :class:`~bayesattn.nn.kernels.AttentionKernel` such as
+            support (:mod:`bayesattn.nn.supports`): ``"local"``, ``"topk"``, ``"lowrank"`` (default
+            options) or an :class:`~bayesattn.nn.supports.AttentionKernel` such as
             ``LocalKernel(window=64)``. With a kernel, returned weights are a
-            :class:`~bayesattn.kernels.SupportWeights`.
+            :class:`~bayesattn.functional.supports.SupportWeights`.
 
     State_dicts saved before 0.3 with the family under ``posterior.*`` load as ``family.*``.
 
@@ -720,7 +720,7 @@ class BayesianMultiheadAttention(PyroModule):
         elif mode == "mean":
             w = BF.posterior_weights(logits, log_prior)
         else:
-            # the Bayesian read (bayesattn.bayesian_read) at this layer's sites, as on a support
+            # the Bayesian read (functional.bayesian_read) at this layer's sites, as on a support
             w = draw_attention_weights(self, mode, logits, log_prior, q, k, num_samples)
         if self.record_weights:
             self.last_weights = w.detach()  # before attention dropout: rows sum to 1

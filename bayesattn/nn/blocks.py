@@ -28,11 +28,11 @@ from ..families import FamilyName, get_family
 from .attention import BayesianMultiheadAttention, linear
 from .epinet import EpinetReadout
 from .gp_read import RandomFeatureGPReadout, SparseGP, SparseGPReadout
-from .kernels import KernelName, get_kernel
+from .supports import KernelName, get_kernel
 
 if TYPE_CHECKING:
     from ..families import AttentionFamily
-    from .kernels import AttentionKernel
+    from .supports import AttentionKernel
 
 __all__ = ["AttentionConfig", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder"]
 
@@ -86,8 +86,8 @@ class AttentionConfig:
         which: attentions that get it in decoder layers: ``("self", "cross")`` or a subset.
         kernel: ``None`` (dense) or a registered reduced key support for every *self*-attention
             layer: ``"local"`` (``window``), ``"topk"`` (``k``), ``"lowrank"`` (``rank``,
-            ``max_len``), … or one added with :func:`~bayesattn.nn.kernels.register_support`,
-            options in ``kernel_kwargs``; see :mod:`bayesattn.nn.kernels`.
+            ``max_len``), … or one added with :func:`~bayesattn.nn.supports.register_support`,
+            options in ``kernel_kwargs``; see :mod:`bayesattn.nn.supports`.
         read: ``"softmax"`` or ``"sparse_gp"``: the selected layers (``layers``/``which``) add a
             sparse-GP read per head with global inducing keys
             (:class:`~bayesattn.nn.gp_read.SparseGP`; options such as ``num_inducing`` in

@@ -1,6 +1,6 @@
 r"""The network contract: what a network must provide to be trained, sampled and diagnosed.
 
-:class:`~bayesattn.inference.Trainer` (and ``fit``), :class:`~bayesattn.lightning.BayesianLightningModule`,
+:class:`~bayesattn.training.Trainer` (and ``fit``), :class:`~bayesattn.training.lightning.BayesianLightningModule`,
 :func:`~bayesattn.uncertainty.predict` and :mod:`~bayesattn.diagnostics` call a network only
 through the members of :class:`NetworkContract`. Write a network by subclassing
 :class:`~bayesattn.nn.networks.BayesianNetwork` and implementing the two **required** methods:
@@ -27,7 +27,7 @@ event_dims)`` (the observation distribution; the default is categorical). The ba
 ``weight_guide`` and ``pyro_context`` are the weight-space pieces that
 :func:`~bayesattn.nn.weights.bayesian_projections` and ``predict`` use.
 
-:class:`~bayesattn.lightning.BayesianLightningModule` also reads an ``int`` attribute
+:class:`~bayesattn.training.lightning.BayesianLightningModule` also reads an ``int`` attribute
 ``num_classes`` (the size ``C`` of the logits' last dim) for its accuracy and calibration metrics;
 the built-in networks have it (or their vocabulary size), a user network sets it itself.
 

@@ -1,5 +1,5 @@
 r"""Global, distance-aware posteriors: a sparse Gaussian process with a Pyro site outside the
-data plate (maths in :mod:`bayesattn.gaussian_process`).
+data plate (maths in :mod:`bayesattn.functional.gaussian_process`).
 
 :class:`SparseGP` is a function :math:`f_g:\mathbb R^D\to\mathbb R^P` per group ``g`` with a
 stationary covariance, inducing inputs :math:`Z_g` and a whitened Gaussian posterior
@@ -43,7 +43,7 @@ from pyro.nn import PyroModule
 from torch import Tensor, nn
 
 from .._validation import check_int, check_real
-from ..gaussian_process import (
+from ..functional.gaussian_process import (
     CovarianceName,
     get_covariance,
     laplace_covariance,
@@ -290,13 +290,14 @@ class SparseGPReadout(SparseGP):
 
 class RandomFeatureGPReadout(PyroModule):
     r"""SNGP-style read-out: logits :math:`= \beta^\top\phi(h) + b`, :math:`\phi` random Fourier
-    features of an RBF covariance (:func:`~bayesattn.gaussian_process.random_fourier_features`)
-    of the pooled (CLS) attention output, with a **global** Gaussian posterior over the output
+    features of an RBF covariance
+    (:func:`~bayesattn.functional.gaussian_process.random_fourier_features`) of the pooled (CLS) attention output, with a **global** Gaussian posterior over the output
     weights :math:`q(\beta_c) = \mathcal N(\mu_c, \Sigma)`, site ``"<module path>.output_weights"``
     (event ``(C, R)``), prior :math:`\mathcal N(0, I)`.
 
     :math:`\mu` is trained by the ELBO; :math:`\Sigma` is the Laplace covariance
-    :math:`(I + N\bar P)^{-1}` (:func:`~bayesattn.gaussian_process.laplace_covariance`), with
+    :math:`(I + N\bar P)^{-1}`
+    (:func:`~bayesattn.functional.gaussian_process.laplace_covariance`), with
     :math:`\bar P` an exponential moving average (``momentum``, bias-corrected) of the training
     batches' :math:`\frac1B\sum_b p_b(1-p_b)\phi_b\phi_b^\top` (:math:`p_b` the top class
     probability) and :math:`N` the ELBO's ``num_data``, updated in every training pass in

@@ -94,7 +94,7 @@ class BayesianNetwork(PyroModule):
     and **may** override :meth:`check_batch` (input validation) and :meth:`likelihood` (the
     observation distribution; categorical by default). Everything else (:meth:`forward`,
     :meth:`model`, :meth:`guide`, :meth:`elbo_loss`, the weight-space pieces) is built from these
-    and is what :class:`~bayesattn.inference.Trainer`, :func:`~bayesattn.uncertainty.predict`, the
+    and is what :class:`~bayesattn.training.Trainer`, :func:`~bayesattn.uncertainty.predict`, the
     Lightning module and :mod:`~bayesattn.diagnostics` call. The 0.2 private names
     (``_forward_logits``, ``_targets``, ``_check_batch``, ``_obs_dist``, ``_weights_from``,
     ``_weight_prior_model``) remain aliases of the public ones, also in subclasses that define

@@ -21,7 +21,7 @@ through one of three passes, chosen by the network:
 ``(S, B, C)``; :meth:`Predictive.probs_and_targets` gives the averaged predictive per target
 (validation); :meth:`Predictive.trace` runs Pyro's ``Predictive`` on ``network.model``/``.guide``
 instead (any site, and the pointwise log-likelihood). :func:`bayesattn.uncertainty.predict`,
-``predict_mc_dropout``, ``predict_ensemble``, ``bayesattn.lightning.predictive_probs``,
+``predict_mc_dropout``, ``predict_ensemble``, ``bayesattn.training.lightning.predictive_probs``,
 :func:`bayesattn.diagnostics.network_draws` and :func:`bayesattn.diagnostics.predictive_to_arviz`
 are calls of this object.
 

@@ -16,9 +16,9 @@ from torch import Tensor
 from ..data import CORRUPTION_KINDS, DigitsData, corrupt_images, load_digits_data
 from ..data.far_ood import SEQUENCE_CORRUPTIONS, corrupt_sequences, far_ood_suite
 from ..data.mnist1d import load_mnist1d_data
-from ..inference import fit
 from ..nn.blocks import AttentionConfig
 from ..nn.networks import BayesianNetwork, TransformerClassifier, VisionTransformer
+from ..training import fit
 
 if TYPE_CHECKING:  # the config validates method names against the registry, which uses Run
     from .config import StudyConfig

@@ -9,7 +9,6 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from .._deprecation import module_getattr, renamed_attribute, renamed_kwargs
 from .._validation import check_int, check_real
 from .schedules import LR_DECAYS, LrDecay
 
@@ -32,8 +31,8 @@ class TrainConfig:
 
     Args:
         method: the training method, ``"hybrid"`` (one-pass ELBO with analytic KLs, AdamW) or
-            ``"svi"`` (Pyro ELBO of ``model`` against ``guide``). ``mode`` is its deprecated
-            spelling (until 0.4; keyword argument, attribute and key of saved configs).
+            ``"svi"`` (Pyro ELBO of ``model`` against ``guide``). A config saved before 0.3
+            with the key ``"mode"`` still loads (:meth:`from_dict`).
         epochs: passes over the training data.
         max_steps: stop after this many optimiser steps in total (``None``: no cap). Only a
             stopping rule: the LR schedule is set by ``decay_steps``, so a run interrupted by
@@ -172,17 +171,6 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown TrainConfig fields {unknown}")
         return cls(**d)
-
-
-# deprecated spellings (until 0.4): TrainConfig(mode=...) and the attribute ``mode``
-TrainConfig.__init__ = renamed_kwargs(mode="method")(  # type: ignore[method-assign]
-    TrainConfig.__init__
-)
-TrainConfig.mode = renamed_attribute("mode", "method", "TrainConfig")  # type: ignore[attr-defined]
-
-__getattr__ = module_getattr(
-    "bayesattn.training.config", {"MODES": ("bayesattn.training.config", "METHODS")}, "constant"
-)
 
 
 def _upgrade_config_dict(d: dict[str, Any]) -> dict[str, Any]:

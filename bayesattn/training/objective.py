@@ -1,5 +1,5 @@
 r"""The training objective, shared by both loops (:class:`~bayesattn.training.trainer.Trainer` and
-:class:`~bayesattn.lightning.BayesianLightningModule`): the β-weighted negative ELBO per
+:class:`~bayesattn.training.lightning.BayesianLightningModule`): the β-weighted negative ELBO per
 training example,
 
 .. math::

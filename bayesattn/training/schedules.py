@@ -126,7 +126,7 @@ def lr_scheduler(
     Args:
         optimizer: its ``lr`` (per parameter group) is the peak learning rate.
         warmup_steps, decay, decay_steps, min_lr_ratio, step_size, gamma: as
-            :class:`bayesattn.inference.TrainConfig` (``decay_steps`` is :math:`T`, the total
+            :class:`bayesattn.training.TrainConfig` (``decay_steps`` is :math:`T`, the total
             length of warm-up plus decay).
 
     Returns:

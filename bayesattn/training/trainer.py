@@ -1,5 +1,5 @@
 """The training loop: :class:`Trainer` (SVI or one-pass hybrid ELBO, KL annealing, early
-stopping, exact resume) and the function :func:`fit`. See :mod:`bayesattn.inference` for the
+stopping, exact resume) and the function :func:`fit`. See :mod:`bayesattn.training` for the
 training methods.
 
 The trainer is assembled from small parts, one module each: the objective
@@ -21,7 +21,6 @@ import pyro
 import torch
 from torch import Tensor
 
-from .._deprecation import renamed_kwargs
 from .._validation import torch_generator
 from ..nn.networks import BayesianNetwork
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -70,7 +69,6 @@ class Trainer:
         Trainer(new_net, trainer.config).fit((x, y), (xv, yv), "ckpt.pt", resume=True)
     """
 
-    @renamed_kwargs(mode="method")
     def __init__(
         self,
         network: BayesianNetwork,
@@ -319,7 +317,6 @@ class Trainer:
         return history
 
 
-@renamed_kwargs(mode="method")
 def fit(
     network: BayesianNetwork,
     train_data: Any,

@@ -1,5 +1,5 @@
 r"""Validation, one way for both loops (:meth:`~bayesattn.training.trainer.Trainer.evaluate` and
-:class:`~bayesattn.lightning.BayesianLightningModule`). Per example (token-level, padding
+:class:`~bayesattn.training.lightning.BayesianLightningModule`). Per example (token-level, padding
 ignored, for sequence models):
 
 ``loss``

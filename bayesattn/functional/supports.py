@@ -1,7 +1,7 @@
 r"""Efficient attention over a *reduced key support*: block-local, sparse top-k and low-rank reads.
 
 Dense attention scores every query against every key, :math:`O(T_q T_k)` in time and memory.
-Each kernel here keeps, for every query :math:`i`, a support of :math:`K \ll T_k` slots and
+Each function here keeps, for every query :math:`i`, a support of :math:`K \ll T_k` slots and
 returns the scores on that support only, as a :class:`ReducedSupport`:
 
 * :func:`local_support` — the band :math:`|i - j| \le w` (:math:`K = 2w + 1`), computed block by
@@ -27,7 +27,7 @@ same keys. :func:`support_attend` reads the values for weights on the support (w
 sample dims), and :class:`SupportWeights` turns them back into a dense ``(…, Tq, Tk)`` matrix when
 asked.
 
-Masks and priors reach the kernels as a :data:`ChunkLogPrior`: a callable
+Masks and priors reach the supports as a :data:`ChunkLogPrior`: a callable
 ``(start, stop, key_index) -> log-prior`` for queries ``start:stop`` against the keys at positions
 ``key_index``, so no ``(Tq, Tk)`` matrix is ever built; :func:`chunk_log_prior` makes one from
 PyTorch's masks and an optional key-relevance prior.
@@ -46,8 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._validation import check_int, check_real
-from .functional import mask_to_log_prior, posterior_weights
+from .._validation import check_int, check_real
+from .posterior import mask_to_log_prior, posterior_weights
 
 __all__ = [
     "ChunkLogPrior",

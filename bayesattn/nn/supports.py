@@ -1,5 +1,5 @@
 r"""Attention kernels a :class:`~bayesattn.nn.attention.BayesianMultiheadAttention` can run on:
-thin modules over the pure functions of :mod:`bayesattn.kernels`.
+thin modules over the pure functions of :mod:`bayesattn.functional.supports`.
 
 ==========================  ==========================================  =====================
 kernel                      support of query ``i``                      cost (time / memory)
@@ -21,8 +21,8 @@ kernel                      support of query ``i``                      cost (ti
 Every mode works on the support: posterior mean (``"mean"``), and draws of every family
 (``"guide"``, ``"model"``, ``"elbo"``), whose latent site then has event shape
 ``(H, Tq, K)``. With ``need_weights=True`` the layer returns a
-:class:`~bayesattn.kernels.SupportWeights` (per head, on the support; ``.to_dense()`` gives
-torch's layout). ``record_weights`` stores dense weights (local, top-k) or the weights over the
+:class:`~bayesattn.functional.supports.SupportWeights` (per head, on the support;
+``.to_dense()`` gives torch's layout). ``record_weights`` stores dense weights (local, top-k) or the weights over the
 ``r`` mixtures (low rank).
 
 Restrictions (a clear ``ValueError`` otherwise): no ``add_bias_kv``/``add_zero_attn``; the
@@ -42,9 +42,9 @@ import torch.nn.functional as F
 from pyro.contrib.autoname import scope
 from torch import Tensor, nn
 
-from .. import kernels as K
 from .._validation import check_int
-from ..bayesian_read import add_key_prior, sample_attention_weights
+from ..functional import supports as K
+from ..functional.bayesian_read import add_key_prior, sample_attention_weights
 from ..priors import UniformPrior
 from ..registry import Registry
 from .modes import current_kl_collector
@@ -173,8 +173,8 @@ class LocalGlobalKernel(LocalKernel):
     token prepended by the network); the global tokens' own queries read every key.
 
     Equal to dense attention under the log-prior that is 0 on that support and ``-inf`` off it
-    (:func:`bayesattn.kernels.dense_support_mask`), at :math:`O(T(w + G))` cost. In the stochastic
-    modes the global queries' rows are a second latent site, ``global/<layer>.latent``, of event
+    (:func:`bayesattn.functional.supports.dense_support_mask`), at :math:`O(T(w + G))` cost. In
+    the stochastic modes the global queries' rows are a second latent site, ``global/<layer>.latent``, of event
     shape ``(H, Gq, Tk)``."""
 
     name = "local_global"
@@ -243,8 +243,8 @@ class TopKKernel(AttentionKernel):
 class ClusterTopKKernel(AttentionKernel):
     r"""Top-k without scoring every key (routing attention): keys are clustered by k-means, each
     query scores the keys of its ``probes`` most promising clusters and keeps its ``k`` best
-    (:func:`bayesattn.kernels.cluster_topk_support`). ``last_dropped_mass`` ``(…, B, H, Tq)``
-    holds an *upper bound* on the posterior mass each query dropped. Takes a
+    (:func:`bayesattn.functional.supports.cluster_topk_support`). ``last_dropped_mass``
+    ``(…, B, H, Tq)`` holds an *upper bound* on the posterior mass each query dropped. Takes a
     ``key_padding_mask`` and ``is_causal``, not an ``attn_mask`` or a key-relevance prior."""
 
     name = "cluster_topk"
@@ -468,8 +468,8 @@ def draw_attention_weights(
     num_samples: int | None,
 ) -> Tensor:
     """One draw of ``layer``'s weights on a support (``mode`` ``"guide"``/``"model"``/``"elbo"``):
-    :func:`bayesattn.bayesian_read.sample_attention_weights` with the layer's family and Pyro
-    sites, the same call as the dense layer's. Kernels' :meth:`AttentionKernel.sample_output`
+    :func:`bayesattn.functional.bayesian_read.sample_attention_weights` with the layer's family
+    and Pyro sites, the same call as the dense layer's. Kernels' :meth:`AttentionKernel.sample_output`
     draw through it.
 
     Shape:

@@ -14,7 +14,7 @@ Far from every inducing input :math:`a(x) \to 0`, so the variance returns to the
 :math:`\sigma^2` whatever :math:`S` is: that is what makes it *know what it does not know*.
 
 "Covariance" here is the Gaussian-process covariance function; it has nothing to do with the
-efficient attention kernels of :mod:`bayesattn.kernels`.
+reduced key supports of :mod:`bayesattn.functional.supports`.
 
 Shape glossary: ``G`` independent groups (e.g. attention heads), ``N`` inputs, ``M`` inducing
 inputs, ``D`` input dim, ``P`` outputs per group (sharing one :math:`S` per group).

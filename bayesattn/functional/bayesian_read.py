@@ -28,7 +28,7 @@ Then :math:`w = \text{family.to\_weights(latent, allowed)}`: keys the log-prior 
 
 :func:`sample_attention_weights` is that draw. The dense layer
 (:class:`~bayesattn.nn.attention.BayesianMultiheadAttention`), the reduced-support kernels
-(:mod:`bayesattn.nn.kernels`, where ``K`` is the support size) and the Hugging Face interop
+(:mod:`bayesattn.nn.supports`, where ``K`` is the support size) and the Hugging Face interop
 (:mod:`bayesattn.interop.hf`) all call it. :func:`add_key_prior` evaluates a key-relevance prior
 on inputs with leading sample dims, for the same callers.
 
@@ -44,11 +44,11 @@ import pyro
 import torch
 from torch import Tensor
 
-from .functional import allowed_keys
+from .posterior import allowed_keys
 
 if TYPE_CHECKING:
-    from .families import AttentionFamily
-    from .priors import KeyRelevancePrior
+    from ..families import AttentionFamily
+    from ..priors import KeyRelevancePrior
 
 __all__ = ["DrawMode", "DRAW_MODES", "KLSink", "sample_attention_weights", "add_key_prior"]
 

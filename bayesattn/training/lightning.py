@@ -5,14 +5,14 @@ module imports them at import time; ``import bayesattn`` does not import this mo
 
 :class:`BayesianLightningModule` wraps a :class:`~bayesattn.nn.networks.BayesianNetwork`
 (classifier, ViT, ``Seq2Seq`` or ``CausalLM``) with the objective of
-:mod:`bayesattn.inference`:
+:mod:`bayesattn.training`:
 
 * the objective of the ``Trainer``, :class:`~bayesattn.training.objective.ElboObjective`:
   ``method="hybrid"``: ``network.elbo_loss`` (one pass, analytic KLs); ``method="svi"``: Pyro's
   ``Trace_ELBO``/``TraceMeanField_ELBO`` ``differentiable_loss`` of ``network.model`` against
-  ``network.guide``, with :class:`~bayesattn.inference.ScaleLatents` for the KL weight. Either way
+  ``network.guide``, with :class:`~bayesattn.training.ScaleLatents` for the KL weight. Either way
   the loss is the negative ELBO per training example, KL-annealed by
-  :func:`~bayesattn.inference.kl_beta` at Lightning's ``global_step``.
+  :func:`~bayesattn.training.kl_beta` at Lightning's ``global_step``.
 * ``torch.optim.AdamW`` with :func:`~bayesattn.training.schedules.lr_scheduler` stepped every
   optimiser step, and global-norm gradient clipping at ``config.clip_norm`` (unless the Lightning
   ``Trainer`` sets ``gradient_clip_val``).
@@ -64,21 +64,20 @@ try:
     from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        f"bayesattn.lightning needs the optional 'lightning' extra "
+        f"bayesattn.training.lightning needs the optional 'lightning' extra "
         f'(pip install "bayesattn[lightning]"): {e}'
     ) from e
 
-from ._deprecation import renamed_kwargs
-from ._validation import check_bool, check_int
-from .inference import TrainConfig, _resolve_config, sync_param_store
-from .nn.networks import BayesianNetwork, CausalLM, Seq2Seq, TransformerClassifier
-from .predictive import Predictive
-from .training.config import _upgrade_config_dict
-from .training.data import as_batch, fork_rng
-from .training.objective import ElboObjective, predictive_scores
-from .training.optimisation import schedule_args
-from .training.schedules import lr_scheduler
-from .training.validation import validation_batch
+from .._validation import check_bool, check_int
+from ..nn.networks import BayesianNetwork, CausalLM, Seq2Seq, TransformerClassifier
+from ..predictive import Predictive
+from .config import TrainConfig, _resolve_config, _upgrade_config_dict
+from .data import as_batch, fork_rng
+from .objective import ElboObjective, predictive_scores
+from .optimisation import schedule_args
+from .param_store import sync_param_store
+from .schedules import lr_scheduler
+from .validation import validation_batch
 
 if TYPE_CHECKING:
     from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
@@ -130,7 +129,7 @@ class BayesianLightningModule(L.LightningModule):
 
     Args:
         network: any :class:`~bayesattn.nn.networks.BayesianNetwork`.
-        config: a :class:`~bayesattn.inference.TrainConfig` (or dict); ``overrides`` replace
+        config: a :class:`~bayesattn.training.TrainConfig` (or dict); ``overrides`` replace
             fields. Used here: ``method``, ``lr``, ``weight_decay``, the schedule fields
             (``warmup_steps``, ``lr_decay``, ``decay_steps``, ``min_lr_ratio``, ``lr_step_size``,
             ``lr_gamma``), ``clip_norm``, the KL fields (``kl_anneal_steps``, ``kl_start``,
@@ -150,7 +149,6 @@ class BayesianLightningModule(L.LightningModule):
     (posterior predictive).
     """
 
-    @renamed_kwargs(mode="method")
     def __init__(
         self,
         network: BayesianNetwork,

@@ -28,7 +28,7 @@ import torch
 from pyro.infer.util import is_validation_enabled
 from torch import Tensor
 
-from ._validation import (
+from .._validation import (
     MaskDTypeError,
     ShapeAssertionError,
     ShapeRuntimeError,

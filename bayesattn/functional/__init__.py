@@ -1,0 +1,51 @@
+r"""The functional layer: pure tensor maths of attention read as Bayesian inference, below every
+module and network of the package (it imports only torch, Pyro and :mod:`bayesattn._validation`).
+
+* :mod:`~bayesattn.functional.posterior`: logits, masks as log-priors, the exact posterior
+  :math:`\bar p_{ij} = \operatorname{softmax}_j(\log\pi_{ij} + q_i\cdot k_j/\sqrt d)`, the read
+  :math:`y_i = \sum_j \bar p_{ij} v_j`, entropy and the uncertainty decomposition. Its public
+  functions are re-exported here (``bayesattn.functional.posterior_weights`` etc.).
+* :mod:`~bayesattn.functional.bayesian_read`: the one Bayesian read, a family's draw of attention
+  weights at its Pyro sites and its KL (``sample_attention_weights``, ``add_key_prior``).
+* :mod:`~bayesattn.functional.supports`: reduced key supports (block-local, top-k, cluster top-k,
+  low-rank) and tiled exact attention in :math:`O(T)` memory.
+* :mod:`~bayesattn.functional.gaussian_process`: covariance functions, the sparse-GP posterior and
+  its KL, random Fourier features.
+"""
+
+from __future__ import annotations
+
+from . import bayesian_read, gaussian_process, posterior, supports
+from .posterior import (
+    allowed_keys,
+    attend,
+    attention,
+    attention_logits,
+    causal_log_prior,
+    check_finite,
+    entropy,
+    log_posterior_weights,
+    mask_to_log_prior,
+    posterior_logits,
+    posterior_weights,
+    uncertainty_decomposition,
+)
+
+__all__ = [
+    "attention_logits",
+    "causal_log_prior",
+    "mask_to_log_prior",
+    "posterior_logits",
+    "posterior_weights",
+    "log_posterior_weights",
+    "allowed_keys",
+    "attend",
+    "attention",
+    "check_finite",
+    "entropy",
+    "uncertainty_decomposition",
+    "posterior",
+    "bayesian_read",
+    "supports",
+    "gaussian_process",
+]
