@@ -131,7 +131,7 @@ def _check_labels(labels: Any, n: int, c: int, name: str = "labels") -> Tensor:
     return t
 
 
-def _check_probs_labels(probs: Any, labels: Any) -> tuple[Tensor, Tensor]:
+def check_probs_labels(probs: Any, labels: Any) -> tuple[Tensor, Tensor]:
     p = _check_probs(probs)
     y = _check_labels(labels, p.shape[0], p.shape[1])
     return p, y
@@ -242,7 +242,7 @@ def reliability_curve(
     Shape:
         probs ``(N, C)``, labels ``(N,)`` → every field ``(n_bins,)``.
     """
-    p, y = _check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels)
     n_bins = check_int("n_bins", n_bins, 1)
     strategy = _check_strategy(strategy)
     conf, pred = p.max(dim=1).values, p.argmax(dim=1)
@@ -310,7 +310,7 @@ def negative_log_likelihood(probs: Tensor, labels: Tensor, eps: float = 1e-12) -
         probs ``(N, C)``, labels ``(N,)`` → float.
     """
     check_real("eps", eps, gt=0.0, lt=1.0)
-    p, y = _check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels)
     py = p.gather(1, y[:, None]).squeeze(1)
     return float(-torch.log(py.clamp_min(eps)).mean())
 
@@ -323,7 +323,7 @@ def brier_score(probs: Tensor, labels: Tensor) -> float:
     Shape:
         probs ``(N, C)``, labels ``(N,)`` → float.
     """
-    p, y = _check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels)
     onehot = torch.nn.functional.one_hot(y, p.shape[1]).to(_F64)
     return float(((p - onehot) ** 2).sum(dim=1).mean())
 
@@ -334,7 +334,7 @@ def accuracy(probs: Tensor, labels: Tensor) -> float:
     Shape:
         probs ``(N, C)``, labels ``(N,)`` → float.
     """
-    p, y = _check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels)
     return float((p.argmax(dim=1) == y).to(_F64).mean())
 
 
@@ -456,7 +456,7 @@ def fit_temperature(logits: Tensor, labels: Tensor, max_iter: int = 100) -> floa
 # --------------------------------------------------------------------------------------------
 
 
-def _check_ood(scores_in: Any, scores_out: Any) -> tuple[Tensor, Tensor]:
+def check_ood_scores(scores_in: Any, scores_out: Any) -> tuple[Tensor, Tensor]:
     s_in = _to_tensor(scores_in, "scores_in")
     s_out = _to_tensor(scores_out, "scores_out")
     for name, t in (("scores_in", s_in), ("scores_out", s_out)):
@@ -481,7 +481,7 @@ def ood_auroc(scores_in: Tensor, scores_out: Tensor) -> float:
     Shape:
         scores_in ``(N_in,)``, scores_out ``(N_out,)`` → float.
     """
-    s_in, s_out = _check_ood(scores_in, scores_out)
+    s_in, s_out = check_ood_scores(scores_in, scores_out)
     sorted_in = torch.sort(s_in).values
     less = torch.searchsorted(sorted_in, s_out, right=False)
     less_eq = torch.searchsorted(sorted_in, s_out, right=True)
@@ -500,7 +500,7 @@ def ood_aupr(scores_in: Tensor, scores_out: Tensor) -> float:
     Shape:
         scores_in ``(N_in,)``, scores_out ``(N_out,)`` → float.
     """
-    s_in, s_out = _check_ood(scores_in, scores_out)
+    s_in, s_out = check_ood_scores(scores_in, scores_out)
     scores = torch.cat([s_out, s_in])
     is_pos = torch.cat(
         [torch.ones(s_out.shape[0], dtype=_F64), torch.zeros(s_in.shape[0], dtype=_F64)]

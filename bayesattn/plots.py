@@ -20,9 +20,9 @@ from bayesattn._validation import check_int
 from bayesattn.calibration import (
     ReliabilityCurve,
     Strategy,
-    _check_ood,
-    _check_probs_labels,
     aurc,
+    check_ood_scores,
+    check_probs_labels,
     ood_auroc,
     reliability_curve,
     risk_coverage_curve,
@@ -107,7 +107,7 @@ def plot_reliability_diagram(
         probs ``(N, C)``, labels ``(N,)``.
     """
     _check_ax(ax)
-    p, y = _check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels)
     curve = reliability_curve(p, y, n_bins=n_bins, strategy=strategy)
     filled = curve.count > 0
     ece = float((curve.count[filled] / curve.count.sum() * curve.gap[filled]).sum())
@@ -224,7 +224,7 @@ def plot_uncertainty_histograms(
     """
     _check_ax(ax)
     check_int("bins", bins, 1)
-    s_in, s_out = _check_ood(scores_in, scores_out)
+    s_in, s_out = check_ood_scores(scores_in, scores_out)
     auroc = ood_auroc(s_in, s_out)
     lo = float(torch.minimum(s_in.min(), s_out.min()))
     hi = float(torch.maximum(s_in.max(), s_out.max()))
@@ -496,7 +496,7 @@ def plot_accuracy_vs_confidence(
         thresholds ``(T,)``.
     """
     _check_ax(ax)
-    p, y = _check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels)
     if thresholds is None:
         thr = np.linspace(0.0, 1.0, 51)
     else:

@@ -45,7 +45,7 @@ def test_arviz_generation_is_the_expected_one():
     if expect is None:
         pytest.skip("BAYESATTN_EXPECT_ARVIZ_MAJOR not set (make test sets it)")
     assert MAJOR == int(expect), f"arviz {az.__version__} installed, expected major {expect}"
-    assert arviz_io._arviz_is_v1() == (MAJOR >= 1)
+    assert arviz_io.arviz_is_v1() == (MAJOR >= 1)
 
 
 @pytest.fixture

@@ -189,7 +189,7 @@ def test_v1_adapter_passes_the_datatree_contract(monkeypatch):
         return xr.DataTree.from_dict(tree)
 
     monkeypatch.setitem(sys.modules, "arviz_base", types.SimpleNamespace(from_dict=from_dict))
-    monkeypatch.setattr(arviz_io, "_arviz_is_v1", lambda: True)  # the adapter's own switch
+    monkeypatch.setattr(arviz_io, "arviz_is_v1", lambda: True)  # the adapter's own switch
     w = torch.rand(6, 2, 1, 3, 3)
     tree = D.to_arviz(
         {"weights": w},

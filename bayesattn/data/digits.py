@@ -93,10 +93,10 @@ def load_digits_data(
     images = np.asarray(bunch.images, dtype=np.float32) / 16.0  # (1797, 8, 8)
     targets = np.asarray(bunch.target, dtype=np.int64)  # (1797,)
     split = holdout_split_indices(targets, holdout_list, seed, val_fraction, test_fraction)
-    return _data_from_split(images, targets, split, seed)
+    return data_from_split(images, targets, split, seed)
 
 
-def _data_from_split(
+def data_from_split(
     images: np.ndarray, targets: np.ndarray, split: HoldoutSplit, seed: int
 ) -> DigitsData:
     """The :class:`DigitsData` of ``images``/``targets`` rows picked by ``split``."""

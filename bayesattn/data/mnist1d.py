@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .._validation import check_int, check_seed
-from .digits import DigitsData, _data_from_split
+from .digits import DigitsData, data_from_split
 from .holdout import check_holdout_classes, holdout_split_indices
 
 __all__ = ["Mnist1dData", "load_mnist1d_data", "generate_mnist1d"]
@@ -28,7 +28,7 @@ class Mnist1dData(DigitsData):
     does), ``y_*`` int64 labels remapped to ``0..C-1``; ``y_ood_classes`` the original digits."""
 
 
-def _import_mnist1d() -> Any:
+def import_mnist1d() -> Any:
     try:
         from mnist1d import data as mdata
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -41,7 +41,7 @@ def _import_mnist1d() -> Any:
 
 @functools.lru_cache(maxsize=4)
 def _generate(num_samples: int, data_seed: int) -> tuple[np.ndarray, np.ndarray]:
-    mdata = _import_mnist1d()
+    mdata = import_mnist1d()
     args = mdata.get_dataset_args()
     args.num_samples, args.seed = num_samples, data_seed
     # make_dataset seeds numpy's and random's global generators: leave them as they were
@@ -85,5 +85,5 @@ def load_mnist1d_data(
     holdout = check_holdout_classes(holdout_classes)
     x, y = generate_mnist1d(num_samples, data_seed)
     split = holdout_split_indices(y, holdout, seed, val_fraction, test_fraction)
-    d = _data_from_split(x, y, split, seed)
+    d = data_from_split(x, y, split, seed)
     return Mnist1dData(**{f: getattr(d, f) for f in d.__dataclass_fields__})

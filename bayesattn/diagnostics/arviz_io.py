@@ -41,7 +41,7 @@ def arviz_major_version() -> int:
     return int(arviz.__version__.split(".")[0])
 
 
-def _arviz_is_v1() -> bool:
+def arviz_is_v1() -> bool:
     """The one switch between the two ArviZ API generations."""
     return arviz_major_version() >= 1
 
@@ -463,7 +463,7 @@ def _from_dict(
     coords: dict[str, list],
 ) -> Any:
     """The version adapter: arviz 0.x ``az.from_dict(**groups)`` or 1.x ``arviz_base.from_dict``."""
-    if _arviz_is_v1():
+    if arviz_is_v1():
         from arviz_base import from_dict
 
         return from_dict(data, sample_dims=list(SAMPLE_DIMS), coords=coords, dims=dims)

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
-from .arviz_io import _arviz_is_v1
+from .arviz_io import arviz_is_v1
 from .draws import network_draws, predictive_to_arviz
 
 __all__ = ["pointwise_log_likelihood", "compare_attention_variants"]
@@ -49,7 +49,7 @@ def pointwise_log_likelihood(
 
 def _loo(obj: Any) -> Any:
     """PSIS-LOO with ``reff = 1`` (independent variational draws) in either ArviZ generation."""
-    if _arviz_is_v1():
+    if arviz_is_v1():
         from arviz_stats import loo
 
         return loo(obj, reff=1.0)
@@ -88,7 +88,7 @@ def compare_attention_variants(
         net, x, y = spec
         obj = predictive_to_arviz(net, x, y, num_samples, seed=seed, parallel=parallel)
         elpds[name] = _loo(obj)
-    if _arviz_is_v1():
+    if arviz_is_v1():
         from arviz_stats import compare
 
         return compare(elpds)

@@ -21,11 +21,11 @@ from torch import Tensor
 from .._validation import check_int, seeded
 from ..models.regression import (
     AttentionRegressionData,
-    _drop_plate_dim,
     attention_regression_model,
+    drop_plate_dim,
     simulate_attention_regression,
 )
-from .arviz_io import _arviz_is_v1, to_arviz
+from .arviz_io import arviz_is_v1, to_arviz
 from .psis import PSISResult, psis_diagnostic
 
 __all__ = [
@@ -130,7 +130,7 @@ def nuts_attention_regression(
 
 def _rhat_ess(idata: Any, samples: Mapping[str, Tensor]) -> tuple[np.ndarray, np.ndarray, list]:
     """Rank-normalised split R-hat and bulk ESS per scalar parameter, from ArviZ (0.x or 1.x)."""
-    if _arviz_is_v1():
+    if arviz_is_v1():
         from arviz_stats import ess, rhat
     else:
         from arviz import ess, rhat
@@ -193,7 +193,7 @@ def _guide_draws(guide: Any, data: AttentionRegressionData, num: int) -> dict[st
     ):
         tr = poutine.trace(guide).get_trace(*data.args, **data.kwargs)
     return {
-        name: _drop_plate_dim(tr.nodes[name]["value"], len(shape))
+        name: drop_plate_dim(tr.nodes[name]["value"], len(shape))
         for name, shape in (
             ("M", data.true_params["M"].shape),
             ("log_pi", data.true_params["log_pi"].shape),

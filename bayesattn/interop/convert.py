@@ -49,7 +49,7 @@ __all__ = ["convert", "unconvert", "bayesian_attention_modules"]
 LayerSelector = str | Sequence[str] | Sequence[int] | Callable[[str, nn.Module], bool]
 
 
-def _select(layers: LayerSelector, names: list[str], model: nn.Module) -> set[str]:
+def select_layers(layers: LayerSelector, names: list[str], model: nn.Module) -> set[str]:
     """Module paths (among ``names``, in model order) chosen by ``layers``."""
     if isinstance(layers, str):
         if layers == "all":
@@ -139,7 +139,7 @@ def convert(
     names = [n for n, m in model.named_modules() if _convertible(m) or _is_bayesian(m)]
     if not names:
         raise ValueError("model has no torch.nn.MultiheadAttention (or Bayesian) modules")
-    chosen = _select(layers, names, model)
+    chosen = select_layers(layers, names, model)
     # every path of each module (a shared module appears once in ``names``, at its first path)
     paths: dict[int, list[str]] = {}
     for n, m in model.named_modules(remove_duplicate=False):

@@ -331,7 +331,7 @@ def convert_hf(
     """
     import copy
 
-    from .convert import _select
+    from .convert import select_layers
 
     register()
     mods = hf_attention_modules(model)
@@ -341,7 +341,7 @@ def convert_hf(
             "transformers' AttentionInterface"
         )
     roots = _hf_roots(model)  # checked before anything changes
-    chosen = _select(layers, list(mods), model)
+    chosen = select_layers(layers, list(mods), model)
     if family is not None and not isinstance(family, (str, AttentionFamily)):
         raise TypeError(f"family must be a name, an AttentionFamily or None; got {family!r}")
     for path, m in mods.items():

@@ -44,7 +44,7 @@ class AttentionRegressionData:
         return {"noise_scale": self.noise_scale, "prior_scale": self.prior_scale}
 
 
-def _drop_plate_dim(t: Tensor, event_dim: int) -> Tensor:
+def drop_plate_dim(t: Tensor, event_dim: int) -> Tensor:
     """A global site drawn under an outer (particle) plate has batch shape ``(*P, 1)``: the 1 is
     the data plate's dim. Drop it so the draw dims sit left of the data dim."""
     if t.dim() > event_dim:
@@ -98,8 +98,8 @@ def attention_regression_model(
     s = q.new_tensor(prior_scale)
     M = pyro.sample("M", dist.Normal(zero, s).expand([d, d]).to_event(2))
     log_pi = pyro.sample("log_pi", dist.Normal(zero, s).expand([T - 1]).to_event(1))
-    M = _drop_plate_dim(M, 2)  # (*P, d, d)
-    log_pi = _drop_plate_dim(log_pi, 1)  # (*P, T-1)
+    M = drop_plate_dim(M, 2)  # (*P, d, d)
+    log_pi = drop_plate_dim(log_pi, 1)  # (*P, T-1)
     log_pi = torch.cat([log_pi.new_zeros(log_pi.shape[:-1] + (1,)), log_pi], dim=-1)  # (*P, T)
     scores = torch.einsum("nd,...de,nte->...nt", q, M, keys) / math.sqrt(d)  # (*P, N, T)
     w = torch.softmax(log_pi.unsqueeze(-2) + scores, dim=-1)  # (*P, N, T)

@@ -40,9 +40,9 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
     for name in cfg.methods:
         get_method(name).check_available()  # before anything is written or trained
     if "mnist1d" in cfg.dataset_list:
-        from ..data.mnist1d import _import_mnist1d
+        from ..data.mnist1d import import_mnist1d
 
-        _import_mnist1d()
+        import_mnist1d()
     out = prepare_out_dir(cfg.out, force=True)
     foreign = begin_run(out)  # INCOMPLETE marker; the previous run's listed files go
     t_start = time.perf_counter()

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from .._deprecation import renamed_state_keys
 from .._validation import atomic_write_bytes
-from .config import _upgrade_config_dict
+from .config import upgrade_config_dict
 
 if TYPE_CHECKING:
     from torch import nn
@@ -207,7 +207,7 @@ def upgrade_state(
     if "mode" in state and "method" not in state:
         state["method"] = state.pop("mode")
     if isinstance(state.get("config"), dict):
-        state["config"] = _upgrade_config_dict(state["config"])
+        state["config"] = upgrade_config_dict(state["config"])
     if network_keys is not None:
         known = set(network_keys)
 

@@ -165,7 +165,7 @@ class TrainConfig:
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         """A config from :meth:`to_dict`'s output; a saved config's ``"mode"`` (the old name
         of ``"method"``) is read as ``"method"``."""
-        d = _upgrade_config_dict(d)
+        d = upgrade_config_dict(d)
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
@@ -173,14 +173,14 @@ class TrainConfig:
         return cls(**d)
 
 
-def _upgrade_config_dict(d: dict[str, Any]) -> dict[str, Any]:
+def upgrade_config_dict(d: dict[str, Any]) -> dict[str, Any]:
     """A saved config dict with the old key ``"mode"`` (before 0.3) as one with ``"method"``."""
     if isinstance(d, dict) and "mode" in d and "method" not in d:
         d = {("method" if k == "mode" else k): v for k, v in d.items()}
     return d
 
 
-def _resolve_config(config: TrainConfig | dict | None, overrides: dict[str, Any]) -> TrainConfig:
+def resolve_config(config: TrainConfig | dict | None, overrides: dict[str, Any]) -> TrainConfig:
     if config is None:
         config = TrainConfig()
     elif isinstance(config, dict):

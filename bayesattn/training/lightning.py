@@ -71,7 +71,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from .._validation import check_bool, check_int
 from ..nn.networks import BayesianNetwork, CausalLM, Seq2Seq, TransformerClassifier
 from ..predictive import Predictive
-from .config import TrainConfig, _resolve_config, _upgrade_config_dict
+from .config import TrainConfig, resolve_config, upgrade_config_dict
 from .data import as_batch, fork_rng
 from .objective import ElboObjective, predictive_scores
 from .optimisation import schedule_args
@@ -169,7 +169,7 @@ class BayesianLightningModule(L.LightningModule):
         check_int("num_samples", num_samples, 1)
         check_bool("shared_noise", shared_noise)
         self.network = network
-        self.config = _resolve_config(config, overrides)
+        self.config = resolve_config(config, overrides)
         self.num_data = num_data
         self.num_samples = num_samples
         self.shared_noise = shared_noise
@@ -334,7 +334,7 @@ class BayesianLightningModule(L.LightningModule):
                 f"checkpoint holds a {meta['network_class']}; this module wraps a "
                 f"{type(self.network).__name__}"
             )
-        saved = _upgrade_config_dict(meta["config"])  # "mode" before 0.3
+        saved = upgrade_config_dict(meta["config"])  # "mode" before 0.3
         if saved.get("method") != self.config.method:
             raise ValueError(
                 f"checkpoint was trained with method {saved.get('method')!r}; this module "

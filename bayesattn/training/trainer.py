@@ -25,7 +25,7 @@ from .._validation import torch_generator
 from ..nn.networks import BayesianNetwork
 from .checkpoint import load_checkpoint, save_checkpoint
 from .checks import check_fit_data, diverged_forward, resume_args
-from .config import TrainConfig, _resolve_config
+from .config import TrainConfig, resolve_config
 from .data import DataSource, as_train_data
 from .data import fork_rng as _fork_rng
 from .early_stopping import EarlyStopping
@@ -80,7 +80,7 @@ class Trainer:
                 f"network must be a bayesattn BayesianNetwork; got {type(network).__name__}"
             )
         self.network = network
-        self.config = _resolve_config(config, overrides)
+        self.config = resolve_config(config, overrides)
         self.device = torch.device(self.config.device)
         self.history = History()
         self.step = 0
