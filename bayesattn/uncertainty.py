@@ -93,7 +93,7 @@ def predict(
     :math:`\theta_s \sim q(\theta)` (one draw per sample shared by all inputs and batches, as
     are global latents such as sparse-GP inducing values, :mod:`bayesattn.nn.gp_read`; the
     projection prior in ``"model"`` mode, the guide's median in ``"mean"`` mode). The ``S`` samples
-    travel as a leading particle dim (``forward(x, num_particles=S)``), entering a classifier just
+    travel as a leading sample dim (``forward(x, num_samples=S)``), entering a classifier just
     before its first random layer (the computation before it is shared), sampled weights
     broadcasting through :func:`bayesattn.nn.attention.linear` (which is why
     :func:`~bayesattn.nn.weights.bayesian_projections` accepts only attention and linear weights).

@@ -121,7 +121,7 @@ def run_kind(kind: str, args) -> dict:
             xb = test.x[s : s + args.batch]
             if args.family:
                 with attention_mode("guide"):
-                    p = net(xb, num_particles=args.samples).softmax(-1).mean(0)
+                    p = net(xb, num_samples=args.samples).softmax(-1).mean(0)
             else:
                 p = net(xb).softmax(-1)
             probs.append(p)

@@ -152,7 +152,7 @@ def main() -> None:
     layer.record_weights = True
     try:
         with torch.no_grad(), attention_mode("guide"):
-            net(src, tgt, num_particles=max(S, 16))
+            net(src, tgt, num_samples=max(S, 16))
         w = layer.last_weights.mean(-3)  # (S, 1, Tt-1, Ts): averaged over heads
     finally:
         layer.record_weights, layer.last_weights = False, None

@@ -146,7 +146,7 @@ def test_elbo_charges_global_kl_once_and_scales_likelihood_by_n_over_b():
     kl = (losses[6] + ll) / 0.5
     torch.testing.assert_close(kl, net.head.kl(), atol=1e-9, rtol=0)
     assert float(net.head.kl()) > 1.0  # so a KL scaled by N/B would be caught
-    # the global site is drawn once per pass even with particles
+    # the global site is drawn once per pass even with S samples
     with collect_kl() as col:
         net.forward_logits(x, None, 3)
     assert list(col.global_terms) == ["head.inducing_values"]

@@ -11,6 +11,7 @@ the posterior predictive is the average of ``softmax`` over weight draws from th
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -47,7 +48,7 @@ from bayesattn.uncertainty import predict
 
 
 class LogReg(BayesianNetwork):
-    """``p(y | x, W, b) = Categorical(softmax(W x + b))``; x ``(B, D)`` → logits ``(*P, B, C)``."""
+    """``p(y | x, W, b) = Categorical(softmax(W x + b))``; x ``(B, D)`` → logits ``(*S, B, C)``."""
 
     def __init__(self, in_features: int, num_classes: int) -> None:
         super().__init__()
@@ -58,11 +59,11 @@ class LogReg(BayesianNetwork):
         if x.dim() != 2 or x.shape[1] != self.head.in_features:
             raise ValueError(f"x must be (B, {self.head.in_features}); got {tuple(x.shape)}")
 
-    def forward_logits(self, x, y=None, num_particles=1):
-        h = x.unsqueeze(-2)  # (B, 1, D): linear() reads (*P, B, T, In)
-        if num_particles > 1:
-            h = h.expand(num_particles, *h.shape)  # (P, B, 1, D)
-        return linear(h, self.head.weight, self.head.bias).squeeze(-2)  # (*P, B, C)
+    def forward_logits(self, x, y=None, num_samples=1):
+        h = x.unsqueeze(-2)  # (B, 1, D): linear() reads (*S, B, T, In)
+        if num_samples > 1:
+            h = h.expand(num_samples, *h.shape)  # (S, B, 1, D)
+        return linear(h, self.head.weight, self.head.bias).squeeze(-2)  # (*S, B, C)
 
     def targets(self, x, y):
         return y, None, 0
@@ -77,12 +78,12 @@ class TinyAttention(BayesianNetwork):
         self.attn = BayesianMultiheadAttention(d, 2, batch_first=True, family=family)
         self.head = nn.Linear(d, num_classes)
 
-    def forward_logits(self, x, y=None, num_particles=1):
+    def forward_logits(self, x, y=None, num_samples=1):
         h = self.embed(x)  # (B, T, d)
-        if num_particles > 1:
-            h = h.expand(num_particles, *h.shape)  # (P, B, T, d)
-        h, _ = self.attn(h, h, h)  # weights drawn per particle and example in sampling modes
-        return self.head(h.mean(-2))  # (*P, B, C)
+        if num_samples > 1:
+            h = h.expand(num_samples, *h.shape)  # (S, B, T, d)
+        h, _ = self.attn(h, h, h)  # weights drawn per sample and example in sampling modes
+        return self.head(h.mean(-2))  # (*S, B, C)
 
     def targets(self, x, y):
         return y, None, 0
@@ -139,7 +140,7 @@ def test_protocol_lists_every_member_once():
 
 def test_missing_required_method_is_a_clear_type_error():
     class NoTargets(BayesianNetwork):
-        def forward_logits(self, x, y=None, num_particles=1):
+        def forward_logits(self, x, y=None, num_samples=1):
             return x
 
     with pytest.raises(TypeError, match=r"NoTargets does not implement targets\(\)"):
@@ -152,7 +153,7 @@ def test_missing_required_method_is_a_clear_type_error():
         Nothing()
 
     class Duck:  # not a BayesianNetwork: the protocol check names what is missing
-        def forward_logits(self, x, y=None, num_particles=1):
+        def forward_logits(self, x, y=None, num_samples=1):
             return x
 
     assert not isinstance(Duck(), NetworkContract)
@@ -160,6 +161,59 @@ def test_missing_required_method_is_a_clear_type_error():
         TypeError, match=r"Duck\) does not implement .*missing targets, check_batch"
     ):
         check_network(Duck())
+
+
+@pytest.mark.parametrize("method", ["forward_logits", "_forward_logits", "forward"])
+def test_old_sample_argument_is_refused_at_class_creation(method):
+    """A user network still declaring ``num_particles`` (the pre-0.4 spelling of the sample
+    count) is a ``TypeError`` naming the argument and its new name, when the class is made."""
+
+    def old(self, x, y=None, num_particles=1):
+        return x
+
+    with pytest.raises(TypeError, match="num_particles") as err:
+        type("OldSpelling", (LogReg,), {method: old})
+    assert "num_samples" in str(err.value)
+    assert method.lstrip("_") in str(err.value)
+
+
+def test_old_sample_argument_is_refused_by_check_network():
+    """An object that is not a ``BayesianNetwork`` is checked by ``check_network``: an old
+    ``num_particles`` argument is a ``TypeError`` naming both spellings (no alias accepted)."""
+
+    class Wrapper:  # not a BayesianNetwork: every member is a LogReg's
+        def __init__(self):
+            self.inner = LogReg(3, 2)
+
+        def __getattr__(self, name):
+            return getattr(self.__dict__["inner"], name)
+
+    assert check_network(Wrapper()) is not None
+
+    def old(self, x, y=None, num_particles=1):
+        return x
+
+    duck = type("OldDuck", (Wrapper,), {"forward_logits": old})()
+    with pytest.raises(TypeError, match="num_particles") as err:
+        check_network(duck)
+    assert "num_samples" in str(err.value)
+    assert "OldDuck.forward_logits" in str(err.value)
+
+
+def test_new_sample_argument_is_the_contract_spelling():
+    """Every contract method that takes the sample count names it ``num_samples``; the ELBO
+    estimator keeps Pyro's ``num_particles`` (Monte-Carlo samples of the estimate)."""
+    for cls in (NetworkContract, BayesianNetwork, TransformerClassifier, VisionTransformer,
+                Seq2Seq, CausalLM, LogReg, TinyAttention):  # fmt: skip
+        for m in ("forward_logits", "forward"):
+            params = inspect.signature(getattr(cls, m)).parameters
+            assert "num_samples" in params and "num_particles" not in params, (cls, m)
+        params = inspect.signature(cls.elbo_loss).parameters
+        assert "num_particles" in params and "num_samples" not in params, cls
+    net, x = LogReg(3, 2), torch.randn(4, 3)
+    assert net(x, num_samples=3).shape == (3, 4, 2)
+    with pytest.raises(TypeError, match="num_particles"):
+        net(x, num_particles=3)
 
 
 def test_default_check_batch_names_argument_and_shapes():
@@ -174,8 +228,8 @@ def test_default_check_batch_names_argument_and_shapes():
 
 def test_old_private_overrides_and_calls_still_work():
     class Shifted(LogReg):  # 0.2 style: overrides the private name
-        def _forward_logits(self, x, y=None, num_particles=1):
-            return super()._forward_logits(x, y, num_particles) + 5.0
+        def _forward_logits(self, x, y=None, num_samples=1):
+            return super()._forward_logits(x, y, num_samples) + 5.0
 
     net, x = Shifted(3, 2), torch.randn(4, 3)
     base = LogReg(3, 2)

@@ -241,7 +241,7 @@ def test_bayesian_head_weights_vectorise():
 
 @pytest.mark.parametrize("guide", ["normal", "lowrank"])
 def test_vectorised_weight_samples_match_sequential_runs(guide):
-    """The S weight draws travel as a particle dim: sample s of the vectorised pass equals a
+    """The S weight draws travel as a leading sample dim: sample s of the vectorised pass equals a
     separate single-sample pass with draw s (checked with deterministic attention)."""
     net = _clf(family=None).eval()
     bayesian_projections(net, init_scale=0.1, guide=guide)

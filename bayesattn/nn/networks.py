@@ -12,7 +12,8 @@ Every network is a ``PyroModule`` with
 * ``guide(x, y=None, num_data=None)``: the amortised attention posteriors (same layers, posterior
   mode) plus an autoguide for Bayesian projection weights;
 * ``elbo_loss(x, y, num_data, beta, num_particles)``: the same ELBO in **one network pass**
-  (analytic KLs collected from the layers; used by the hybrid trainer).
+  (analytic KLs collected from the layers; used by the hybrid trainer), estimated with
+  ``num_particles`` Monte-Carlo particles (Pyro's word) that travel as the pass's sample dim ``S``.
 
 What a network must implement (``forward_logits``, ``targets``) and what the trainers, ``predict``
 and the diagnostics call is the network contract, :mod:`bayesattn.nn.contract`.
@@ -44,7 +45,7 @@ from ..functional import uncertainty_decomposition
 from .attention import linear
 from .blocks import AttentionConfig, Decoder, Encoder, EncoderLayer, as_attention_config
 from .contract import PRIVATE_ALIASES as _PRIVATE_ALIASES
-from .contract import REQUIRED
+from .contract import REQUIRED, check_sample_argument
 from .modes import (
     AttentionMode,
     attention_mode,
@@ -88,7 +89,7 @@ class BayesianNetwork(PyroModule):
 
     A subclass **must** implement
 
-    * :meth:`forward_logits` ``(x, y=None, num_particles=1)``: logits ``(*P, B, ..., C)``;
+    * :meth:`forward_logits` ``(x, y=None, num_samples=1)``: logits ``(*S, B, ..., C)``;
     * :meth:`targets` ``(x, y)``: ``(targets, mask, event_dims)`` the likelihood scores,
 
     and **may** override :meth:`check_batch` (input validation) and :meth:`likelihood` (the
@@ -98,7 +99,9 @@ class BayesianNetwork(PyroModule):
     Lightning module and :mod:`~bayesattn.diagnostics` call. The 0.2 private names
     (``_forward_logits``, ``_targets``, ``_check_batch``, ``_obs_dist``, ``_weights_from``,
     ``_weight_prior_model``) remain aliases of the public ones, also in subclasses that define
-    either spelling.
+    either spelling. A subclass whose ``forward_logits`` or ``forward`` declares ``num_particles``
+    (the sample count's spelling before 0.4) is a ``TypeError`` at class creation: rename it
+    ``num_samples``.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -111,6 +114,8 @@ class BayesianNetwork(PyroModule):
                 setattr(cls, old, own[new])
             elif old in own and new not in own:
                 setattr(cls, new, own[old])
+        # the sample dim of a pass is ``num_samples``: refuse a ``num_particles`` declaration
+        check_sample_argument(cls, cls.__dict__)
 
     def __init__(self) -> None:
         missing = [
@@ -127,15 +132,15 @@ class BayesianNetwork(PyroModule):
         self.weight_guide: AutoGuide | None = None
 
     # ---- required of subclasses --------------------------------------------------------------
-    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
-        r"""Logits of one network pass: ``(B, ..., C)``, or ``(P, B, ..., C)`` with a leading
-        particle dim when ``num_particles = P > 1``. **Required.**
+    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_samples: int = 1) -> Tensor:
+        r"""Logits of one network pass: ``(B, ..., C)``, or ``(S, B, ..., C)`` with a leading
+        sample dim when ``num_samples = S > 1``. **Required.**
 
         Runs in whatever attention mode and Pyro context the caller set up (``model``, ``guide``,
         ``forward`` and ``predict`` do that); it must not call ``check_batch``. Attention layers
         draw their weights :math:`w\sim p(w)` or :math:`q(w\mid x)` as the mode says; with
-        ``P > 1`` the ``P`` draws travel as the leading dim (e.g. expand the input to
-        ``(P, B, ...)`` before the first random layer). ``y`` is given for teacher forcing and
+        ``S > 1`` the ``S`` draws travel as the leading dim (e.g. expand the input to
+        ``(S, B, ...)`` before the first random layer). ``y`` is given for teacher forcing and
         may be ignored.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement forward_logits()")
@@ -174,7 +179,7 @@ class BayesianNetwork(PyroModule):
     ) -> dist.TorchDistribution:
         r"""The observation distribution :math:`p(y\mid x, w)` of ``targets``: by default
         ``Categorical(logits)``, masked by ``mask`` and with ``event_dims`` trailing dims moved
-        into the event, so ``log_prob(targets)`` is ``(*P, B)``. Raises ``FloatingPointError`` on
+        into the event, so ``log_prob(targets)`` is ``(*S, B)``. Raises ``FloatingPointError`` on
         non-finite logits."""
         if not bool(torch.isfinite(logits.detach().sum())) and not _finite(logits):
             raise FloatingPointError(
@@ -187,15 +192,15 @@ class BayesianNetwork(PyroModule):
         return d.to_event(event_dims) if event_dims else d
 
     # ---- provided ------------------------------------------------------------------------------
-    def forward(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
+    def forward(self, x: Tensor, y: Tensor | None = None, num_samples: int = 1) -> Tensor:
         """Logits; deterministic posterior-mean attention (and posterior-median Bayesian weights)
         unless an attention mode is set."""
         self.check_batch(x, y)
-        check_int("num_particles", num_particles, 1)
+        check_int("num_samples", num_samples, 1)
         ctx = attention_mode("mean") if current_mode() is None else contextlib.nullcontext()
         values = self.weight_guide.median() if self.weight_guide is not None else None
         with ctx, self.pyro_context, self.weights_from(values):
-            return self.forward_logits(x, y, num_particles)
+            return self.forward_logits(x, y, num_samples)
 
     @property
     def pyro_context(self) -> contextlib.AbstractContextManager:
@@ -274,7 +279,7 @@ class BayesianNetwork(PyroModule):
     @contextlib.contextmanager
     def weights_from(self, values: dict[str, Tensor] | None) -> Iterator[None]:
         """Context manager: use the given ``{site name: value}`` for the Bayesian weights (e.g.
-        ``(S, *shape)`` draws that broadcast over particles), hidden from the current trace;
+        ``(S, *shape)`` draws that broadcast over the sample dim), hidden from the current trace;
         ``None`` or ``{}`` changes nothing."""
         if not values:
             yield
@@ -345,13 +350,16 @@ class BayesianNetwork(PyroModule):
         beta: float = 1.0,
         num_particles: int = 1,
     ) -> tuple[Tensor, Tensor]:
-        r"""Negative ELBO of a minibatch in one network pass, and the logits.
+        r"""Negative ELBO of a minibatch in one network pass, and the logits ``(*S, B, ..., C)``.
 
         .. math:: -\frac{N}{B}\sum_b \Big(E_q \log p(y_b\mid x_b, w) - \beta\,
                   \mathrm{KL}(q(w_b\mid x_b)\,\|\,p(w_b))\Big) + \beta\,\mathrm{KL}_{\text{weights}}
                   + \beta\,\mathrm{KL}_{\text{global}}
 
-        Particles are vectorised (a leading sample dim through the whole network). Global
+        ``num_particles = P`` is the number of Monte-Carlo samples of the ELBO estimate
+        (averaged), as in Pyro's ``Trace_ELBO(num_particles=P)``. The particles are vectorised:
+        the pass is ``forward_logits(x, y, num_samples=P)``, so they travel as its leading sample
+        dim ``S = P`` through the whole network. Global
         latents (sparse-GP inducing values) are drawn once per pass and their KL is charged once,
         not scaled by ``N/B``: with ``num_data`` the full data set size on every rank, the DDP
         average of the ranks' losses is the full-data negative ELBO's estimate.
@@ -367,13 +375,13 @@ class BayesianNetwork(PyroModule):
             values, kl_w = self._weight_kl()
             with collect_kl() as col, self.weights_from(values):
                 col.num_data = N
-                logits = self.forward_logits(x, y, num_particles)  # (P?, B, ...)
+                logits = self.forward_logits(x, y, num_particles)  # (S?, B, ...), S = P
         targets, mask, ev = self.targets(x, y)
         if targets is None:
             raise ValueError(f"{type(self).__name__}.elbo_loss needs targets y; got y=None")
-        ll = self.likelihood(logits, mask, ev).log_prob(targets)  # (P?, B)
+        ll = self.likelihood(logits, mask, ev).log_prob(targets)  # (S?, B)
         kl = col.total()
-        per_example = ll - beta * kl  # (P?, B)
+        per_example = ll - beta * kl  # (S?, B)
         if num_particles > 1:
             per_example = per_example.mean(0)
         loss = -(N / B) * per_example.sum() + beta * (kl_w + col.global_total())
@@ -436,9 +444,9 @@ class _Embedding(nn.Module):
         return self.drop(h + self.pos(pos))
 
 
-def _particles(h: Tensor, num_particles: int) -> Tensor:
-    """Prepend a particle dim ``(P, B, T, E)`` when ``num_particles > 1``."""
-    return h.expand((num_particles,) + h.shape) if num_particles > 1 else h
+def _with_samples(h: Tensor, num_samples: int) -> Tensor:
+    """Prepend a sample dim ``(S, B, T, E)`` when ``num_samples = S > 1``."""
+    return h.expand((num_samples,) + h.shape) if num_samples > 1 else h
 
 
 def _validate_common(d_model: int, nhead: int, num_layers: int, max_len: int) -> None:
@@ -461,7 +469,7 @@ class TransformerClassifier(BayesianNetwork):
     inputs (``input_dim``); ``pooling="mean"`` (masked mean) or ``"cls"`` (a learned token).
 
     Shape:
-        x ``(B, T)`` or ``(B, T, input_dim)`` → logits ``(*P, B, num_classes)``.
+        x ``(B, T)`` or ``(B, T, input_dim)`` → logits ``(*S, B, num_classes)``.
     """
 
     def __init__(
@@ -549,14 +557,14 @@ class TransformerClassifier(BayesianNetwork):
         return pad if bool(pad.any()) else None  # no padding: no mask, no masking work
 
     def encode(
-        self, x: Tensor, num_particles: int = 1, cls_only: bool = False
+        self, x: Tensor, num_samples: int = 1, cls_only: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        """Encoder states ``(*P, B, T', E)`` and the padding mask ``(B, T')``.
+        """Encoder states ``(*S, B, T', E)`` and the padding mask ``(B, T')``.
 
         Particles enter just before the first layer that is random in the current mode (see
         :meth:`first_stochastic_layer`): everything before it is computed once and shared by
-        all ``P`` samples. With ``cls_only`` (CLS pooling) the last layer computes only the CLS
-        row, the one row the head reads (``(*P, B, 1, E)``): exact, since attention rows,
+        all ``S`` samples. With ``cls_only`` (CLS pooling) the last layer computes only the CLS
+        row, the one row the head reads (``(*S, B, 1, E)``): exact, since attention rows,
         feed-forward and LayerNorm act on each query token separately.
         """
         h = self.embed(x)  # (B, T, E)
@@ -567,19 +575,19 @@ class TransformerClassifier(BayesianNetwork):
                 pad = torch.cat([pad.new_zeros(pad.shape[0], 1), pad], dim=1)
         layers = self._encoder_layers()
         n = len(layers)
-        first, by_attention = self._first_random() if num_particles > 1 else (n, False)
+        first, by_attention = self._first_random() if num_samples > 1 else (n, False)
         for i, layer in enumerate(layers):
             rows_only = cls_only and i == n - 1
-            # the layer draws the P samples itself when its attention is the first random thing
+            # the layer draws the S samples itself when its attention is the first random thing
             draws = rows_only and i == first and by_attention
             if i == first and not draws:
-                h = _particles(h, num_particles)  # (P, B, T', E)
+                h = _with_samples(h, num_samples)  # (S, B, T', E)
             if rows_only:
-                h = layer.forward_rows(h, 1, pad, num_particles if draws else None)
+                h = layer.forward_rows(h, 1, pad, num_samples if draws else None)
             else:
                 h = layer(h, src_key_padding_mask=pad)
         if first >= n:
-            h = _particles(h, num_particles)  # nothing random: P identical copies
+            h = _with_samples(h, num_samples)  # nothing random: S identical copies
         norm = self.encoder.norm
         return (norm(h) if norm is not None else h), pad
 
@@ -609,10 +617,10 @@ class TransformerClassifier(BayesianNetwork):
                 return i, True
         return n, False
 
-    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
+    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_samples: int = 1) -> Tensor:
         # the last layer's other rows are only computed when its attention map is being recorded
         recording = self._encoder_layers()[-1].self_attn.record_weights
-        h, pad = self.encode(x, num_particles, cls_only=self.cls is not None and not recording)
+        h, pad = self.encode(x, num_samples, cls_only=self.cls is not None and not recording)
         if self.cls is not None:
             pooled = h[..., 0, :]
         elif pad is None:
@@ -620,12 +628,12 @@ class TransformerClassifier(BayesianNetwork):
         else:
             keep = (~pad).to(h.dtype).unsqueeze(-1)  # (B, T, 1)
             pooled = (h * keep).sum(-2) / keep.sum(-2).clamp_min(1.0)
-        if getattr(self.head, "global_latent", False) is True:  # a draw per particle
-            return self.head(pooled, leading_samples=num_particles if num_particles > 1 else None)
+        if getattr(self.head, "global_latent", False) is True:  # a draw per sample
+            return self.head(pooled, leading_samples=num_samples if num_samples > 1 else None)
         head = cast(nn.Linear, self.head)
         # linear() reads x as (*S, B, T, In); pooled has no T, so give it one
-        out = linear(pooled.unsqueeze(-2), head.weight, head.bias)  # (*P, B, 1, C)
-        return out.squeeze(-2)  # (*P, B, C)
+        out = linear(pooled.unsqueeze(-2), head.weight, head.bias)  # (*S, B, 1, C)
+        return out.squeeze(-2)  # (*S, B, C)
 
     def targets(self, x: Tensor, y: Tensor | None) -> tuple[Tensor | None, Tensor | None, int]:
         return y, None, 0
@@ -636,7 +644,7 @@ class VisionTransformer(TransformerClassifier):
     :class:`TransformerClassifier` with a CLS token (8×8 digits with 2×2 patches: 16 tokens).
 
     Shape:
-        x ``(B, H, W)`` or ``(B, C, H, W)`` → logits ``(*P, B, num_classes)``.
+        x ``(B, H, W)`` or ``(B, C, H, W)`` → logits ``(*S, B, num_classes)``.
     """
 
     def __init__(
@@ -678,8 +686,8 @@ class VisionTransformer(TransformerClassifier):
             )
         super().check_batch(self.patchify(x), y)
 
-    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
-        return super().forward_logits(self.patchify(x), y, num_particles)
+    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_samples: int = 1) -> Tensor:
+        return super().forward_logits(self.patchify(x), y, num_samples)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -780,7 +788,7 @@ class Seq2Seq(_Generative):
     masked out of the likelihood).
 
     Shape:
-        src ``(B, Ts)``, tgt ``(B, Tt)`` (BOS … EOS PAD…) → logits ``(*P, B, Tt-1, V_tgt)``.
+        src ``(B, Ts)``, tgt ``(B, Tt)`` (BOS … EOS PAD…) → logits ``(*S, B, Tt-1, V_tgt)``.
     """
 
     def __init__(
@@ -832,29 +840,29 @@ class Seq2Seq(_Generative):
             if y.shape[1] < 2:
                 raise ValueError(f"tgt needs >= 2 tokens (BOS … EOS); got shape {tuple(y.shape)}")
 
-    def encode(self, src: Tensor, num_particles: int = 1) -> tuple[Tensor, Tensor | None]:
+    def encode(self, src: Tensor, num_samples: int = 1) -> tuple[Tensor, Tensor | None]:
         is_pad = src == self.pad_id  # (B, Ts)
         pad = is_pad if bool(is_pad.any()) else None
-        h = _particles(self.src_embed(src), num_particles)
+        h = _with_samples(self.src_embed(src), num_samples)
         return self.encoder(h, src_key_padding_mask=pad), pad
 
     def decode(
-        self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor | None, num_particles: int = 1
+        self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor | None, num_samples: int = 1
     ) -> Tensor:
-        h = _particles(self.tgt_embed(tgt_in), num_particles)
+        h = _with_samples(self.tgt_embed(tgt_in), num_samples)
         h = self.decoder(
             h,
             memory,
             tgt_key_padding_mask=None,
             memory_key_padding_mask=src_pad,
         )
-        return linear(h, self.head.weight, self.head.bias)  # (*P, B, T, V)
+        return linear(h, self.head.weight, self.head.bias)  # (*S, B, T, V)
 
-    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
+    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_samples: int = 1) -> Tensor:
         if y is None:
             raise ValueError("Seq2Seq needs tgt (teacher forcing) for logits; use generate()")
-        mem, pad = self.encode(x, num_particles)
-        return self.decode(y[:, :-1], mem, pad, num_particles)
+        mem, pad = self.encode(x, num_samples)
+        return self.decode(y[:, :-1], mem, pad, num_samples)
 
     # y: Any, not Tensor | None (the base's type): tgt is required here, None raises on indexing
     def targets(self, x: Tensor, y: Any) -> tuple[Tensor | None, Tensor | None, int]:
@@ -877,7 +885,7 @@ class CausalLM(_Generative):
     ``generate(prompt, max_len)`` continues ``prompt (B, T0)`` (which should start with BOS).
 
     Shape:
-        x ``(B, T)`` → logits ``(*P, B, T-1, V)``.
+        x ``(B, T)`` → logits ``(*S, B, T-1, V)``.
     """
 
     def __init__(
@@ -920,13 +928,13 @@ class CausalLM(_Generative):
         if x.shape[1] < 2:
             raise ValueError(f"x needs >= 2 tokens to predict the next; got shape {tuple(x.shape)}")
 
-    def _logits_of(self, tokens: Tensor, num_particles: int) -> Tensor:
-        h = _particles(self.embed(tokens), num_particles)
+    def _logits_of(self, tokens: Tensor, num_samples: int) -> Tensor:
+        h = _with_samples(self.embed(tokens), num_samples)
         h = self.decoder(h, tgt_key_padding_mask=None)
-        return linear(h, self.head.weight, self.head.bias)  # (*P, B, T, V)
+        return linear(h, self.head.weight, self.head.bias)  # (*S, B, T, V)
 
-    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
-        return self._logits_of(x[:, :-1], num_particles)
+    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_samples: int = 1) -> Tensor:
+        return self._logits_of(x[:, :-1], num_samples)
 
     def targets(self, x: Tensor, y: Tensor | None) -> tuple[Tensor | None, Tensor | None, int]:
         t = x[:, 1:]

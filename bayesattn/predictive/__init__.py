@@ -10,7 +10,7 @@ r"""The posterior predictive: one engine, :class:`Predictive`, and what it retur
   Pyro's ``Predictive`` on the network's model and guide (:class:`NetworkDraws`);
 * :mod:`~bayesattn.predictive.result`: :class:`PredictionResult` and :class:`AttentionSamples`;
 * the passes: :mod:`~bayesattn.predictive.network` (a bayesattn network, ``S`` as a leading
-  particle dim), :mod:`~bayesattn.predictive.foreign` (a model we did not write),
+  sample dim), :mod:`~bayesattn.predictive.foreign` (a model we did not write),
   :mod:`~bayesattn.predictive.trace` (guide draws, model replayed).
 
 :func:`bayesattn.uncertainty.predict` and its baselines, the Lightning module's validation, the

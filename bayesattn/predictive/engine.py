@@ -9,7 +9,7 @@ of ensemble members) and how (``num_samples``, ``batch_size``, the attention ``m
 
 through one of three passes, chosen by the network:
 
-* a :class:`~bayesattn.nn.networks.BayesianNetwork`: ``S`` samples as a leading particle dim in one
+* a :class:`~bayesattn.nn.networks.BayesianNetwork`: ``S`` samples as a leading sample dim in one
   vectorised pass per chunk (:mod:`bayesattn.predictive.network`); with ``dropout=True`` every
   ``nn.Dropout`` stays active (MC dropout);
 * any other ``nn.Module`` (a model we did not write): vectorised under

@@ -1,4 +1,4 @@
-r"""The predictive pass of a bayesattn network: ``S`` samples as a leading particle dim through
+r"""The predictive pass of a bayesattn network: ``S`` samples as a leading sample dim through
 the whole network, in one vectorised pass per chunk of inputs.
 
 .. math:: p_s(c\mid x) = p(c\mid x, w_s, \theta_s), \qquad w_s \sim q(w\mid x),
@@ -86,24 +86,24 @@ def _run_pass(
     yb: Tensor | None,
     mode: AttentionMode,
     values: dict[str, Tensor] | None,
-    num_particles: int,
+    num_samples: int,
     layers: list[tuple[str, BayesianMultiheadAttention]],
     keep_attention: bool,
     globals_: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """One network pass with ``num_particles`` particles: probabilities ``(P, b, ..., C)`` and the
-    recorded attention weights ``(P, b, H, Tq, Tk)`` per layer."""
+    """One network pass with ``num_samples`` samples: probabilities ``(S, b, ..., C)`` and the
+    recorded attention weights ``(S, b, H, Tq, Tk)`` per layer."""
     with poutine.block(), attention_mode(mode), net.pyro_context, net.weights_from(values):
         with global_values(globals_):  # one draw per sample, shared by every chunk
-            logits = net.forward_logits(xb, yb, num_particles)  # (P?, b, ..., C)
-    if num_particles == 1:
+            logits = net.forward_logits(xb, yb, num_samples)  # (S?, b, ..., C)
+    if num_samples == 1:
         logits = logits.unsqueeze(0)  # (1, b, ..., C)
     ws: dict[str, Tensor] = {}
     for name, m in layers if keep_attention else ():
         w = m.last_weights
         if w is None:
             raise RuntimeError(f"attention layer {name} recorded no weights")
-        ws[name] = w.unsqueeze(0) if w.dim() == 4 else w  # (P, b, H, Tq, Tk)
+        ws[name] = w.unsqueeze(0) if w.dim() == 4 else w  # (S, b, H, Tq, Tk)
     return torch.softmax(logits, dim=-1), ws
 
 

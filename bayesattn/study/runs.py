@@ -31,7 +31,7 @@ class SignalTransformer(TransformerClassifier):
     of ``patch`` steps (the tokens, linearly embedded), a CLS token, learned positions.
 
     Shape:
-        x ``(B, T)`` → logits ``(*P, B, num_classes)``.
+        x ``(B, T)`` → logits ``(*S, B, num_classes)``.
     """
 
     def __init__(self, num_classes: int, length: int = 40, patch: int = 4, **kwargs: Any) -> None:
@@ -52,8 +52,8 @@ class SignalTransformer(TransformerClassifier):
             )
         super().check_batch(self.patchify(x), y)
 
-    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_particles: int = 1) -> Tensor:
-        return super().forward_logits(self.patchify(x), y, num_particles)
+    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_samples: int = 1) -> Tensor:
+        return super().forward_logits(self.patchify(x), y, num_samples)
 
 
 def pooled_features(net: TransformerClassifier, x: Tensor, batch_size: int = 512) -> Tensor:

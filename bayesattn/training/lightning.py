@@ -111,7 +111,7 @@ def predictive_probs(
     keep_attention=False).probs_and_targets(x, y)`` (:class:`bayesattn.predictive.Predictive`).
 
     Classifiers are scored on their labels ``y``; sequence models take the same vectorised
-    posterior pass (``S`` particles, Bayesian weights drawn by the weight guide) with teacher
+    posterior pass (``S`` samples, Bayesian weights drawn by the weight guide) with teacher
     forcing, and keep the non-padding target positions.
 
     Shape:
