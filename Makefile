@@ -13,8 +13,8 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 PYTHON312 ?= $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12 \
 	/usr/local/bin/python3.12 /usr/bin/python3.12; do $$p -c "" 2>/dev/null && { echo $$p; break; }; done)
 VENV312   ?= .venv312
-ARVIZ1_TESTS := tests/test_arviz1.py tests/test_diagnostics.py \
-	tests/test_recommended.py::test_predictive_to_arviz_reads_any_predictor_and_loo_runs
+ARVIZ1_TESTS := tests/diagnostics/test_arviz1.py tests/diagnostics/test_diagnostics.py \
+	tests/cross_cutting/test_recommended.py::test_predictive_to_arviz_reads_any_predictor_and_loo_runs
 
 .PHONY: venv install test test-fast test-arviz1 lint docs docs-check docs-results notebooks study bench clean
 

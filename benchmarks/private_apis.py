@@ -6,7 +6,7 @@ Prints ratios (private / public, lower is better; < 1 means the private call is 
   * ``torch._standard_gamma(c)`` (the Dirichlet/Gamma draws in ``families``) vs the public
     ``torch.distributions.Gamma(c, 1).rsample()``, forward and forward+backward.
 
-``tests/test_private_apis.py`` checks that both private functions still exist with the signature
+``tests/cross_cutting/test_private_apis.py`` checks that both private functions still exist with the signature
 we call and give the public path's numbers, so a torch upgrade that changes them fails loudly.
 
 Usage: python benchmarks/private_apis.py [--quick] [--threads N]

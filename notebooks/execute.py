@@ -7,7 +7,7 @@ provenance record in its metadata::
     "bayesattn": {"version": "0.x", "code_sha256": "<hash of the code cells>",
                   "executed": "<UTC date>", "seconds": 123.4, "smoke": false}
 
-``tests/test_notebooks.py`` recomputes :func:`code_hash` and fails when a notebook's code changed
+``tests/cross_cutting/test_notebooks.py`` recomputes :func:`code_hash` and fails when a notebook's code changed
 since its outputs were made. Usage::
 
     python notebooks/execute.py                 # all notebooks, one after the other

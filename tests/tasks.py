@@ -1,4 +1,4 @@
-"""Small seeded tasks shared by the training tests (imported as ``from tasks import ...``)."""
+"""Small seeded tasks shared by the training tests (imported as ``from tests.tasks import ...``)."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def _check_dim(name: str, x: Tensor, expected: int) -> None:
 def _allow_missing_prior_family(module: nn.Module, incompatible: Any) -> None:
     """Loading a ``torch.nn.MultiheadAttention`` state_dict leaves the prior's and the
     family's own parameters at their initial values instead of failing as missing keys."""
-    # incompatible: torch's _IncompatibleKeys (Any: private, see tests/test_private_apis.py)
+    # incompatible: torch's _IncompatibleKeys (Any: private, see tests/cross_cutting/test_private_apis.py)
     keep = [k for k in incompatible.missing_keys if not _PRIOR_FAMILY_KEY.search(k)]
     incompatible.missing_keys[:] = keep
 

@@ -97,7 +97,7 @@ def _parallel_runs(cfg: StudyConfig, out: Path, dataset: str,
     the order of ``keys``.
 
     Every run seeds its own split, training and sampling, so the numbers are those of
-    ``jobs=1`` (``tests/test_study_protocol.py``); only the measured times differ (the runs
+    ``jobs=1`` (``tests/study/test_protocol.py``); only the measured times differ (the runs
     share the machine). Workers are forked where the platform allows (methods registered by the
     calling script are then known to them), spawned elsewhere."""
     import multiprocessing as mp

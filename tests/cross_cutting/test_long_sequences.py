@@ -21,7 +21,7 @@ from bayesattn.geometry import (
     token_distances,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------- the task

@@ -1,9 +1,9 @@
-"""Helper of ``tests/test_lightning.py``: train a tiny network under ``lightning.Trainer``.
+"""Helper of ``tests/training/test_lightning.py``: train a tiny network under ``lightning.Trainer``.
 
 Run as a script (Lightning's ``strategy="ddp"`` re-launches this file for every further rank)::
 
-    python tests/ddp_run.py --devices 2 --out OUT [--epochs 2] [--resume CKPT] [--method hybrid]
-        [--strategy ddp|ddp_spawn]
+    python tests/training/ddp_run.py --devices 2 --out OUT [--epochs 2] [--resume CKPT]
+        [--method hybrid] [--strategy ddp|ddp_spawn]
 
 With ``--strategy ddp_spawn`` Lightning pickles the module into 2 fresh (spawned) processes and
 copies rank 0's weights back into this one.
@@ -68,11 +68,11 @@ def run(
     )
 
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from tasks import contains3  # tests/ is the script's directory
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
     from bayesattn import AttentionConfig, TransformerClassifier, bayesian_projections
     from bayesattn.training.lightning import BayesianLightningModule
+    from tests.tasks import contains3  # the repository root is on PYTHONPATH
 
     x, y = contains3(N, 0, T=6)
     torch.manual_seed(0)

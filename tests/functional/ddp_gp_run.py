@@ -1,9 +1,9 @@
-"""Helper of ``tests/test_gaussian_process.py``: train a tiny network with a sparse-GP read-out
-(a global latent) under ``lightning.Trainer`` with 2-process DDP on CPU.
+"""Helper of ``tests/functional/test_gaussian_process.py``: train a tiny network with a
+sparse-GP read-out (a global latent) under ``lightning.Trainer`` with 2-process DDP on CPU.
 
 Run as a script (Lightning's ``strategy="ddp"`` re-launches this file for the second rank)::
 
-    python tests/ddp_gp_run.py --out OUT
+    python tests/functional/ddp_gp_run.py --out OUT
 
 Every rank writes ``OUT/rank{r}.pt``: its final parameters, the ``num_data`` it scaled the ELBO
 to, its batch size and the KL of the global latent.
@@ -26,11 +26,11 @@ def main() -> None:
     torch.set_num_threads(1)
 
     import lightning as L
-    from tasks import contains3  # tests/ is the script's directory
     from torch.utils.data import DataLoader, TensorDataset
 
     from bayesattn import AttentionConfig, TransformerClassifier
     from bayesattn.training.lightning import BayesianLightningModule
+    from tests.tasks import contains3  # the repository root is on PYTHONPATH
 
     x, y = contains3(N, 0, T=6)
     torch.manual_seed(0)

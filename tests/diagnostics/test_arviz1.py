@@ -2,8 +2,9 @@
 
 ``make test`` runs these in a second environment (``make test-arviz1``: Python 3.12, arviz >= 1,
 ``BAYESATTN_EXPECT_ARVIZ_MAJOR=1``); in the main environment (arviz 0.x) the 1.x tests skip and
-``tests/test_diagnostics.py`` covers the InferenceData API. ``test_arviz_generation_is_the_expected_one``
-makes a wrong environment fail instead of skipping everything silently.
+``tests/diagnostics/test_diagnostics.py`` covers the InferenceData API.
+``test_arviz_generation_is_the_expected_one`` makes a wrong environment fail instead of skipping
+everything silently.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def test_arviz1_ess_rhat_summary_on_attention_weights():
 @pytest.mark.filterwarnings("ignore:Estimated shape parameter of Pareto:UserWarning")
 def test_our_psis_gives_arviz_stats_loo_pareto_k():
     """One PSIS everywhere: our k̂ (Pyro's GPD fit) equals arviz-stats' LOO k̂ under arviz 1.x,
-    as it equals ``az.psislw`` under 0.x (tests/test_diagnostics.py)."""
+    as it equals ``az.psislw`` under 0.x (tests/diagnostics/test_diagnostics.py)."""
     import arviz_stats
 
     rng = np.random.default_rng(0)

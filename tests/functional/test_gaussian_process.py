@@ -284,7 +284,7 @@ def test_ddp_two_processes_keep_the_global_posterior_in_sync(tmp_path):
     from pathlib import Path
 
     pytest.importorskip("lightning")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -296,7 +296,7 @@ def test_ddp_two_processes_keep_the_global_posterior_in_sync(tmp_path):
         env.pop(k, None)
     out = tmp_path / "ddp"
     proc = subprocess.run(
-        [sys.executable, str(root / "tests" / "ddp_gp_run.py"), "--out", str(out)],
+        [sys.executable, str(root / "tests" / "functional" / "ddp_gp_run.py"), "--out", str(out)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, f"DDP run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"

@@ -26,7 +26,7 @@ import pytest
 #: whole programs (``make test-fast`` skips them; CI runs them)
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 SKIP_MARK = "<!-- skip -->"
 _FENCE = re.compile(r"^```\s*(?P<lang>[\w+-]*)")

@@ -18,7 +18,6 @@ pytest.importorskip("lightning")
 pytest.importorskip("torchmetrics")
 
 import lightning as L  # noqa: E402
-from tasks import contains3  # noqa: E402
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset  # noqa: E402
 
 from bayesattn import (  # noqa: E402
@@ -32,9 +31,10 @@ from bayesattn.calibration import expected_calibration_error  # noqa: E402
 from bayesattn.data import make_reverse_task  # noqa: E402
 from bayesattn.training.lightning import BayesianLightningModule, predictive_probs  # noqa: E402
 from bayesattn.training.schedules import lr_factor  # noqa: E402
+from tests.tasks import contains3  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-HELPER = ROOT / "tests" / "ddp_run.py"
+ROOT = Path(__file__).resolve().parents[2]
+HELPER = ROOT / "tests" / "training" / "ddp_run.py"
 # float64 runs: one process and two agree to round-off (measured ~1e-12); a wrong data-plate
 # scale moves parameters by > 1e-3 (test_rank_losses_average_to_the_global_batch_loss)
 TOL = 1e-9
@@ -122,7 +122,7 @@ def _free_port() -> int:
 
 
 def _run_two_processes(tmp_path, out, *args: str) -> list[dict]:
-    """``tests/ddp_run.py --devices 2 --out out *args`` in a fresh 2-process run (gloo, one
+    """``tests/training/ddp_run.py --devices 2 --out out *args`` in a fresh 2-process run (gloo, one
     thread each); returns each rank's info record."""
     env = dict(
         os.environ,
@@ -130,8 +130,7 @@ def _run_two_processes(tmp_path, out, *args: str) -> list[dict]:
         MKL_NUM_THREADS="1",
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(_free_port()),
-        PYTHONPATH=str(ROOT) + os.pathsep + str(ROOT / "tests") + os.pathsep
-        + os.environ.get("PYTHONPATH", ""),
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
     for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "SLURM_NTASKS", "SLURM_JOB_ID"):
         env.pop(k, None)

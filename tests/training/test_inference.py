@@ -10,7 +10,6 @@ import pytest
 import torch
 from pyro import poutine
 from pyro.infer import Predictive, Trace_ELBO
-from tasks import contains3
 
 from bayesattn.data import make_ood_sequences, make_reverse_task
 from bayesattn.nn.blocks import AttentionConfig
@@ -27,6 +26,7 @@ from bayesattn.training import (
     lr_factor,
     save_checkpoint,
 )
+from tests.tasks import contains3
 
 
 def classifier(family="dirichlet", seed=0, num_layers=1, dropout=0.0, **kw):

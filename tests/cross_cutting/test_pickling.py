@@ -1,7 +1,7 @@
 """Whole models pickle: ``torch.save(model)``, ``pickle``, and so ``torch.multiprocessing``
 spawn and Lightning's ``ddp_spawn`` (that one is tested with 2 processes in
-``tests/test_lightning.py``). The unpickled copy computes what the original does and still reads
-state_dicts saved under the pre-0.3 key names."""
+``tests/training/test_lightning.py``). The unpickled copy computes what the original does and
+still reads state_dicts saved under the pre-0.3 key names."""
 
 from __future__ import annotations
 

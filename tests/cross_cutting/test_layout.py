@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[1] / "bayesattn"
+PKG = Path(__file__).resolve().parents[2] / "bayesattn"
 
 # the public names of bayesattn.data and bayesattn.inference before the split (0.4: the
 # training names are imported from bayesattn.training, which adds its building blocks)

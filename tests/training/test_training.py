@@ -9,7 +9,6 @@ import warnings
 
 import pytest
 import torch
-from tasks import contains3
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from bayesattn.nn.blocks import AttentionConfig
@@ -17,6 +16,7 @@ from bayesattn.nn.networks import TransformerClassifier
 from bayesattn.training import TrainConfig, Trainer, fit, load_checkpoint
 from bayesattn.training.data import as_train_data
 from bayesattn.training.schedules import lr_factor, lr_scheduler
+from tests.tasks import contains3
 
 
 def classifier(seed=0, dropout=0.1):

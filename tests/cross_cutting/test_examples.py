@@ -13,7 +13,7 @@ import pytest
 #: whole programs (``make test-fast`` skips them; CI runs them)
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 # script -> files it must write into --out

@@ -3,7 +3,8 @@ answer; never an obscure error from deep inside torch, never a silently wrong re
 
 Three layers:
 
-* the catalogue (``tests/fuzz_catalogue.py``): 635 hand-picked bad and edge inputs, one test each;
+* the catalogue (``tests/cross_cutting/fuzz_catalogue.py``): 635 hand-picked bad and edge inputs,
+  one test each;
 * hypothesis strategies over shapes, dtypes, masks, non-finite values and hyper-parameters;
 * regression tests of each fault the fuzzing found (named after the fix).
 """
@@ -16,7 +17,6 @@ import traceback
 import pyro
 import pytest
 import torch
-from fuzz_catalogue import CLEAR_ERRORS, _cases, classify
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +25,7 @@ from bayesattn import families as PO
 from bayesattn import functional as F
 from bayesattn import training as I
 from bayesattn.nn import AttentionConfig, attention_mode
+from tests.cross_cutting.fuzz_catalogue import CLEAR_ERRORS, _cases, classify
 
 FUZZ = settings(
     max_examples=25,

@@ -13,8 +13,8 @@ Outcomes: ``clear`` (right kind of error, from bayesattn), ``ok`` (returned as e
 ``obscure`` (an error from deep inside torch/pyro/numpy, or of the wrong kind), ``silent`` (no error
 on bad input, a non-finite result, or a failed ``check``: a silently wrong answer).
 
-Run ``python tests/fuzz_catalogue.py`` for the counts per class and the list of failures; the
-test suite (``tests/test_fuzz.py``) requires 0 obscure and 0 silent.
+Run ``python tests/cross_cutting/fuzz_catalogue.py`` for the counts per class and the list of
+failures; the test suite (``tests/cross_cutting/test_fuzz.py``) requires 0 obscure and 0 silent.
 """
 
 from __future__ import annotations
