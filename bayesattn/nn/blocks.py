@@ -27,7 +27,7 @@ from .._validation import check_int, check_real
 from ..families import FamilyName, get_family
 from .attention import BayesianMultiheadAttention, linear
 from .epinet import EpinetReadout
-from .gp_read import RandomFeatureGPReadout, SparseGP, SparseGPReadout
+from .gp_read import RandomFeatureGPReadout, SparseGP
 from .supports import KernelName, get_kernel
 
 if TYPE_CHECKING:
@@ -44,9 +44,9 @@ LayerSelection = Literal["all", "last"]
 AttentionKind = Literal["self", "cross"]
 #: How a selected layer reads its values: softmax attention alone, or plus a sparse-GP read.
 ReadName = Literal["softmax", "sparse_gp"]
-#: A classifier's read-out of the pooled features: a linear layer or a sparse GP.
-ReadoutName = Literal["linear", "sparse_gp", "random_features", "epinet"]
-#: options of :class:`~bayesattn.nn.gp_read.SparseGP` that ``read_kwargs``/``readout_kwargs`` take
+#: A classifier's read-out of the pooled features: a linear layer, a random-feature GP or an epinet.
+ReadoutName = Literal["linear", "random_features", "epinet"]
+#: options of :class:`~bayesattn.nn.gp_read.SparseGP` that ``read_kwargs`` takes
 _GP_KWARGS = (
     "num_inducing",
     "covariance",
@@ -92,11 +92,13 @@ class AttentionConfig:
             sparse-GP read per head with global inducing keys
             (:class:`~bayesattn.nn.gp_read.SparseGP`; options such as ``num_inducing`` in
             ``read_kwargs``), with or without a ``family``.
-        readout: ``"linear"``, ``"sparse_gp"`` or ``"random_features"``: a classifier's logits
-            are a sparse GP of its pooled (CLS) features
-            (:class:`~bayesattn.nn.gp_read.SparseGPReadout`) or an SNGP-style random-feature GP
-            with a Laplace covariance (:class:`~bayesattn.nn.gp_read.RandomFeatureGPReadout`),
-            options in ``readout_kwargs``; sequence models ignore it.
+        readout: ``"linear"``, ``"random_features"`` or ``"epinet"``: a classifier's logits
+            are an SNGP-style random-feature GP of its pooled (CLS) features with a Laplace
+            covariance (:class:`~bayesattn.nn.gp_read.RandomFeatureGPReadout`) or an epinet
+            head (:class:`~bayesattn.nn.epinet.EpinetReadout`), options in
+            ``readout_kwargs``; sequence models ignore it. (A sparse-GP read-out,
+            ``"sparse_gp"``, was dropped in 0.4: use ``"random_features"`` or
+            ``read="sparse_gp"``.)
 
     Names resolve through the registries (:mod:`bayesattn.registry`) when the config is made, so
     user-registered families, priors and supports work in every network built from it.
@@ -182,7 +184,7 @@ class AttentionConfig:
                 raise ValueError(f"{name}_kwargs {sorted(kw)} given with {name}={value!r}")
             options = {"random_features": _RFF_KWARGS, "epinet": _EPINET_KWARGS}.get(
                 value, _GP_KWARGS
-            )
+            )  # read="sparse_gp": SparseGP's
             unknown = sorted(set(kw) - set(options))
             if unknown:
                 raise ValueError(
@@ -205,10 +207,8 @@ class AttentionConfig:
         return self.family is not None or self.read != "softmax"
 
     def build_readout(self, in_dim: int, num_classes: int) -> nn.Module:
-        """A classifier's read-out: ``nn.Linear``, a :class:`SparseGPReadout` or a
-        :class:`RandomFeatureGPReadout` or an :class:`~bayesattn.nn.epinet.EpinetReadout`."""
-        if self.readout == "sparse_gp":
-            return SparseGPReadout(in_dim, num_classes, **self.readout_kwargs)
+        """A classifier's read-out: ``nn.Linear``, a :class:`RandomFeatureGPReadout` or an
+        :class:`~bayesattn.nn.epinet.EpinetReadout`."""
         if self.readout == "random_features":
             return RandomFeatureGPReadout(in_dim, num_classes, **self.readout_kwargs)
         if self.readout == "epinet":

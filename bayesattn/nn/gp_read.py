@@ -4,16 +4,15 @@ data plate (maths in :mod:`bayesattn.functional.gaussian_process`).
 :class:`SparseGP` is a function :math:`f_g:\mathbb R^D\to\mathbb R^P` per group ``g`` with a
 stationary covariance, inducing inputs :math:`Z_g` and a whitened Gaussian posterior
 :math:`q(v_g) = \mathcal N(m_g, S_g)` over the inducing values, one **global** latent
-``"<module path>.inducing_values"`` of shape ``(G, P, M)``. Two placements use it:
-
-* the **attention read** (:class:`~bayesattn.nn.attention.BayesianMultiheadAttention` with
-  ``gp_read=``; ``AttentionConfig(read="sparse_gp")``): per head ``h`` and query row ``i``,
-  :math:`y_{hi} = \sum_j \operatorname{softmax}_j(\cdot)\,v_{hj} + f_h(q_{hi})` with inducing
-  *keys* :math:`Z_h` in query space (SGPA-like: the read's spread reverts to the prior away from
-  the inducing keys);
-* the **read-out** (:class:`SparseGPReadout`; ``AttentionConfig(readout="sparse_gp")``): the
-  classifier's logits are :math:`f(h_{\text{CLS}})` (a sparse variational GP on the CLS attention
-  output, as DUE/SNGP put a GP on the pooled features).
+``"<module path>.inducing_values"`` of shape ``(G, P, M)``. It is the **attention read**
+(:class:`~bayesattn.nn.attention.BayesianMultiheadAttention` with ``gp_read=``;
+``AttentionConfig(read="sparse_gp")``): per head ``h`` and query row ``i``,
+:math:`y_{hi} = \sum_j \operatorname{softmax}_j(\cdot)\,v_{hj} + f_h(q_{hi})` with inducing
+*keys* :math:`Z_h` in query space (SGPA-like: the read's spread reverts to the prior away from
+the inducing keys). A DUE-style sparse-GP read-out of the CLS output was tried and dropped in
+0.4 (it trained to chance with a zero initial mean and was badly under-confident otherwise;
+numbers in ``docs/which-attention.md``); a classifier's GP read-out is
+:class:`RandomFeatureGPReadout` (``readout="random_features"``).
 
 How the global value is drawn, by attention mode (:mod:`bayesattn.nn.modes`):
 
@@ -54,7 +53,7 @@ from ..functional.gaussian_process import (
 )
 from .modes import current_global_values, current_kl_collector, current_mode
 
-__all__ = ["SparseGP", "SparseGPReadout", "RandomFeatureGPReadout"]
+__all__ = ["SparseGP", "RandomFeatureGPReadout"]
 
 
 def _inv_softplus(x: float) -> float:
@@ -91,7 +90,7 @@ class SparseGP(PyroModule):
     their whitened inducing values (see the module docstring).
 
     Args:
-        groups: ``G`` (the heads of an attention read; 1 for a read-out).
+        groups: ``G`` (the heads of an attention read).
         in_dim: ``D``; out_dim: ``P``; num_inducing: ``M``.
         covariance: ``"rbf"`` or ``"matern52"``.
         lengthscale, outputscale: initial :math:`\ell` and :math:`\sigma^2` (per group).
@@ -99,8 +98,9 @@ class SparseGP(PyroModule):
             :math:`\sigma^2` can shrink the read to nothing when the logits do not need it).
         init_scale: initial :math:`S = s^2 I` (``1``: the prior's, KL 0 at the start).
         init_mean: initial :math:`m \sim \mathcal N(0, s_m^2 I)`; ``0`` (KL 0) suits a read
-            added to softmax attention; a read-out needs ``s_m > 0``: with :math:`m = 0` its
-            mean is 0 for every input, so no gradient reaches the features and nothing trains.
+            added to softmax attention; a GP that is the whole output (no softmax read beside
+            it) needs ``s_m > 0``: with :math:`m = 0` its mean is 0 for every input, so no
+            gradient reaches the features and nothing trains.
         init_from_data: initialise :math:`Z` and :math:`\ell` from the first training batch.
         jitter: added to :math:`C_{ZZ}`'s diagonal.
 
@@ -266,26 +266,6 @@ class SparseGP(PyroModule):
             f"groups={self.groups}, in_dim={self.in_dim}, out_dim={self.out_dim}, "
             f"num_inducing={self.num_inducing}, covariance={self.covariance!r}"
         )
-
-
-class SparseGPReadout(SparseGP):
-    r"""A classifier read-out :math:`\text{logits} = f(h)`, :math:`f` one sparse GP
-    :math:`\mathbb R^{E}\to\mathbb R^{C}` (``groups=1``) over the pooled (CLS) features.
-
-    Shape:
-        h ``(*, B, E)`` → logits ``(*, B, C)``; ``leading_samples`` as :meth:`SparseGP.forward`.
-    """
-
-    def __init__(self, in_dim: int, num_classes: int, **kwargs: Any) -> None:
-        kwargs.setdefault("init_mean", 1.0)  # see SparseGP: a read-out needs m ≠ 0 to train
-        kwargs.setdefault("init_scale", 0.3)
-        super().__init__(1, in_dim, num_classes, **kwargs)
-
-    def forward(
-        self, h: Tensor, num_samples: int | None = None, leading_samples: int | None = None
-    ) -> Tensor:
-        f = super().forward(h.unsqueeze(-2).unsqueeze(-3), num_samples, leading_samples)
-        return f.squeeze(-2).squeeze(-2)  # (*, B, C)
 
 
 class RandomFeatureGPReadout(PyroModule):

@@ -515,7 +515,7 @@ class TransformerClassifier(BayesianNetwork):
             attn_dropout=attn_dropout,
             norm_first=norm_first,
         )
-        # nn.Linear, or a sparse GP over the pooled features (AttentionConfig(readout=...))
+        # nn.Linear, or a GP/epinet read-out of the pooled features (AttentionConfig(readout=...))
         self.head = as_attention_config(attention).build_readout(d_model, num_classes)
 
     def check_batch(self, x: Tensor, y: Tensor | None) -> None:

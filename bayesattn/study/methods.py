@@ -408,10 +408,6 @@ register_method(
                       tempered=False)
 )  # fmt: skip
 register_method(
-    BayesianAttention("gp_readout", "sparse variational GP readout of the CLS output (DUE-style)",
-                      lambda: AttentionConfig(readout="sparse_gp"), tempered=False)
-)  # fmt: skip
-register_method(
     BayesianAttention("epinet", "epinet read-out of the CLS output: random prior + learned MLP",
                       lambda: AttentionConfig(readout="epinet"), tempered=False)
 )  # fmt: skip

@@ -1,5 +1,6 @@
 """Helper of ``tests/functional/test_gaussian_process.py``: train a tiny network with a
-sparse-GP read-out (a global latent) under ``lightning.Trainer`` with 2-process DDP on CPU.
+sparse-GP (SGPA) read in its last attention layer (a global latent) under ``lightning.Trainer``
+with 2-process DDP on CPU.
 
 Run as a script (Lightning's ``strategy="ddp"`` re-launches this file for the second rank)::
 
@@ -34,7 +35,7 @@ def main() -> None:
 
     x, y = contains3(N, 0, T=6)
     torch.manual_seed(0)
-    cfg = AttentionConfig(readout="sparse_gp", readout_kwargs={"num_inducing": 6})
+    cfg = AttentionConfig(read="sparse_gp", layers="last", read_kwargs={"num_inducing": 6})
     net = TransformerClassifier(
         2, vocab_size=10, d_model=8, nhead=2, num_layers=1, dim_feedforward=16, dropout=0.0,
         max_len=8, attention=cfg,
@@ -50,7 +51,7 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().clone() for k, v in module.network.state_dict().items()}
     info = {"num_data": module.num_data, "batch_size": loader.batch_size, "world": trainer.world_size,
-            "kl": float(net.head.kl().detach()), "state": state}  # fmt: skip
+            "kl": float(net.encoder.layers[0].self_attn.gp_read.kl().detach()), "state": state}  # fmt: skip
     torch.save(info, a.out / f"rank{trainer.global_rank}.pt")
 
 

@@ -19,7 +19,7 @@ from bayesattn.functional.gaussian_process import (
     whitened_projection,
 )
 from bayesattn.nn.attention import BayesianMultiheadAttention
-from bayesattn.nn.gp_read import SparseGP, SparseGPReadout
+from bayesattn.nn.gp_read import SparseGP
 from bayesattn.nn.modes import attention_mode, collect_kl, global_values
 from bayesattn.uncertainty import predict
 
@@ -123,20 +123,34 @@ def test_sampled_read_matches_its_marginals():
         torch.testing.assert_close(gp(x), mean.detach())
 
 
+#: the SGPA read of the one (last) layer: a global site (G=2 heads, P=Dh=4, M=8)
+_SITE = "encoder.layers.0.self_attn.gp_read.inducing_values"
+
+
 def _gp_net(seed: int = 0) -> TransformerClassifier:
+    """CLS pooling: the last layer computes the CLS row only and draws the ``S`` samples itself,
+    one global value per sample (as the study's ``sgpa``)."""
     torch.manual_seed(seed)
+    cfg = AttentionConfig(read="sparse_gp", layers="last", read_kwargs={"num_inducing": 8})
     return TransformerClassifier(
         2, input_dim=2, d_model=8, nhead=2, num_layers=1, dim_feedforward=16, dropout=0.0,
-        max_len=4, attention=AttentionConfig(readout="sparse_gp", readout_kwargs={"num_inducing": 8}),
+        max_len=4, pooling="cls", attention=cfg,
     ).double()  # fmt: skip
+
+
+def _gp(net: TransformerClassifier) -> SparseGP:
+    gp = net.encoder.layers[0].self_attn.gp_read
+    assert isinstance(gp, SparseGP)
+    return gp
 
 
 def test_elbo_charges_global_kl_once_and_scales_likelihood_by_n_over_b():
     """loss = -(N/B) sum_b log p(y_b | ...) + beta KL_global: two num_data with the same draws
     identify both terms; the KL part is the closed form, not scaled by N/B."""
     net = _gp_net().eval()  # eval: no initialisation from the first batch between the calls
+    gp = _gp(net)
     with torch.no_grad():
-        net.head.q_mean.normal_()  # KL(q || p) well away from 0
+        gp.q_mean.normal_()  # KL(q || p) well away from 0
     x, y = torch.randn(6, 3, 2, dtype=D64), torch.tensor([0, 1, 0, 1, 1, 0])
     losses = {}
     for n in (6, 60):
@@ -144,13 +158,13 @@ def test_elbo_charges_global_kl_once_and_scales_likelihood_by_n_over_b():
         losses[n] = net.elbo_loss(x, y, num_data=n, beta=0.5)[0]
     ll = (losses[6] - losses[60]) * 6 / (60 - 6)  # sum_b log p(y_b | ...)
     kl = (losses[6] + ll) / 0.5
-    torch.testing.assert_close(kl, net.head.kl(), atol=1e-9, rtol=0)
-    assert float(net.head.kl()) > 1.0  # so a KL scaled by N/B would be caught
+    torch.testing.assert_close(kl, gp.kl(), atol=1e-9, rtol=0)
+    assert float(gp.kl()) > 1.0  # so a KL scaled by N/B would be caught
     # the global site is drawn once per pass even with S samples
     with collect_kl() as col:
         net.forward_logits(x, None, 3)
-    assert list(col.global_terms) == ["head.inducing_values"]
-    assert col.global_values["head.inducing_values"].shape == (3, 1, 2, 8)
+    assert list(col.global_terms) == [_SITE]
+    assert col.global_values[_SITE].shape == (3, 2, 4, 8)
 
 
 def test_svi_trace_keeps_the_global_site_outside_the_data_plate():
@@ -159,28 +173,29 @@ def test_svi_trace_keeps_the_global_site_outside_the_data_plate():
     pyro.clear_param_store()
     gtr = pyro.poutine.trace(net.guide).get_trace(x, y, 40)
     mtr = pyro.poutine.trace(pyro.poutine.replay(net.model, trace=gtr)).get_trace(x, y, 40)
-    site = "head.inducing_values"
+    site = _SITE
     for tr in (gtr, mtr):
         assert tr.nodes[site]["scale"] == 1.0 and not tr.nodes[site]["cond_indep_stack"]
     assert mtr.nodes["obs"]["scale"] == pytest.approx(10.0)  # N / B
-    assert gtr.nodes[site]["value"].shape == (1, 2, 8)
+    assert gtr.nodes[site]["value"].shape == (2, 4, 8)
 
 
 def test_predict_shares_one_global_draw_per_sample_across_batches():
     """predict draws the inducing values once, ``(S, ...)``, and every chunk reads the same."""
     net = _gp_net().eval()
+    gp = _gp(net)
     x = torch.randn(10, 3, 2, dtype=D64)
     seen = []
-    orig = net.head._value
+    orig = gp._value
 
     def spy(mode, n):
         v = orig(mode, n)
         seen.append(v)
         return v
 
-    net.head._value = spy  # type: ignore[method-assign]
+    gp._value = spy  # type: ignore[method-assign]
     predict(net, x, num_samples=5, batch_size=3, keep_attention=False)
-    assert len(seen) == 4 and all(v.shape == (5, 1, 2, 8) for v in seen)
+    assert len(seen) == 4 and all(v.shape == (5, 2, 4, 8) for v in seen)
     assert all(v is seen[0] for v in seen)  # the same draws for every chunk
 
 
@@ -218,8 +233,13 @@ def test_attention_gp_read_shapes_modes_and_validation():
 def test_attention_config_validates_gp_options():
     with pytest.raises(ValueError, match="read must be one of"):
         AttentionConfig(read="gp")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="not options of readout="):
-        AttentionConfig(readout="sparse_gp", readout_kwargs={"inducing": 3})
+    with pytest.raises(ValueError, match="not options of read="):
+        AttentionConfig(read="sparse_gp", read_kwargs={"inducing": 3})
+    # the sparse-GP read-out was dropped in 0.4: readout="sparse_gp" is rejected by name
+    with pytest.raises(ValueError, match="readout must be one of") as err:
+        AttentionConfig(readout="sparse_gp")  # type: ignore[arg-type]
+    assert "('linear', 'random_features', 'epinet')" in str(err.value)
+    assert "got 'sparse_gp'" in str(err.value)
     with pytest.raises(ValueError, match="not options of readout="):
         AttentionConfig(readout="random_features", readout_kwargs={"num_inducing": 3})
     with pytest.raises(ValueError, match="given with read='softmax'"):
@@ -239,10 +259,15 @@ def test_attention_config_validates_gp_options():
 
 
 def test_global_posterior_spread_is_larger_off_the_training_data():
-    """A sparse-GP read-out trained by the ELBO on inputs near the origin: its posterior variance
-    (and the predictive's mutual information) is much larger far from them than on them."""
+    """A sparse GP whose outputs are the logits, trained by the ELBO on inputs near the origin: its
+    posterior variance (and the predictive's mutual information) is much larger far from them
+    than on them. Inputs ``(B, G=1, N=1, D)``, so ``f(x)`` is ``(*, B, 1, 1, C)``."""
+
+    def logits_of(z, **kw):
+        return gp(z[..., None, None, :], **kw)[..., 0, 0, :]  # (*, B, C)
+
     torch.manual_seed(0)
-    gp = SparseGPReadout(2, 2, num_inducing=10)
+    gp = SparseGP(1, 2, 2, num_inducing=10, init_mean=1.0, init_scale=0.3)  # m != 0: trains
     x = torch.randn(200, 2) * 0.7
     y = (x[:, 0] > 0).long()
     opt = torch.optim.Adam(gp.parameters(), lr=0.05)
@@ -250,7 +275,7 @@ def test_global_posterior_spread_is_larger_off_the_training_data():
     for _ in range(150):
         opt.zero_grad()
         with collect_kl() as col:
-            logits = gp(x)
+            logits = logits_of(x)
         ll = torch.distributions.Categorical(logits=logits).log_prob(y).sum()
         (-(ll) + col.global_total()).backward()
         opt.step()
@@ -262,8 +287,8 @@ def test_global_posterior_spread_is_larger_off_the_training_data():
     with torch.no_grad(), attention_mode("guide"), pyro.poutine.block():
         v = gp.posterior().sample((64,))
         with global_values({gp.site_name: v}):
-            p_on = torch.softmax(gp(x.expand(64, 200, 2), leading_samples=64), -1)
-            p_off = torch.softmax(gp(far.expand(64, 200, 2), leading_samples=64), -1)
+            p_on = torch.softmax(logits_of(x.expand(64, 200, 2), leading_samples=64), -1)
+            p_off = torch.softmax(logits_of(far.expand(64, 200, 2), leading_samples=64), -1)
 
     def mi(p):
         ent = lambda q: -(q * q.clamp_min(1e-12).log()).sum(-1)  # noqa: E731
@@ -302,7 +327,7 @@ def test_ddp_two_processes_keep_the_global_posterior_in_sync(tmp_path):
     assert proc.returncode == 0, f"DDP run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     r0, r1 = (torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2))
     assert r0["world"] == 2 and r0["num_data"] == r1["num_data"] == 32  # not the 16-example shard
-    assert bool(r0["state"]["head.initialised"])
+    assert bool(r0["state"]["encoder.layers.0.self_attn.gp_read.initialised"])
     for k, v in r0["state"].items():
         torch.testing.assert_close(v, r1["state"][k], atol=1e-12, rtol=0, msg=k)
     assert r0["kl"] > 0.0
