@@ -607,6 +607,8 @@ class BayesianMultiheadAttention(PyroModule):
             if num_samples is not None and drawn:  # the family drew S weights: S GP draws too
                 qs = q.expand((num_samples,) + q.shape)  # (S, …, B, H, Tq, Dh)
                 out = out + self.gp_read(qs, leading_samples=num_samples)
+            elif num_samples is None and q.dim() > 4:  # the input carries sample dims already:
+                out = out + self.gp_read(q, leading_samples=q.shape[0])  # one draw per sample
             else:
                 out = out + self.gp_read(q, num_samples=num_samples)  # (S?, …, B, H, Tq, Dh)
                 if num_samples is not None and mode != "mean":

@@ -230,6 +230,23 @@ def test_attention_gp_read_shapes_modes_and_validation():
         BayesianMultiheadAttention(8, 2, gp_read=torch.nn.Linear(2, 2))  # type: ignore[arg-type]
 
 
+def test_gp_read_draws_one_global_value_per_sample_of_an_input_with_sample_dims():
+    """An input that already carries a sample dim ``(S, B, T, E)`` (no ``num_samples``) gets S
+    draws of the global inducing values, as ``num_samples=S`` on a plain input does: the
+    function differs across samples, not only its independent noise."""
+    torch.manual_seed(0)
+    gp = SparseGP(2, 4, 4, num_inducing=5)
+    mha = BayesianMultiheadAttention(8, 2, batch_first=True, gp_read=gp)
+    seen = []
+    value = gp._value
+    gp._value = lambda mode, n: seen.append(n) or value(mode, n)  # type: ignore[method-assign]
+    x = torch.randn(3, 5, 8)
+    with pyro.poutine.block():
+        y, _ = mha(x.expand(4, 3, 5, 8), x.expand(4, 3, 5, 8), x.expand(4, 3, 5, 8))
+        mha(x, x, x, num_samples=4)
+    assert y.shape == (4, 3, 5, 8) and seen == [4, 4]
+
+
 def test_attention_config_validates_gp_options():
     with pytest.raises(ValueError, match="read must be one of"):
         AttentionConfig(read="gp")  # type: ignore[arg-type]
