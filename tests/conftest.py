@@ -30,6 +30,26 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(autouse=True)
+def _registries_restored():
+    """Whatever a test registers (a docs snippet's ``@register_support``, a user family) is gone
+    after it: the registries of families, priors, supports and study methods are restored, so no
+    test sees another's entries (the order of the suite does not matter)."""
+    from bayesattn.families import FAMILIES
+    from bayesattn.nn.supports import SUPPORTS
+    from bayesattn.priors import PRIORS
+    from bayesattn.study import methods
+
+    regs = (FAMILIES, PRIORS, SUPPORTS, methods._REGISTRY)
+    saved = [dict(r._entries) for r in regs]
+    defaults = list(methods._DEFAULT)
+    yield
+    for r, entries in zip(regs, saved, strict=True):
+        r._entries.clear()
+        r._entries.update(entries)
+    methods._DEFAULT[:] = defaults
+
+
 @pytest.fixture
 def figures():
     """Collect matplotlib figures made in a test (append them) and close them afterwards."""
