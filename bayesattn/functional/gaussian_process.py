@@ -37,7 +37,6 @@ __all__ = [
     "sparse_gp_marginals",
     "whitened_kl",
     "random_fourier_features",
-    "laplace_covariance",
 ]
 
 #: A stationary covariance function by name.
@@ -160,14 +159,3 @@ def random_fourier_features(
     """
     R = weight.shape[0]
     return torch.sqrt(2 * outputscale / R) * torch.cos(x @ weight.T / lengthscale + phase)
-
-
-def laplace_covariance(precision: Tensor, num_data: float) -> Tensor:
-    r"""Laplace posterior covariance :math:`\Sigma = (I + N\bar P)^{-1}` of output weights with prior
-    :math:`\mathcal N(0, I)`, from the mean per-example precision
-    :math:`\bar P = \frac1N\sum_i w_i\phi_i\phi_i^\top` (:math:`w_i = p_i(1-p_i)`, SNGP).
-
-    Shape: precision ``(R, R)`` → ``(R, R)``.
-    """
-    eye = torch.eye(precision.shape[-1], dtype=precision.dtype, device=precision.device)
-    return torch.cholesky_inverse(torch.linalg.cholesky(eye + num_data * precision))

@@ -27,7 +27,7 @@ from .._validation import check_int, check_real
 from ..families import FamilyName, get_family
 from .attention import BayesianMultiheadAttention, linear
 from .epinet import EpinetReadout
-from .gp_read import RandomFeatureGPReadout, SparseGP
+from .gp_read import SparseGP
 from .supports import KernelName, get_kernel
 
 if TYPE_CHECKING:
@@ -44,8 +44,8 @@ LayerSelection = Literal["all", "last"]
 AttentionKind = Literal["self", "cross"]
 #: How a selected layer reads its values: softmax attention alone, or plus a sparse-GP read.
 ReadName = Literal["softmax", "sparse_gp"]
-#: A classifier's read-out of the pooled features: a linear layer, a random-feature GP or an epinet.
-ReadoutName = Literal["linear", "random_features", "epinet"]
+#: A classifier's read-out of the pooled features: a linear layer or an epinet.
+ReadoutName = Literal["linear", "epinet"]
 #: options of :class:`~bayesattn.nn.gp_read.SparseGP` that ``read_kwargs`` takes
 _GP_KWARGS = (
     "num_inducing",
@@ -59,8 +59,6 @@ _GP_KWARGS = (
     "init_from_data",
     "jitter",
 )
-#: options of :class:`~bayesattn.nn.gp_read.RandomFeatureGPReadout` (``readout_kwargs``)
-_RFF_KWARGS = ("num_features", "outputscale", "lengthscale", "momentum")
 #: options of :class:`~bayesattn.nn.epinet.EpinetReadout` (``readout_kwargs``)
 _EPINET_KWARGS = ("index_dim", "hidden", "prior_scale")
 
@@ -92,13 +90,12 @@ class AttentionConfig:
             sparse-GP read per head with global inducing keys
             (:class:`~bayesattn.nn.gp_read.SparseGP`; options such as ``num_inducing`` in
             ``read_kwargs``), with or without a ``family``.
-        readout: ``"linear"``, ``"random_features"`` or ``"epinet"``: a classifier's logits
-            are an SNGP-style random-feature GP of its pooled (CLS) features with a Laplace
-            covariance (:class:`~bayesattn.nn.gp_read.RandomFeatureGPReadout`) or an epinet
-            head (:class:`~bayesattn.nn.epinet.EpinetReadout`), options in
-            ``readout_kwargs``; sequence models ignore it. (A sparse-GP read-out,
-            ``"sparse_gp"``, was dropped in 0.4: use ``"random_features"`` or
-            ``read="sparse_gp"``.)
+        readout: ``"linear"`` or ``"epinet"``: a classifier's logits are a linear layer of
+            its pooled (CLS) features or an epinet head
+            (:class:`~bayesattn.nn.epinet.EpinetReadout`), options in ``readout_kwargs``;
+            sequence models ignore it. (The GP read-outs ``"sparse_gp"`` and
+            ``"random_features"`` were dropped in 0.4: use ``read="sparse_gp"`` or, for a
+            trained network, :func:`~bayesattn.interop.posthoc_gp.fit_posthoc_gp`.)
 
     Names resolve through the registries (:mod:`bayesattn.registry`) when the config is made, so
     user-registered families, priors and supports work in every network built from it.
@@ -182,9 +179,7 @@ class AttentionConfig:
                 raise TypeError(f"{name}_kwargs must be a dict; got {kw!r}")
             if kw and value in ("softmax", "linear"):
                 raise ValueError(f"{name}_kwargs {sorted(kw)} given with {name}={value!r}")
-            options = {"random_features": _RFF_KWARGS, "epinet": _EPINET_KWARGS}.get(
-                value, _GP_KWARGS
-            )  # read="sparse_gp": SparseGP's
+            options = _EPINET_KWARGS if value == "epinet" else _GP_KWARGS  # read="sparse_gp"
             unknown = sorted(set(kw) - set(options))
             if unknown:
                 raise ValueError(
@@ -207,10 +202,8 @@ class AttentionConfig:
         return self.family is not None or self.read != "softmax"
 
     def build_readout(self, in_dim: int, num_classes: int) -> nn.Module:
-        """A classifier's read-out: ``nn.Linear``, a :class:`RandomFeatureGPReadout` or an
+        """A classifier's read-out: ``nn.Linear`` or an
         :class:`~bayesattn.nn.epinet.EpinetReadout`."""
-        if self.readout == "random_features":
-            return RandomFeatureGPReadout(in_dim, num_classes, **self.readout_kwargs)
         if self.readout == "epinet":
             return EpinetReadout(in_dim, num_classes, **self.readout_kwargs)
         return nn.Linear(in_dim, num_classes)

@@ -9,10 +9,12 @@ stationary covariance, inducing inputs :math:`Z_g` and a whitened Gaussian poste
 ``AttentionConfig(read="sparse_gp")``): per head ``h`` and query row ``i``,
 :math:`y_{hi} = \sum_j \operatorname{softmax}_j(\cdot)\,v_{hj} + f_h(q_{hi})` with inducing
 *keys* :math:`Z_h` in query space (SGPA-like: the read's spread reverts to the prior away from
-the inducing keys). A DUE-style sparse-GP read-out of the CLS output was tried and dropped in
-0.4 (it trained to chance with a zero initial mean and was badly under-confident otherwise;
-numbers in ``docs/which-attention.md``); a classifier's GP read-out is
-:class:`RandomFeatureGPReadout` (``readout="random_features"``).
+the inducing keys). Two GP read-outs of the CLS output were tried and dropped in 0.4, with
+their numbers in ``docs/which-attention.md``: a DUE-style sparse-GP read-out (it trained to
+chance with a zero initial mean and was badly under-confident otherwise) and an SNGP-style
+random-feature GP read-out with a Laplace covariance (less accurate and worse calibrated than
+the deterministic network, no better held-out AUROC). For a GP read of a trained network use
+:func:`~bayesattn.interop.posthoc_gp.fit_posthoc_gp`.
 
 How the global value is drawn, by attention mode (:mod:`bayesattn.nn.modes`):
 
@@ -45,15 +47,13 @@ from .._validation import check_int, check_real
 from ..functional.gaussian_process import (
     CovarianceName,
     get_covariance,
-    laplace_covariance,
-    random_fourier_features,
     sparse_gp_marginals,
     whitened_kl,
     whitened_projection,
 )
 from .modes import current_global_values, current_kl_collector, current_mode
 
-__all__ = ["SparseGP", "RandomFeatureGPReadout"]
+__all__ = ["SparseGP"]
 
 
 def _inv_softplus(x: float) -> float:
@@ -266,145 +266,3 @@ class SparseGP(PyroModule):
             f"groups={self.groups}, in_dim={self.in_dim}, out_dim={self.out_dim}, "
             f"num_inducing={self.num_inducing}, covariance={self.covariance!r}"
         )
-
-
-class RandomFeatureGPReadout(PyroModule):
-    r"""SNGP-style read-out: logits :math:`= \beta^\top\phi(h) + b`, :math:`\phi` random Fourier
-    features of an RBF covariance
-    (:func:`~bayesattn.functional.gaussian_process.random_fourier_features`) of the pooled (CLS) attention output, with a **global** Gaussian posterior over the output
-    weights :math:`q(\beta_c) = \mathcal N(\mu_c, \Sigma)`, site ``"<module path>.output_weights"``
-    (event ``(C, R)``), prior :math:`\mathcal N(0, I)`.
-
-    :math:`\mu` is trained by the ELBO; :math:`\Sigma` is the Laplace covariance
-    :math:`(I + N\bar P)^{-1}`
-    (:func:`~bayesattn.functional.gaussian_process.laplace_covariance`), with
-    :math:`\bar P` an exponential moving average (``momentum``, bias-corrected) of the training
-    batches' :math:`\frac1B\sum_b p_b(1-p_b)\phi_b\phi_b^\top` (:math:`p_b` the top class
-    probability) and :math:`N` the ELBO's ``num_data``, updated in every training pass in
-    ``"elbo"`` mode (a buffer: saved with the network, broadcast from rank 0 under DDP). Far from
-    the training features :math:`\phi^\top\Sigma\phi\to\phi^\top\phi\approx\sigma^2`: the prior.
-    The KL :math:`\mathrm{KL}(q(\beta)\,\|\,p(\beta))` is charged once per pass (its gradient is
-    :math:`\mu`: :math:`\Sigma` is not trained). The RFF length-scale is the median distance
-    between the first training batch's features (or ``lengthscale``).
-
-    Shape:
-        h ``(*, B, E)`` → logits ``(*, B, C)``; ``num_samples``/``leading_samples`` as
-        :meth:`SparseGP.forward`.
-    """
-
-    is_bayesian = True
-    global_latent = True
-
-    def __init__(
-        self,
-        in_dim: int,
-        num_classes: int,
-        num_features: int = 256,
-        outputscale: float = 1.0,
-        lengthscale: float | None = None,
-        momentum: float = 0.99,
-    ) -> None:
-        check_int("in_dim", in_dim, 1)
-        check_int("num_classes", num_classes, 1)
-        check_int("num_features", num_features, 1)
-        check_real("outputscale", outputscale, gt=0.0)
-        if lengthscale is not None:
-            check_real("lengthscale", lengthscale, gt=0.0)
-        check_real("momentum", momentum, ge=0.0, lt=1.0)
-        super().__init__()
-        R, C = num_features, num_classes
-        self.in_dim, self.num_classes, self.num_features = in_dim, C, R
-        self.momentum = float(momentum)
-        self.register_buffer("rff_weight", torch.randn(R, in_dim))  # (R, D), fixed
-        self.register_buffer("rff_phase", 2 * math.pi * torch.rand(R))  # (R,), fixed
-        self.register_buffer("outputscale", torch.tensor(float(outputscale)))
-        self.register_buffer("lengthscale", torch.tensor(float(lengthscale or 1.0)))
-        self.register_buffer("initialised", torch.tensor(lengthscale is not None))
-        self.register_buffer("precision", torch.zeros(R, R))  # EMA of the per-example precision
-        self.register_buffer("steps", torch.tensor(0.0))  # EMA updates (bias correction)
-        self.register_buffer("num_data", torch.tensor(0.0))  # N of the last training pass
-        self.q_mean = nn.Parameter(torch.randn(C, R))  # (C, R): a prior draw, so features train
-        self.bias = nn.Parameter(torch.zeros(C))
-
-    @property
-    def site_name(self) -> str:
-        """The global Pyro site of the output weights ``(C, R)``."""
-        with self._pyro_context:  # the network's (shared) context: the full module path
-            return self._pyro_get_fullname("output_weights")
-
-    def covariance(self) -> Tensor:
-        """:math:`\\Sigma` ``(R, R)`` (the prior's :math:`I` before any training pass)."""
-        steps = float(self.steps)
-        P = self.precision / (1 - self.momentum**steps) if steps > 0 else self.precision
-        return laplace_covariance(P, float(self.num_data))
-
-    def posterior(self) -> dist.TorchDistribution:
-        """:math:`q(\\beta)` with event shape ``(C, R)``."""
-        tril = torch.linalg.cholesky(self.covariance())  # (R, R)
-        tril = tril.expand(self.q_mean.shape[:-1] + tril.shape)  # (C, R, R)
-        return dist.MultivariateNormal(self.q_mean, scale_tril=tril).to_event(1)
-
-    def prior(self) -> dist.TorchDistribution:
-        """:math:`p(\\beta) = \\mathcal N(0, I)` with event shape ``(C, R)``."""
-        loc = torch.zeros_like(self.q_mean)
-        eye = torch.eye(self.num_features, dtype=loc.dtype, device=loc.device)
-        tril = eye.expand(loc.shape[:-1] + eye.shape)  # (C, R, R)
-        return dist.MultivariateNormal(loc, scale_tril=tril).to_event(1)
-
-    def kl(self) -> Tensor:
-        """:math:`\\mathrm{KL}(q(\\beta)\\,\\|\\,p(\\beta))` in nats (closed form)."""
-        tril = torch.linalg.cholesky(self.covariance())
-        return whitened_kl(self.q_mean.unsqueeze(0), tril.unsqueeze(0))
-
-    def features(self, h: Tensor) -> Tensor:
-        """:math:`\\phi(h)` ``(*, R)``."""
-        return random_fourier_features(
-            h, self.rff_weight, self.rff_phase, self.lengthscale, self.outputscale
-        )
-
-    @torch.no_grad()
-    def _init_from(self, h: Tensor) -> None:
-        pts = h.detach().reshape(-1, h.shape[-1])[:256]
-        d = torch.cdist(pts, pts)
-        off = ~torch.eye(len(pts), dtype=torch.bool, device=d.device)
-        med = d[off].median() if len(pts) > 1 else d.new_tensor(1.0)
-        self.lengthscale.fill_(float(med.clamp_min(1e-3)))
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.broadcast(self.lengthscale, 0)
-        self.initialised.fill_(True)
-
-    @torch.no_grad()
-    def _update_precision(self, phi: Tensor, logits: Tensor) -> None:
-        p = torch.softmax(logits.detach(), -1).amax(-1).reshape(-1)  # (n,)
-        f = phi.detach().reshape(-1, phi.shape[-1])  # (n, R)
-        batch = (f * (p * (1 - p)).unsqueeze(-1)).T @ f / len(f)  # (R, R)
-        self.precision.mul_(self.momentum).add_((1 - self.momentum) * batch)
-        self.steps.add_(1.0)
-        col = current_kl_collector()
-        n = col.num_data if col is not None and col.num_data is not None else len(f)
-        self.num_data.fill_(float(n))
-
-    def _value(self, mode: str, num_samples: int | None) -> Tensor:
-        """The output weights for this pass (one draw, or ``num_samples`` of them)."""
-        return draw_global(self, mode, num_samples)
-
-    def forward(
-        self, h: Tensor, num_samples: int | None = None, leading_samples: int | None = None
-    ) -> Tensor:
-        if h.shape[-1] != self.in_dim:
-            raise ValueError(f"h must be (*, B, {self.in_dim}); got {tuple(h.shape)}")
-        if self.training and not bool(self.initialised):
-            self._init_from(h)
-        mode = current_mode() or "guide"
-        phi = self.features(h)  # (*, B, R)
-        if mode == "mean":
-            return phi @ self.q_mean.T + self.bias  # (*, B, C)
-        if self.training and mode == "elbo" and torch.is_grad_enabled():
-            self._update_precision(phi, phi @ self.q_mean.T + self.bias)
-        v = self._value(mode, num_samples if num_samples is not None else leading_samples)
-        if num_samples is not None:
-            phi = phi.unsqueeze(0)  # (1, *, B, R)
-        lv, la = v.shape[:-2], phi.shape[:-1]
-        if len(lv) < len(la):  # aligned from the left, as SparseGP
-            v = v.reshape(lv + (1,) * (len(la) - len(lv)) + v.shape[-2:])
-        return (phi.unsqueeze(-2) * v).sum(-1) + self.bias  # (S?, *, B, C)

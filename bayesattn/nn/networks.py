@@ -233,7 +233,7 @@ class BayesianNetwork(PyroModule):
 
     def global_latents(self) -> list[Any]:
         """Modules with a global latent (``global_latent = True``: sparse-GP inducing values,
-        random-feature output weights, an epinet's index): drawn once per pass and posterior
+        an epinet's index): drawn once per pass and posterior
         sample, outside the data plate, shared by every example; each has ``site_name``,
         ``prior()``, ``posterior()`` and ``kl()``."""
         return [m for m in self.modules() if getattr(m, "global_latent", False) is True]

@@ -93,8 +93,7 @@ def _trace_pass(network: Any, x: Tensor, y: Tensor | None, num_data: int | None)
 
 def _select_sites(mtr: Any, var_names: Sequence[str] | None, obs_name: str) -> list[str]:
     """The sites to keep: ``var_names`` (validated) or every deterministic site but ``obs`` and
-    every global GP latent (``*inducing_values``, ``*output_weights``,
-    :mod:`bayesattn.nn.gp_read`)."""
+    every global GP latent (``*inducing_values``, :mod:`bayesattn.nn.gp_read`)."""
     if obs_name not in mtr.nodes:
         raise ValueError(f"the model has no site {obs_name!r}")
     if var_names is None:
@@ -103,10 +102,7 @@ def _select_sites(mtr: Any, var_names: Sequence[str] | None, obs_name: str) -> l
             for n, s in mtr.nodes.items()
             if s["type"] == "sample"
             and n != obs_name
-            and (
-                s["infer"].get("_deterministic")
-                or n.split(".")[-1] in ("inducing_values", "output_weights")
-            )
+            and (s["infer"].get("_deterministic") or n.split(".")[-1] == "inducing_values")
         ]
     names = list(var_names)
     missing = [n for n in names if n not in mtr.nodes or mtr.nodes[n]["type"] != "sample"]

@@ -411,7 +411,3 @@ register_method(
     BayesianAttention("epinet", "epinet read-out of the CLS output: random prior + learned MLP",
                       lambda: AttentionConfig(readout="epinet"), tempered=False)
 )  # fmt: skip
-register_method(
-    BayesianAttention("rff_readout", "random-feature GP readout with Laplace covariance (SNGP)",
-                      lambda: AttentionConfig(readout="random_features"), tempered=False)
-)  # fmt: skip
