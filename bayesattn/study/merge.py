@@ -1,6 +1,8 @@
-"""Merge finished studies over the same runs into one (:func:`merge_studies`): a method added
-later (``--methods new_method`` on the same pairs, seeds and settings) joins the pooled tables and
-the paired differences of the first study without rerunning it."""
+"""Merge finished studies into one (:func:`merge_studies`): a method added later (``--methods
+new_method`` on the same pairs, seeds and settings) joins the pooled tables and the paired
+differences of the first study without rerunning it; studies of the same methods on other seeds
+(``--seed 1 --seeds 2`` beside ``--seeds 1``: one protocol split over machines or days) add their
+runs."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ __all__ = ["merge_studies", "without_times"]
 
 #: config fields that may differ between merged studies (they do not change the numbers)
 _FREE = ("methods", "out", "jobs", "progress", "figures", "geometry")
+#: config fields that may differ between studies of other runs (their seeds)
+_RUNS = ("seed", "seeds")
 
 
 def without_times(o: Any) -> Any:
@@ -45,14 +49,17 @@ def _key(run: dict[str, Any]) -> tuple[tuple[int, ...], int]:
 
 
 def merge_studies(sources: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
-    """One study from finished ``sources`` run with the same datasets, held-out pairs, seeds and
-    settings (all but ``methods`` and how they ran): every run gets the union of the methods
-    (first source first), pooled again with intervals and paired differences; written to ``out``
-    (a study folder: ``results.json``, ``report.md``, the sources' figures).
+    """One study from finished ``sources`` run with the same datasets, held-out pairs and
+    settings (all but ``methods``, the seeds and how they ran): the union of their runs
+    (a run is a pair and a seed), every run with the union of the methods (first source first),
+    pooled again with intervals and paired differences; written to ``out`` (a study folder:
+    ``results.json``, ``report.md``, the sources' figures).
 
-    A method in more than one source must have the same numbers in each (times aside): the runs
-    are seeded, so this is a reproducibility check, and a ``ValueError`` names the method and run
-    that differ."""
+    A run in more than one source gets each source's methods, and a method in more than one must
+    have the same numbers in each (times aside): the runs are seeded, so this is a
+    reproducibility check, and a ``ValueError`` names the method and run that differ. Every run
+    of the merged study must have every method (a ``ValueError`` names the run and what it
+    lacks): new seeds come with the methods of the study they join."""
     from . import figures, report
 
     if len(sources) < 2:
@@ -62,7 +69,7 @@ def merge_studies(sources: Sequence[str | Path], out: str | Path) -> dict[str, A
     for src, r in zip(sources[1:], loaded[1:], strict=True):
         diff = sorted(
             k for k in set(base["config"]) | set(r["config"])
-            if k not in _FREE and base["config"].get(k) != r["config"].get(k)
+            if k not in _FREE + _RUNS and base["config"].get(k) != r["config"].get(k)
         )  # fmt: skip
         if diff or set(r["datasets"]) != set(base["datasets"]):
             raise ValueError(
@@ -78,14 +85,18 @@ def merge_studies(sources: Sequence[str | Path], out: str | Path) -> dict[str, A
                 shutil.copyfile(Path(src) / name, register_output(out_dir, name))
     merged: dict[str, Any] = dict(base, methods=methods, datasets={},
                                   merged_from=[str(s) for s in sources])  # fmt: skip
-    merged["config"] = dict(base["config"], methods=methods, out=str(out))
+    seeds = sorted({int(seed) for r in loaded for seed in r["seeds"]})
+    merged["seeds"] = seeds
+    merged["config"] = dict(base["config"], methods=methods, out=str(out), seed=seeds[0],
+                            seeds=len(seeds))  # fmt: skip
     for dataset, block in base["datasets"].items():
         runs = {_key(run): json.loads(json.dumps(run)) for run in block["runs"]}
-        for src, r in zip(sources[1:], loaded[1:], strict=True):
+        for r in loaded[1:]:
             other = {_key(run): run for run in r["datasets"][dataset]["runs"]}
-            if set(other) != set(runs):
-                raise ValueError(f"sources must have the same runs; {src} has {sorted(other)}")
             for key, run in other.items():
+                if key not in runs:  # a run of other seeds: joins as it is
+                    runs[key] = json.loads(json.dumps(run))
+                    continue
                 mine = runs[key]
                 for m, row in run["methods"].items():
                     if m in mine["methods"]:
@@ -99,7 +110,16 @@ def merge_studies(sources: Sequence[str | Path], out: str | Path) -> dict[str, A
                 if not mine["ensemble_curve"]:
                     mine["ensemble_curve"] = run["ensemble_curve"]
                 mine["first_run"] = {**run.get("first_run", {}), **mine.get("first_run", {})}
-        ordered = [runs[_key(run)] for run in block["runs"]]
+        pair_order = {tuple(p): i for i, p in enumerate(base["pairs"])}
+        ordered = [runs[k] for k in sorted(runs, key=lambda k: (pair_order.get(k[0], 1 << 30), k))]
+        for run in ordered:
+            missing = [m for m in methods if m not in run["methods"]]
+            if missing:
+                raise ValueError(
+                    f"every run must have every method; {dataset} pair {run['pair']} seed "
+                    f"{run['seed']} lacks {missing} (a study of new seeds must run the methods "
+                    "of the studies it joins)"
+                )
         new = pool(ordered, methods)
         new["model"] = block["model"]
         new["seconds"] = sum(r["datasets"][dataset]["seconds"] for r in loaded)
