@@ -71,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="DIR",
-        help="instead of running: merge finished studies of the same runs and settings (e.g. a "
-        "method added later) into --out, pooled again (a method in several must agree)",
+        help="instead of running: merge finished studies of the same settings into --out, "
+        "pooled again: a method added later on the same runs, or the same methods on other "
+        "seeds (a protocol split over machines); a method in several must agree",
     )
     s.add_argument("--no-progress", action="store_true")
     return p

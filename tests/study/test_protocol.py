@@ -274,7 +274,9 @@ def test_posthoc_gp_method_is_the_interop_read_on_the_pooled_features():
 @pytest.mark.slow
 def test_merging_studies_equals_one_study_with_every_method(tmp_path):
     """Two studies over the same runs with different methods, merged, give the pooled numbers
-    of one study running all of them; a shared method must agree; other settings are refused."""
+    of one study running all of them; a study of other seeds adds its runs (as one study over
+    all the seeds); a shared method must agree; a run lacking a method and other settings are
+    refused."""
     from bayesattn.study import run_study
     from bayesattn.study.merge import merge_studies, without_times
 
@@ -294,10 +296,29 @@ def test_merging_studies_equals_one_study_with_every_method(tmp_path):
     assert (tmp_path / "merged" / "report.md").is_file()
     assert json.loads((tmp_path / "merged" / "results.json").read_text())["merged_from"]
 
-    c = tmp_path / "c"  # other seeds: refused
-    run_study(StudyConfig.quick(out=str(c), methods=("deterministic",), seed=5, **kw))
-    with pytest.raises(ValueError, match="seed"):
+    c = tmp_path / "c"  # another seed with fewer methods: its run would lack mc_dropout
+    kw_c = {**kw, "seeds": 1}
+    run_study(StudyConfig.quick(out=str(c), methods=("deterministic",), seed=2, **kw_c))
+    with pytest.raises(ValueError, match="lacks"):
         merge_studies([a, c], tmp_path / "bad")
+    d = tmp_path / "d"  # another seed, the same methods: the runs add up to seeds 0, 1, 2
+    run_study(StudyConfig.quick(out=str(d), methods=("deterministic", "mc_dropout"), seed=2,
+                                **kw_c))  # fmt: skip
+    three = run_study(StudyConfig.quick(
+        out=str(tmp_path / "three"), methods=("deterministic", "mc_dropout"), **{**kw, "seeds": 3}
+    ))  # fmt: skip
+    added = merge_studies([d, a], tmp_path / "added")
+    assert added["seeds"] == [0, 1, 2] and added["config"]["seeds"] == 3
+    want, got = three["datasets"]["digits"], added["datasets"]["digits"]
+    assert [(r["pair"], r["seed"]) for r in got["runs"]] == [
+        (r["pair"], r["seed"]) for r in want["runs"]
+    ]
+    for part in ("pooled", "paired", "per_pair", "wins"):
+        assert without_times(got[part]) == without_times(want[part]), part
+    e = tmp_path / "e"  # another setting (the epochs): refused
+    run_study(StudyConfig.quick(out=str(e), methods=("deterministic",), **{**kw, "epochs": 2}))
+    with pytest.raises(ValueError, match="epochs"):
+        merge_studies([a, e], tmp_path / "bad3")
     res = json.loads((b / "results.json").read_text())  # a shared method that disagrees
     res["datasets"]["digits"]["runs"][0]["methods"]["deterministic"]["accuracy"] += 0.01
     (b / "results.json").write_text(json.dumps(res))
