@@ -252,8 +252,8 @@ def test_vectorised_weight_samples_match_sequential_runs(guide):
 
     def run(vals, S):
         with torch.no_grad(), poutine.block(), attention_mode("mean"):
-            with net._pyro_context, net._weights_from(vals):
-                return net._forward_logits(x, None, S)
+            with net._pyro_context, net.weights_from(vals):
+                return net.forward_logits(x, None, S)
 
     vec = run(values, 3)  # (3, B, C)
     for s in range(3):

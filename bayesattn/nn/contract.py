@@ -85,8 +85,9 @@ PROVIDED: tuple[str, ...] = (
 SAMPLE_ARGUMENT: str = "num_samples"
 _SAMPLE_METHODS: tuple[str, ...] = ("forward_logits", "forward")
 _OLD_SAMPLE_ARGUMENT = "num_particles"
-#: The 0.2 private names, kept as aliases: ``{old: new}``.
-PRIVATE_ALIASES: dict[str, str] = {
+#: The 0.2 private names of the contract's methods, ``{old: new}``: kept as aliases through 0.3,
+#: removed in 0.4 (a subclass defining only an old name is refused; it would never be called).
+REMOVED_PRIVATE_NAMES: dict[str, str] = {
     "_forward_logits": "forward_logits",
     "_targets": "targets",
     "_check_batch": "check_batch",

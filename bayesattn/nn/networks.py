@@ -44,8 +44,7 @@ from .._validation import check_int, check_real, check_same_dtype
 from ..functional import uncertainty_decomposition
 from .attention import linear
 from .blocks import AttentionConfig, Decoder, Encoder, EncoderLayer, as_attention_config
-from .contract import PRIVATE_ALIASES as _PRIVATE_ALIASES
-from .contract import REQUIRED, check_sample_argument
+from .contract import REMOVED_PRIVATE_NAMES, REQUIRED, check_sample_argument
 from .modes import (
     AttentionMode,
     attention_mode,
@@ -98,22 +97,22 @@ class BayesianNetwork(PyroModule):
     and is what :class:`~bayesattn.training.Trainer`, :func:`~bayesattn.uncertainty.predict`, the
     Lightning module and :mod:`~bayesattn.diagnostics` call. The 0.2 private names
     (``_forward_logits``, ``_targets``, ``_check_batch``, ``_obs_dist``, ``_weights_from``,
-    ``_weight_prior_model``) remain aliases of the public ones, also in subclasses that define
-    either spelling. A subclass whose ``forward_logits`` or ``forward`` declares ``num_particles``
+    ``_weight_prior_model``), aliases through 0.3, are gone: a subclass defining one of them
+    without the public name is a ``TypeError`` at class creation. A subclass whose ``forward_logits`` or ``forward`` declares ``num_particles``
     (the sample count's spelling before 0.4) is a ``TypeError`` at class creation: rename it
     ``num_samples``.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # keep each (public, private) pair one function in every class that defines one of them,
-        # so old subclasses overriding ``_forward_logits`` and old callers of ``_targets`` work
-        for old, new in _PRIVATE_ALIASES.items():
-            own = cls.__dict__
-            if new in own and old not in own:
-                setattr(cls, old, own[new])
-            elif old in own and new not in own:
-                setattr(cls, new, own[old])
+        # a subclass written against the 0.2 private names (``_forward_logits``...) would never
+        # be called: refuse it (the aliases were removed in 0.4)
+        for old, new in REMOVED_PRIVATE_NAMES.items():
+            if old in cls.__dict__ and new not in cls.__dict__:
+                raise TypeError(
+                    f"{cls.__name__} defines {old!r}, the 0.2 private name of {new!r} (an alias "
+                    f"through 0.3, removed in 0.4): rename the method to {new!r}"
+                )
         # the sample dim of a pass is ``num_samples``: refuse a ``num_particles`` declaration
         check_sample_argument(cls, cls.__dict__)
 
@@ -386,14 +385,6 @@ class BayesianNetwork(PyroModule):
             per_example = per_example.mean(0)
         loss = -(N / B) * per_example.sum() + beta * (kl_w + col.global_total())
         return loss, logits
-
-    # 0.2 private spellings (see __init_subclass__ for subclasses)
-    _forward_logits = forward_logits
-    _targets = targets
-    _check_batch = check_batch
-    _obs_dist = likelihood
-    _weights_from = weights_from
-    _weight_prior_model = weight_prior_model
 
 
 # ---------------------------------------------------------------------------------------------

@@ -97,10 +97,10 @@ def test_samples_share_the_trunk_and_equal_the_unshared_computation(monkeypatch)
     with attention_mode("guide"):
         assert net.first_stochastic_layer() == 1
         torch.manual_seed(3)
-        shared = net._forward_logits(x, None, 6)  # (6, 3, C)
+        shared = net.forward_logits(x, None, 6)  # (6, 3, C)
         monkeypatch.setattr(type(net), "first_stochastic_layer", lambda self: 0)
         torch.manual_seed(3)
-        unshared = net._forward_logits(x, None, 6)
+        unshared = net.forward_logits(x, None, 6)
     assert shared.shape == (6, 3, 4)
     assert shared.std(0).max() > 1e-4  # the samples do differ
     torch.testing.assert_close(shared, unshared, atol=1e-5, rtol=1e-4)

@@ -33,8 +33,8 @@ from bayesattn.nn import (
 from bayesattn.nn.attention import linear
 from bayesattn.nn.contract import (
     OPTIONAL,
-    PRIVATE_ALIASES,
     PROVIDED,
+    REMOVED_PRIVATE_NAMES,
     REQUIRED,
     NetworkContract,
     check_network,
@@ -125,9 +125,9 @@ def test_every_network_satisfies_the_protocol(make):
     net = make()
     assert isinstance(net, NetworkContract)
     assert check_network(net) is net
-    # the private spellings are the same functions as the public ones
-    for old, new in PRIVATE_ALIASES.items():
-        assert getattr(type(net), old) is getattr(type(net), new), (type(net).__name__, old)
+    # the 0.2 private spellings are gone (0.4)
+    for old in REMOVED_PRIVATE_NAMES:
+        assert not hasattr(net, old), (type(net).__name__, old)
 
 
 def test_protocol_lists_every_member_once():
@@ -163,7 +163,7 @@ def test_missing_required_method_is_a_clear_type_error():
         check_network(Duck())
 
 
-@pytest.mark.parametrize("method", ["forward_logits", "_forward_logits", "forward"])
+@pytest.mark.parametrize("method", ["forward_logits", "forward"])
 def test_old_sample_argument_is_refused_at_class_creation(method):
     """A user network still declaring ``num_particles`` (the pre-0.4 spelling of the sample
     count) is a ``TypeError`` naming the argument and its new name, when the class is made."""
@@ -174,7 +174,7 @@ def test_old_sample_argument_is_refused_at_class_creation(method):
     with pytest.raises(TypeError, match="num_particles") as err:
         type("OldSpelling", (LogReg,), {method: old})
     assert "num_samples" in str(err.value)
-    assert method.lstrip("_") in str(err.value)
+    assert method in str(err.value)
 
 
 def test_old_sample_argument_is_refused_by_check_network():
@@ -226,19 +226,14 @@ def test_default_check_batch_names_argument_and_shapes():
         net(torch.zeros(4, 2))
 
 
-def test_old_private_overrides_and_calls_still_work():
-    class Shifted(LogReg):  # 0.2 style: overrides the private name
-        def _forward_logits(self, x, y=None, num_samples=1):
-            return super()._forward_logits(x, y, num_samples) + 5.0
-
-    net, x = Shifted(3, 2), torch.randn(4, 3)
-    base = LogReg(3, 2)
-    base.load_state_dict(net.state_dict())
-    with torch.no_grad():
-        torch.testing.assert_close(net(x), base(x) + 5.0)  # public callers see the override
-        with net.pyro_context:
-            torch.testing.assert_close(net._forward_logits(x), net.forward_logits(x))
-    assert net._targets(x, None) == (None, None, 0)
+@pytest.mark.parametrize(("old", "new"), list(REMOVED_PRIVATE_NAMES.items()))
+def test_old_private_overrides_are_refused(old, new):
+    """0.4 removed the 0.2 private aliases: a subclass overriding only the private name (which
+    would never be called) is a TypeError naming both spellings; defining the public name is
+    fine."""
+    with pytest.raises(TypeError, match=rf"{old!r}.*{new!r}"):
+        type("Old", (LogReg,), {old: lambda self, *a, **k: None})
+    type("New", (LogReg,), {new: getattr(LogReg, new)})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -168,10 +168,10 @@ def test_causal_lm_trains_from_tensor_dataset_without_labels(capsys):
 class _LazyParamClassifier(TransformerClassifier):
     """Creates a parameter on its first forward pass (like a lazily built weight autoguide)."""
 
-    def _forward_logits(self, x, y=None, num_samples=1):
+    def forward_logits(self, x, y=None, num_samples=1):
         if not hasattr(self, "late_bias"):
             self.late_bias = torch.nn.Parameter(torch.zeros(self.num_classes))
-        return super()._forward_logits(x, y, num_samples) + self.late_bias
+        return super().forward_logits(x, y, num_samples) + self.late_bias
 
 
 @pytest.mark.parametrize("method", ["svi", "hybrid"])
