@@ -132,6 +132,8 @@ def _check_labels(labels: Any, n: int, c: int, name: str = "labels") -> Tensor:
 
 
 def check_probs_labels(probs: Any, labels: Any) -> tuple[Tensor, Tensor]:
+    """``probs`` ``(N, C)`` rows on the simplex and integer ``labels`` ``(N,)`` in ``[0, C)``,
+    as float64 / int64 tensors; ``ValueError``/``TypeError`` naming the argument otherwise."""
     p = _check_probs(probs)
     y = _check_labels(labels, p.shape[0], p.shape[1])
     return p, y
@@ -457,6 +459,8 @@ def fit_temperature(logits: Tensor, labels: Tensor, max_iter: int = 100) -> floa
 
 
 def check_ood_scores(scores_in: Any, scores_out: Any) -> tuple[Tensor, Tensor]:
+    """Finite, non-empty 1-D in- and out-of-distribution scores as float64 tensors;
+    ``ValueError`` naming the argument and both shapes otherwise."""
     s_in = _to_tensor(scores_in, "scores_in")
     s_out = _to_tensor(scores_out, "scores_out")
     for name, t in (("scores_in", s_in), ("scores_out", s_out)):

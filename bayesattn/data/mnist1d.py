@@ -29,6 +29,7 @@ class Mnist1dData(DigitsData):
 
 
 def import_mnist1d() -> Any:
+    """The ``mnist1d.data`` module, or an ``ImportError`` saying how to install it."""
     try:
         from mnist1d import data as mdata
     except ImportError as exc:  # pragma: no cover - depends on the environment

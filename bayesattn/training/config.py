@@ -181,6 +181,8 @@ def upgrade_config_dict(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolve_config(config: TrainConfig | dict | None, overrides: dict[str, Any]) -> TrainConfig:
+    """The :class:`TrainConfig` of ``config`` (a config, a saved dict or ``None``: the defaults)
+    with the keyword ``overrides`` applied."""
     if config is None:
         config = TrainConfig()
     elif isinstance(config, dict):
