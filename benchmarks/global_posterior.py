@@ -17,14 +17,11 @@ Methods:
   q(v) mean drawn from the prior, S = 0.3² I; ``sgpa_prior_init``: q(v) = p(v) initially;
   ``sgpa_small``/``sgpa_m64``: output scale 0.25 / 64 inducing keys; ``ln_sgpa``: with the
   logistic-normal family of ``logistic_normal_last``);
-* ``epinet``: ``AttentionConfig(readout="epinet")`` (an epinet head: a fixed random prior MLP
-  and a learned MLP of the stopped CLS features, contracted with a global index z ~ N(0, I);
-  ``epinet_p3``: prior scale 3).
-
-The DUE-style sparse variational GP read-out of the CLS output (``gp_readout``,
-``gp_readout_m128``, ``gp_readout_matern``) and the SNGP-style random-feature GP read-out with a
-Laplace covariance (``rff_readout``; ``ln_rff``: with the logistic-normal family) were dropped in
-0.4: their numbers are in ``docs/which-attention.md`` ("Variants tried and not kept").
+The epinet head (``epinet``, ``epinet_p3``; dropped in 0.5), the DUE-style sparse variational GP
+read-out of the CLS output (``gp_readout``, ``gp_readout_m128``, ``gp_readout_matern``) and the
+SNGP-style random-feature GP read-out with a Laplace covariance (``rff_readout``; ``ln_rff``:
+with the logistic-normal family; both dropped in 0.4) earned no place: their numbers are in
+``docs/which-attention.md`` ("Variants tried and not kept").
 
 Run: ``python benchmarks/global_posterior.py --seeds 3 --pairs 8,9 3,5`` (``--epochs 40`` is the
 study's; ``--methods`` picks a subset).
@@ -74,8 +71,6 @@ _CONFIGS: dict[str, Callable[[], AttentionConfig]] = {
         family_kwargs={"input_dependent": True, "model_location": "attention"},
         read="sparse_gp",
     ),
-    "epinet": lambda: AttentionConfig(readout="epinet"),
-    "epinet_p3": lambda: AttentionConfig(readout="epinet", readout_kwargs={"prior_scale": 3.0}),
 }
 METHODS = ("deterministic", "temperature", "ensemble", *_CONFIGS)
 

@@ -231,10 +231,9 @@ class BayesianNetwork(PyroModule):
         return out
 
     def global_latents(self) -> list[Any]:
-        """Modules with a global latent (``global_latent = True``: sparse-GP inducing values,
-        an epinet's index): drawn once per pass and posterior
-        sample, outside the data plate, shared by every example; each has ``site_name``,
-        ``prior()``, ``posterior()`` and ``kl()``."""
+        """Modules with a global latent (``global_latent = True``: sparse-GP inducing values):
+        drawn once per pass and posterior sample, outside the data plate, shared by every
+        example; each has ``site_name``, ``prior()``, ``posterior()`` and ``kl()``."""
         return [m for m in self.modules() if getattr(m, "global_latent", False) is True]
 
     def draw_globals(
@@ -386,6 +385,45 @@ class BayesianNetwork(PyroModule):
         loss = -(N / B) * per_example.sum() + beta * (kl_w + col.global_total())
         return loss, logits
 
+    @torch.no_grad()
+    def posterior_kl(
+        self, x: Tensor, y: Tensor | None = None, batch_size: int = 256
+    ) -> tuple[Tensor, float]:
+        r"""``KL(q‖p)`` of the trained posterior: the terms :meth:`elbo_loss` charges (at
+        ``beta = 1``), in nats.
+
+        Returns ``(local, global_)``: ``local`` ``(B,)`` the per-example KL of the attention
+        latents of each input of ``x`` (``y`` for sequence models that read targets), and
+        ``global_`` the KL charged once per data set: global latents (sparse-GP inducing values)
+        plus Bayesian weights. The ELBO's KL over a data set of ``N`` examples is
+        :math:`\sum_n \mathrm{KL}_n + \mathrm{KL}_{\text{global}}`. A network without latents
+        gives zeros. Evaluated in eval mode (no dropout) with one draw of the weights and the
+        globals; the KLs themselves are analytic where the families register one.
+        """
+        self.check_batch(x, y)
+        check_int("batch_size", batch_size, 1)
+        was_training = self.training
+        self.eval()
+        parts: list[Tensor] = []
+        try:
+            with self.pyro_context:
+                values, kl_w = self._weight_kl()
+                global_kl = kl_w + sum(float(m.kl()) for m in self.global_latents())
+                g = self.draw_globals("guide")  # one draw for every chunk
+                for i in range(0, x.shape[0], batch_size):
+                    xb = x[i : i + batch_size]
+                    yb = None if y is None else y[i : i + batch_size]
+                    with collect_kl() as col, self.weights_from(values), global_values(g):
+                        self.forward_logits(xb, yb, 1)
+                    kl, B = col.total(), xb.shape[0]
+                    if isinstance(kl, Tensor):
+                        parts.append(kl.reshape(-1, B).mean(0))  # (B,)
+                    else:
+                        parts.append(xb.new_zeros(B))
+        finally:
+            self.train(was_training)
+        return torch.cat(parts), float(global_kl)
+
 
 # ---------------------------------------------------------------------------------------------
 # embeddings
@@ -506,7 +544,7 @@ class TransformerClassifier(BayesianNetwork):
             attn_dropout=attn_dropout,
             norm_first=norm_first,
         )
-        # nn.Linear, or a GP/epinet read-out of the pooled features (AttentionConfig(readout=...))
+        # nn.Linear read-out of the pooled features (AttentionConfig.build_readout)
         self.head = as_attention_config(attention).build_readout(d_model, num_classes)
 
     def check_batch(self, x: Tensor, y: Tensor | None) -> None:
@@ -619,8 +657,6 @@ class TransformerClassifier(BayesianNetwork):
         else:
             keep = (~pad).to(h.dtype).unsqueeze(-1)  # (B, T, 1)
             pooled = (h * keep).sum(-2) / keep.sum(-2).clamp_min(1.0)
-        if getattr(self.head, "global_latent", False) is True:  # a draw per sample
-            return self.head(pooled, leading_samples=num_samples if num_samples > 1 else None)
         head = cast(nn.Linear, self.head)
         # linear() reads x as (*S, B, T, In); pooled has no T, so give it one
         out = linear(pooled.unsqueeze(-2), head.weight, head.bias)  # (*S, B, 1, C)

@@ -22,6 +22,7 @@ from .config import DATASETS, DEFAULT_ROTATION, MODEL_DEFAULTS, StudyConfig
 from .merge import merge_studies
 from .methods import (
     DEFAULT_METHODS,
+    FULL_METHODS,
     METHODS,
     Fitted,
     Method,
@@ -35,6 +36,7 @@ __all__ = [
     "StudyConfig",
     "METHODS",
     "DEFAULT_METHODS",
+    "FULL_METHODS",
     "DATASETS",
     "DEFAULT_ROTATION",
     "MODEL_DEFAULTS",

@@ -33,6 +33,7 @@ __all__ = [
     "Method",
     "METHODS",
     "DEFAULT_METHODS",
+    "FULL_METHODS",
     "register_method",
     "get_method",
     "ensemble_of",
@@ -78,6 +79,12 @@ class Method:
         """The method's own OOD score ``(B,)`` (only when ``own_score`` is set)."""
         raise NotImplementedError(f"{self.name} has no own score")
 
+    def posterior_kl(self, fitted: Fitted, run: Run) -> tuple[float, float] | None:
+        """``(mean per-example KL over the training inputs, global KL)`` in nats of a method
+        with a variational posterior (:meth:`~bayesattn.nn.networks.BayesianNetwork.posterior_kl`);
+        ``None`` (the default) for a method without one."""
+        return None
+
 
 #: the registered methods (a :class:`~bayesattn.registry.Registry` of ready instances)
 _REGISTRY: Registry[Method] = Registry(
@@ -112,6 +119,12 @@ class _Names(Sequence[str]):
 METHODS: Sequence[str] = _Names(lambda: list(_REGISTRY))
 #: the methods a plain ``run_study``/``bayesattn study`` runs
 DEFAULT_METHODS: Sequence[str] = _Names(lambda: list(_DEFAULT))
+#: the methods the full protocol runs (:meth:`StudyConfig.full`, ``--protocol full``): the
+#: defaults plus the global, distance-aware posteriors of issue 17 that earned their place
+_FULL_EXTRA = ("posthoc_gp", "sgpa")
+FULL_METHODS: Sequence[str] = _Names(
+    lambda: [*_DEFAULT, *(m for m in _FULL_EXTRA if m in _REGISTRY and m not in _DEFAULT)]
+)
 
 
 def register_method(method: Method, default: bool = False) -> Method:
@@ -327,6 +340,10 @@ class BayesianAttention(Method):
         S = fitted.state["num_samples"]
         return predict(fitted.nets[0], x, S, batch_size=_BATCH, keep_attention=False)
 
+    def posterior_kl(self, fitted: Fitted, run: Run) -> tuple[float, float]:
+        local, global_ = fitted.nets[0].posterior_kl(run.data.x_train, batch_size=_BATCH)
+        return float(local.mean()), global_
+
 
 for _m in (Deterministic(), TemperatureScaled(), McDropout(), Ensemble(), KNN(),
            RelativeMahalanobis(), LastLayerLaplace()):  # fmt: skip
@@ -406,8 +423,4 @@ register_method(
                       lambda: AttentionConfig(read="sparse_gp", layers="last",
                                               read_kwargs={"init_mean": 1.0, "init_scale": 0.3}),
                       tempered=False)
-)  # fmt: skip
-register_method(
-    BayesianAttention("epinet", "epinet read-out of the CLS output: random prior + learned MLP",
-                      lambda: AttentionConfig(readout="epinet"), tempered=False)
 )  # fmt: skip

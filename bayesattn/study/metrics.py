@@ -111,6 +111,8 @@ def evaluate(method: Method, fitted: Fitted, run: Run) -> tuple[dict[str, Any], 
             "accuracy": C.accuracy(rc.mean_probs, d.y_test),
             "nll": C.negative_log_likelihood(rc.mean_probs, d.y_test),
         }
+    kl = method.posterior_kl(fitted, run)
+    row["kl_local"], row["kl_global"] = (None, None) if kl is None else kl
     row["train_seconds"] = fitted.train_seconds
     row.update(_cost(method, fitted, run))
     row["params"] = fitted.params
@@ -132,6 +134,8 @@ SCALARS: tuple[tuple[str, tuple[str, ...], bool | None], ...] = (
     ("auroc_own", ("held_out", "auroc_own"), True),
     ("mean_mi_in", ("mean_mi_in",), None),
     ("mean_mi_out", ("mean_mi_out",), None),
+    ("kl_local", ("kl_local",), None),
+    ("kl_global", ("kl_global",), None),
     ("far_auroc_uniform", ("far_ood", "uniform", "auroc_entropy"), True),
     ("far_auroc_inverted", ("far_ood", "inverted", "auroc_entropy"), True),
     ("far_auroc_permuted", ("far_ood", "permuted", "auroc_entropy"), True),
@@ -157,5 +161,7 @@ def get(row: dict[str, Any], path: tuple[str, ...]) -> float | None:
     """The number at ``path`` in a row (``None`` where the method has none, e.g. own score)."""
     v: Any = row
     for k in path:
+        if k not in v:  # a number a study of an older version did not record (e.g. the KL)
+            return None
         v = v[k]
     return None if v is None else float(v)

@@ -142,7 +142,9 @@ def _dataset_section(ds: str, block: dict[str, Any]) -> list[str]:
         f"{sizes['train']}/{sizes['val']}/{sizes['test']}/{sizes['ood_classes']} (first run); "
         f"model d_model={model['d_model']}, heads={model['nhead']}, layers={model['num_layers']}, "
         f"ff={model['dim_feedforward']}, tokens of {model['patch']} "
-        f"{'pixels²' if ds == 'digits' else 'steps'}, {model['epochs']} epochs; took "
+        f"{'pixels²' if ds == 'digits' else 'steps'}"
+        f"{f' every {stride}' if (stride := model.get('stride')) else ''}, "
+        f"{model['epochs']} epochs; took "
         f"{block['seconds'] / 60:.1f} min. Cells: mean ± half-width of the 95% t-interval.",
         "",
         "### Quality (raw)",
@@ -160,6 +162,14 @@ def _dataset_section(ds: str, block: dict[str, Any]) -> list[str]:
                              ("mean_mi_out", "MI out", 4)])  # fmt: skip
     own = [f"`{m}`: {get_method(m).own_score}" for m in pooled if get_method(m).own_score]
     parts += ["", "Own scores: " + (", ".join(own) if own else "none") + ".", ""]
+    if any(pooled[m].get("kl_local") for m in pooled):
+        parts += ["### What the posterior learned: KL(q‖p)", "",
+                  "Mean per-example KL of the attention latents over the training inputs and the "
+                  "KL charged once per data set (global latents: sparse-GP inducing values, "
+                  "Bayesian weights), nats; only methods with a variational posterior.", ""]  # fmt: skip
+        parts += _table({m: r for m, r in pooled.items() if r.get("kl_local")},
+                        [("kl_local", "KL per example", 4), ("kl_global", "KL global", 2)])  # fmt: skip
+        parts += [""]
     parts += ["### Far-OOD sanity sets and corruptions", "",
               "Entropy AUROC against uniform noise, inverted inputs and per-example permuted "
               "inputs; mean over corruption kinds and severities.", ""]  # fmt: skip

@@ -27,23 +27,42 @@ __all__ = ["Run", "SignalTransformer", "pooled_features"]
 
 
 class SignalTransformer(TransformerClassifier):
-    """A transformer over 1-D signals: ``(B, T)`` cut into ``T / patch`` non-overlapping windows
-    of ``patch`` steps (the tokens, linearly embedded), a CLS token, learned positions.
+    """A transformer over 1-D signals: ``(B, T)`` cut into windows of ``patch`` steps every
+    ``stride`` steps (default ``stride = patch``: non-overlapping; ``stride < patch``:
+    overlapping windows, ``(T - patch) / stride + 1`` tokens), each linearly embedded, a CLS
+    token, learned positions.
 
     Shape:
-        x ``(B, T)`` → logits ``(*S, B, num_classes)``.
+        x ``(B, T)`` → windows ``(B, (T - patch) / stride + 1, patch)`` → logits
+        ``(*S, B, num_classes)``.
     """
 
-    def __init__(self, num_classes: int, length: int = 40, patch: int = 4, **kwargs: Any) -> None:
-        if length % patch:
-            raise ValueError(f"length must be divisible by patch; got {length}, {patch}")
-        self.length, self.patch = length, patch
+    def __init__(
+        self,
+        num_classes: int,
+        length: int = 40,
+        patch: int = 4,
+        stride: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        stride = patch if stride is None else stride
+        for name, v in (("length", length), ("patch", patch), ("stride", stride)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int; got {v!r}")
+        if patch > length or (length - patch) % stride:
+            raise ValueError(
+                f"windows of patch={patch} every stride={stride} steps must tile length={length} "
+                f"exactly ((length - patch) divisible by stride)"
+            )
+        self.length, self.patch, self.stride = length, patch, stride
         kwargs.setdefault("pooling", "cls")
-        super().__init__(num_classes, input_dim=patch, max_len=length // patch, **kwargs)
+        super().__init__(
+            num_classes, input_dim=patch, max_len=(length - patch) // stride + 1, **kwargs
+        )
 
     def patchify(self, x: Tensor) -> Tensor:
-        """``(B, T)`` → ``(B, T / patch, patch)`` windows."""
-        return x.reshape(x.shape[0], self.length // self.patch, self.patch)
+        """``(B, T)`` → ``(B, (T - patch) / stride + 1, patch)`` windows (a view of ``x``)."""
+        return x.unfold(-1, self.patch, self.stride)
 
     def check_batch(self, x: Tensor, y: Tensor | None) -> None:
         if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.length:
@@ -120,7 +139,9 @@ class Run:
                   attention=attention)  # fmt: skip
         if self.dataset == "digits":
             return VisionTransformer(c, image_size=8, patch_size=m["patch"], **kw)
-        return SignalTransformer(c, length=self.data.x_train.shape[1], patch=m["patch"], **kw)
+        return SignalTransformer(
+            c, length=self.data.x_train.shape[1], patch=m["patch"], stride=m.get("stride"), **kw
+        )
 
     def train(self, net: BayesianNetwork, seed: int, bayes: bool, kl_weight: float = 1.0) -> float:
         """Train ``net`` (hybrid ELBO; cross-entropy for a deterministic one) and return the

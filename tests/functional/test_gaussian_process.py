@@ -252,14 +252,14 @@ def test_attention_config_validates_gp_options():
         AttentionConfig(read="gp")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not options of read="):
         AttentionConfig(read="sparse_gp", read_kwargs={"inducing": 3})
-    # the GP read-outs were dropped in 0.4: readout="sparse_gp"/"random_features" are rejected
-    for dropped in ("sparse_gp", "random_features"):
+    # the GP read-outs (0.4) and the epinet (0.5) were dropped: only readout="linear" is left
+    for dropped in ("sparse_gp", "random_features", "epinet"):
         with pytest.raises(ValueError, match="readout must be one of") as err:
             AttentionConfig(readout=dropped)  # type: ignore[arg-type]
-        assert "('linear', 'epinet')" in str(err.value)
+        assert "('linear',)" in str(err.value)
         assert f"got {dropped!r}" in str(err.value)
-    with pytest.raises(ValueError, match="not options of readout="):
-        AttentionConfig(readout="epinet", readout_kwargs={"num_inducing": 3})
+    with pytest.raises(ValueError, match="readout_kwargs \\['index_dim'\\] given with readout='linear'"):
+        AttentionConfig(readout_kwargs={"index_dim": 3})
     with pytest.raises(ValueError, match="given with read='softmax'"):
         AttentionConfig(read_kwargs={"num_inducing": 3})
     with pytest.raises(ValueError, match="num_inducing"):

@@ -269,3 +269,64 @@ def test_bayesian_projections_ignore_stale_param_store_entries():
     bayesian_projections(second)
     med = second.weight_guide.median()["encoder.layers.0.self_attn.in_proj_weight"]
     torch.testing.assert_close(med, w0)
+
+
+def _kl_vit(attention):
+    torch.manual_seed(0)
+    return VisionTransformer(3, image_size=4, patch_size=2, d_model=8, nhead=2, num_layers=2,
+                             dim_feedforward=8, attention=attention).double()  # fmt: skip
+
+
+def test_posterior_kl_is_what_the_elbo_charges_per_example_and_once_globally():
+    """loss(beta=1) - loss(beta=0) with the same draws and N = B = 1 is KL_n + KL_global: the
+    ELBO's own charge, example by example, against posterior_kl's per-example and global parts."""
+    x = torch.rand(5, 4, 4, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 0, 1])
+    for attention in (AttentionConfig.recommended(),
+                      AttentionConfig(read="sparse_gp", layers="last")):  # fmt: skip
+        net = _kl_vit(attention).eval()
+        for m in net.global_latents():
+            with torch.no_grad():
+                m.q_mean.normal_()  # a global KL well away from 0
+        local, glob = net.posterior_kl(x, batch_size=2)
+        assert local.shape == (5,) and local.dtype == torch.float64
+        for n in range(5):
+            losses = []
+            for beta in (1.0, 0.0):
+                torch.manual_seed(7)
+                loss = net.elbo_loss(x[n : n + 1], y[n : n + 1], beta=beta)[0]
+                losses.append(float(loss.detach()))
+            assert losses[0] - losses[1] == pytest.approx(float(local[n]) + glob, abs=1e-8)
+        if attention.read == "sparse_gp":
+            assert glob > 1.0 and float(local.abs().max()) == 0.0
+            assert glob == pytest.approx(sum(float(m.kl()) for m in net.global_latents()))
+        else:
+            assert float(local.min()) > 0.0 and glob == 0.0
+            # per-example: the same numbers whatever the chunking
+            torch.testing.assert_close(net.posterior_kl(x, batch_size=5)[0], local)
+
+
+def test_posterior_kl_of_a_deterministic_network_is_zero_and_checks_its_input():
+    net = _kl_vit(None)
+    net.train()
+    local, glob = net.posterior_kl(torch.rand(3, 4, 4, dtype=torch.float64))
+    assert float(local.abs().max()) == 0.0 and glob == 0.0
+    assert net.training  # the mode is restored
+    with pytest.raises(ValueError, match="batch_size"):
+        net.posterior_kl(torch.rand(3, 4, 4, dtype=torch.float64), batch_size=0)
+    with pytest.raises(ValueError):
+        net.posterior_kl(torch.rand(3, 5, dtype=torch.float64))
+
+
+def test_posterior_kl_counts_bayesian_weights_globally():
+    net = _kl_vit(None)
+    bayesian_projections(net, targets=("*out_proj.weight",))
+    pyro.clear_param_store()
+    local, glob = net.posterior_kl(torch.rand(3, 4, 4, dtype=torch.float64))
+    assert float(local.abs().max()) == 0.0 and glob > 0.0
+    x, y = torch.rand(1, 4, 4, dtype=torch.float64), torch.tensor([1])
+    losses = []
+    for beta in (1.0, 0.0):
+        torch.manual_seed(3)
+        losses.append(float(net.elbo_loss(x, y, beta=beta)[0].detach()))
+    assert losses[0] - losses[1] == pytest.approx(glob, rel=1e-6)

@@ -64,9 +64,12 @@ def test_config_pairs_presets_and_errors():
     assert StudyConfig.quick().pairs() == [(8, 9)]
     assert StudyConfig.quick(holdout_rotation=3).pairs() == rotation_pairs(3)
     full = StudyConfig.full()
-    assert full.dataset_list == ("digits", "mnist1d") and full.seeds == 5
+    assert full.dataset_list == ("digits", "mnist1d") and full.seeds == 5 and full.jobs == 2
+    assert full.methods == (*StudyConfig().methods, "posthoc_gp", "sgpa")
+    assert StudyConfig.full(methods=("deterministic",), jobs=1).methods == ("deterministic",)
     assert len(full.pairs()) == 5
-    assert StudyConfig(dataset="mnist1d").model("mnist1d")["patch"] == 4
+    m1d = StudyConfig(dataset="mnist1d").model("mnist1d")
+    assert (m1d["patch"], m1d["stride"]) == (8, 4)  # overlapping windows: 9 tokens
     assert StudyConfig(d_model=8, nhead=2).model("digits")["d_model"] == 8
     with pytest.raises(ValueError, match="not both"):
         StudyConfig(holdout_classes=(1, 2), holdout_rotation=2)
@@ -324,3 +327,27 @@ def test_merging_studies_equals_one_study_with_every_method(tmp_path):
     (b / "results.json").write_text(json.dumps(res))
     with pytest.raises(ValueError, match="'deterministic' differs"):
         merge_studies([a, b], tmp_path / "bad2")
+
+
+def test_the_study_records_the_kl_of_a_variational_posterior_and_none_elsewhere():
+    """recommended/sgpa: the network's posterior_kl over the training inputs (mean per example,
+    global); methods without a variational posterior: None (shown as —)."""
+    import torch
+
+    from bayesattn.study.metrics import SCALARS, get
+    from bayesattn.study.runs import Run
+
+    cfg = StudyConfig.quick(epochs=1, methods=("deterministic", "recommended"), progress=False)
+    run = Run.load(cfg, "digits", (8, 9), 0)
+    rec = get_method("recommended")
+    f = rec.fit(run)
+    local, glob = rec.posterior_kl(f, run)
+    want_local, want_glob = f.nets[0].posterior_kl(run.data.x_train)
+    assert local == pytest.approx(float(want_local.mean())) and glob == want_glob == 0.0
+    assert local > 0.0
+    det = get_method("deterministic")
+    assert det.posterior_kl(det.fit(run), run) is None
+    keys = {k: p for k, p, _ in SCALARS}
+    assert get({"kl_local": None}, keys["kl_local"]) is None
+    assert get({}, keys["kl_global"]) is None  # a study written before the KL was recorded
+    assert torch.is_tensor(want_local) and want_local.shape == (len(run.data.x_train),)

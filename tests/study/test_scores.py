@@ -110,3 +110,20 @@ def test_pooled_features_are_what_the_head_reads():
         SignalTransformer(4, length=12, patch=3, d_model=8, nhead=2).check_batch(
             torch.randn(2, 10), None
         )
+
+
+def test_signal_windows_overlap_and_tile():
+    x = torch.randn(3, 12)
+    plain = SignalTransformer(4, length=12, patch=3, d_model=8, nhead=2)
+    torch.testing.assert_close(plain.patchify(x), x.reshape(3, 4, 3), rtol=0, atol=0)
+    over = SignalTransformer(4, length=12, patch=4, stride=2, d_model=8, nhead=2)
+    w = over.patchify(x)  # windows x[:, 2i : 2i + 4], i = 0..4
+    assert w.shape == (3, 5, 4)
+    for i in range(5):
+        torch.testing.assert_close(w[:, i], x[:, 2 * i : 2 * i + 4], rtol=0, atol=0)
+    over.eval()
+    assert over(x).shape == (3, 4)
+    with pytest.raises(ValueError, match="tile length=12"):
+        SignalTransformer(4, length=12, patch=4, stride=3, d_model=8, nhead=2)
+    with pytest.raises(ValueError, match="stride must be a positive int; got 0"):
+        SignalTransformer(4, length=12, patch=4, stride=0, d_model=8, nhead=2)
