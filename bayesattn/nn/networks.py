@@ -387,7 +387,7 @@ class BayesianNetwork(PyroModule):
 
     @torch.no_grad()
     def posterior_kl(
-        self, x: Tensor, y: Tensor | None = None, batch_size: int = 256
+        self, x: Tensor, y: Tensor | None = None, batch_size: int = 256, num_samples: int = 1
     ) -> tuple[Tensor, float]:
         r"""``KL(q‖p)`` of the trained posterior: the terms :meth:`elbo_loss` charges (at
         ``beta = 1``), in nats.
@@ -398,10 +398,14 @@ class BayesianNetwork(PyroModule):
         plus Bayesian weights. The ELBO's KL over a data set of ``N`` examples is
         :math:`\sum_n \mathrm{KL}_n + \mathrm{KL}_{\text{global}}`. A network without latents
         gives zeros. Evaluated in eval mode (no dropout) with one draw of the weights and the
-        globals; the KLs themselves are analytic where the families register one.
+        globals; each layer's KL is analytic where its family registers one, but with latents in
+        several layers a later layer's KL depends on the earlier layers' draws, so ``local`` is
+        then a Monte Carlo estimate averaged over ``num_samples`` draws (exact for latents in
+        one layer, such as :meth:`AttentionConfig.recommended`).
         """
         self.check_batch(x, y)
         check_int("batch_size", batch_size, 1)
+        check_int("num_samples", num_samples, 1)
         was_training = self.training
         self.eval()
         parts: list[Tensor] = []
@@ -414,10 +418,10 @@ class BayesianNetwork(PyroModule):
                     xb = x[i : i + batch_size]
                     yb = None if y is None else y[i : i + batch_size]
                     with collect_kl() as col, self.weights_from(values), global_values(g):
-                        self.forward_logits(xb, yb, 1)
+                        self.forward_logits(xb, yb, num_samples)
                     kl, B = col.total(), xb.shape[0]
                     if isinstance(kl, Tensor):
-                        parts.append(kl.reshape(-1, B).mean(0))  # (B,)
+                        parts.append(kl.reshape(-1, B).mean(0))  # (S?, B) -> (B,)
                     else:
                         parts.append(xb.new_zeros(B))
         finally:

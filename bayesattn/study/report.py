@@ -166,7 +166,9 @@ def _dataset_section(ds: str, block: dict[str, Any]) -> list[str]:
         parts += ["### What the posterior learned: KL(q‖p)", "",
                   "Mean per-example KL of the attention latents over the training inputs and the "
                   "KL charged once per data set (global latents: sparse-GP inducing values, "
-                  "Bayesian weights), nats; only methods with a variational posterior.", ""]  # fmt: skip
+                  "Bayesian weights), nats; only methods with a variational posterior. One draw "
+                  "per example: exact for latents in one layer, a Monte Carlo estimate (averaged "
+                  "over the training set) for latents in every layer.", ""]  # fmt: skip
         parts += _table({m: r for m, r in pooled.items() if r.get("kl_local")},
                         [("kl_local", "KL per example", 4), ("kl_global", "KL global", 2)])  # fmt: skip
         parts += [""]

@@ -330,3 +330,33 @@ def test_posterior_kl_counts_bayesian_weights_globally():
         torch.manual_seed(3)
         losses.append(float(net.elbo_loss(x, y, beta=beta)[0].detach()))
     assert losses[0] - losses[1] == pytest.approx(glob, rel=1e-6)
+
+
+def test_posterior_kl_of_sequence_models_reads_their_targets():
+    """Seq2Seq/CausalLM with latents in every layer: per sequence, the ELBO's charge at beta 1
+    vs 0 with the same draws; a later layer's KL depends on earlier draws, so ``num_samples``
+    averages the estimate."""
+    torch.manual_seed(0)
+    src = torch.randint(3, 6, (3, 4))
+    tgt = torch.tensor([[1, 3, 4, 2, 0], [1, 5, 5, 6, 2], [1, 4, 2, 0, 0]])
+    for net, x, y in ((Seq2Seq(6, 7, attention=AttentionConfig("dirichlet"), **SMALL), src, tgt),
+                      (CausalLM(7, attention=AttentionConfig("dirichlet"), **SMALL), tgt, None)):  # fmt: skip
+        net.eval()
+        local, glob = net.posterior_kl(x, y, batch_size=2)
+        assert local.shape == (3,) and float(local.min()) > 0.0 and glob == 0.0
+        for n in range(3):
+            xn, yn = x[n : n + 1], None if y is None else y[n : n + 1]
+            torch.manual_seed(5)
+            want = float(net.posterior_kl(xn, yn)[0][0])
+            losses = []
+            for beta in (1.0, 0.0):
+                torch.manual_seed(5)
+                losses.append(float(net.elbo_loss(xn, yn, beta=beta)[0].detach()))
+            assert losses[0] - losses[1] == pytest.approx(want, rel=1e-5)
+        # the estimate averaged over draws: the mean of single draws, and less spread
+        torch.manual_seed(1)
+        many = net.posterior_kl(x, y, num_samples=64)[0]
+        singles = torch.stack([net.posterior_kl(x, y)[0] for _ in range(64)])
+        torch.testing.assert_close(many, singles.mean(0), rtol=0.02, atol=0.0)
+    with pytest.raises(ValueError, match="num_samples"):
+        net.posterior_kl(x, y, num_samples=0)
