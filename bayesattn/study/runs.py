@@ -13,6 +13,7 @@ import pyro
 import torch
 from torch import Tensor
 
+from .._validation import check_int
 from ..data import CORRUPTION_KINDS, DigitsData, corrupt_images, load_digits_data
 from ..data.far_ood import SEQUENCE_CORRUPTIONS, corrupt_sequences, far_ood_suite
 from ..data.mnist1d import load_mnist1d_data
@@ -45,10 +46,8 @@ class SignalTransformer(TransformerClassifier):
         stride: int | None = None,
         **kwargs: Any,
     ) -> None:
-        stride = patch if stride is None else stride
-        for name, v in (("length", length), ("patch", patch), ("stride", stride)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int; got {v!r}")
+        length, patch = check_int("length", length, 1), check_int("patch", patch, 1)
+        stride = patch if stride is None else check_int("stride", stride, 1)
         if patch > length or (length - patch) % stride:
             raise ValueError(
                 f"windows of patch={patch} every stride={stride} steps must tile length={length} "
