@@ -112,10 +112,16 @@ def _err(r: dict[str, Any]) -> float:
 def _pareto(out: Path, dataset: str, pooled: dict[str, Any]) -> str:
     """Quality (NLL, held-out AUROC) against cost (inference ms/example at batch 512, training
     seconds); means with 95% intervals over runs."""
+    from matplotlib import colormaps
+    from matplotlib.ticker import FormatStrFormatter, LogLocator
+
     from .. import plots
 
     fig = plots._new_figure(figsize=(10.0, 7.5), layout="constrained")
     axes = fig.subplots(2, 2)
+    # one colour per method (tab10 repeats after 10; the full protocol has 13)
+    cmap = colormaps["tab10" if len(pooled) <= 10 else "tab20"]
+    colour = {m: cmap(k % cmap.N) for k, m in enumerate(pooled)}
     qs = (("nll", "NLL (lower is better)"), ("auroc_entropy", "held-out AUROC, entropy"))
     cs = (("infer_ms_batch512", "inference ms / example (batch 512)"),
           ("train_seconds", "training seconds"))  # fmt: skip
@@ -124,14 +130,19 @@ def _pareto(out: Path, dataset: str, pooled: dict[str, Any]) -> str:
             ax = axes[i][j]
             for m, r in pooled.items():
                 ax.errorbar(r[c]["mean"], r[q]["mean"], xerr=_err(r[c]), yerr=_err(r[q]),
-                            fmt="o", capsize=3, label=m)  # fmt: skip
+                            fmt="o", capsize=3, label=m, color=colour[m])  # fmt: skip
                 ax.annotate(m, (r[c]["mean"], r[q]["mean"]), textcoords="offset points",
                             xytext=(4, 4), fontsize=8)  # fmt: skip
             ax.set_xscale("log")
+            # plain numbers at 1, 2, 5 × 10^k: readable whether the span is under a decade or not
+            ax.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+            for fmt in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
+                fmt(FormatStrFormatter("%g"))
             ax.set_xlabel(clabel)
             ax.set_ylabel(qlabel)
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7, loc="best")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="outside lower center", ncols=min(7, len(labels)))
     fig.suptitle(f"{dataset}: quality against cost (mean, 95% interval over runs)")
     path = register_output(out, f"pareto_{dataset}.png")
     plots._finish(fig, path)
