@@ -21,6 +21,17 @@ split (the other half giving :math:`\Sigma`) by the predictive NLL, from
 
 ``S`` samples cost one forward pass plus a ``(B, R) @ (R, S·C)`` product
 (``benchmarks/posthoc_gp.py`` prints the ratio to one plain forward pass).
+
+:meth:`PosthocGP.probs` is the deterministic **mean-field** predictive (the probit
+approximation SNGP uses), a distance-aware temperature:
+
+.. math:: p(x) = \operatorname{softmax}\!\Big(\frac{z(x)}{T_{\rm mf}\sqrt{1 + a\,v(x)}}\Big),
+
+with :math:`v(x)` the GP variance averaged over two covariances, each fitted on one half of the
+calibration split, and :math:`(T_{\rm mf}, a\ge 0)` fitted by the NLL on the calibration split
+with every example's variance taken *out of fold* (from the half it is not in), so the
+calibration inputs look as unseen as test inputs do. :math:`a = 0` is temperature scaling; a
+large :math:`a` flattens the predictive where the input is far from the calibration features.
 """
 
 from __future__ import annotations
@@ -85,6 +96,9 @@ class PosthocGP:
     outputscale: float
     scale_tril: Tensor  # (R, R): L_Σ
     batch_size: int = 4096
+    mf_temperature: float = 1.0  # T_mf
+    mf_scale: float = 0.0  # a ≥ 0
+    half_trils: Tensor | None = None  # (2, R, R): L_Σ of each half of the calibration split
 
     def features(self, h: Tensor) -> Tensor:
         """:math:`\\phi(h)` ``(B, R)``."""
@@ -98,6 +112,20 @@ class PosthocGP:
         _, h = _logits_and_features(self.model, self.head, x, self.forward, self.batch_size)
         a = self.features(h) @ self.scale_tril  # (B, R)
         return (a * a).sum(-1)
+
+    def half_variance(self, phi: Tensor) -> Tensor:
+        """:math:`v` ``(B,)``: the GP variance averaged over the two half-split covariances
+        (the full covariance where there are none), from features ``phi (B, R)``."""
+        trils = self.half_trils if self.half_trils is not None else self.scale_tril[None]
+        a = torch.matmul(phi.to(trils.dtype), trils)  # (2, B, R)
+        return (a * a).sum(-1).mean(0)
+
+    @torch.no_grad()
+    def probs(self, x: Inputs) -> Tensor:
+        """The mean-field predictive ``(B, C)`` in one forward pass (module docstring)."""
+        z, h = _logits_and_features(self.model, self.head, x, self.forward, self.batch_size)
+        v = self.half_variance(self.features(h)).to(z.dtype)  # (B,)
+        return torch.softmax(_mean_field(z, v, self.mf_temperature, self.mf_scale), -1)
 
     @torch.no_grad()
     def sample_probs(self, x: Inputs, num_samples: int = 32, seed: int | None = None) -> Tensor:
@@ -117,6 +145,33 @@ def _covariance_tril(phi: Tensor) -> Tensor:
     eye = torch.eye(phi.shape[-1], dtype=phi.dtype)
     cov = torch.cholesky_inverse(torch.linalg.cholesky(eye + phi.T @ phi))
     return torch.linalg.cholesky(cov)
+
+
+def _mean_field(z: Tensor, v: Tensor, temperature: Any, scale: Any) -> Tensor:
+    r""":math:`z / (T\sqrt{1 + a v})` ``(B, C)`` from logits ``(B, C)`` and variances ``(B,)``."""
+    return z / (temperature * torch.sqrt(1 + scale * v))[..., None]
+
+
+def _fit_mean_field(z: Tensor, v: Tensor, y: Tensor) -> tuple[float, float]:
+    """``(T_mf, a)`` minimising the NLL of :func:`_mean_field` (float64 L-BFGS over
+    ``log T`` and ``log a``, started from ``T = 1``, ``a = 1``)."""
+    z, v = z.double(), v.double()
+    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    log_a = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([log_t, log_a], max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(_mean_field(z, v, log_t.exp(), log_a.exp()), y)
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    T, a = float(log_t.detach().exp()), float(log_a.detach().exp())
+    if not (math.isfinite(T) and math.isfinite(a) and T > 0):  # degenerate: temperature only
+        return C.fit_temperature(z, y), 0.0
+    return T, a
 
 
 def _nll(probs: Tensor, y: Tensor) -> float:
@@ -177,9 +232,23 @@ def fit_posthoc_gp(
             if nll < best_nll:
                 best, best_nll = s, nll
     read = make(best, torch.arange(len(h)))
+    if len(check_half) > 0:  # the mean-field predictive, on out-of-fold variances
+        phi = read.features(h64)  # (N, R)
+        halves = (fit_half, check_half)
+        trils = torch.stack([_covariance_tril(phi[rows]) for rows in halves])  # (2, R, R)
+        v = torch.empty(len(h), dtype=torch.float64)
+        for rows, other in zip(halves, (trils[1], trils[0]), strict=True):
+            a = phi[rows] @ other
+            v[rows] = (a * a).sum(-1)
+        read.half_trils = trils
+        read.mf_temperature, read.mf_scale = _fit_mean_field(z, v, y_cal)
+    else:
+        read.mf_temperature = T
     dt = z.dtype if z.is_floating_point() else torch.float32
     read.rff_weight, read.rff_phase = W.to(dt), b.to(dt)
     read.scale_tril = read.scale_tril.to(dt)  # sampling in the model's precision: cheap
+    if read.half_trils is not None:
+        read.half_trils = read.half_trils.to(dt)
     return read
 
 

@@ -417,7 +417,28 @@ class PosthocGP(Deterministic):
         return fitted.state["read"].variance(run.features("", x))
 
 
+class PosthocGPMeanField(PosthocGP):
+    r""":class:`PosthocGP`'s read with its deterministic mean-field predictive
+    (:meth:`~bayesattn.interop.posthoc_gp.PosthocGP.probs`): the logits divided by
+    :math:`T_{\rm mf}\sqrt{1 + a\,v(x)}`, a temperature that grows with the GP variance, both
+    fitted on validation with out-of-fold variances; own score: the GP's posterior variance."""
+
+    name = "posthoc_gp_mf"
+    description = "the post-hoc GP read's mean-field predictive (distance-aware temperature)"
+
+    def fit(self, run: Run) -> Fitted:
+        f = super().fit(run)
+        read = f.state["read"]
+        f.params.update(mf_temperature=read.mf_temperature, mf_scale=read.mf_scale)
+        return f
+
+    def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
+        z = fitted.state["run"].features("", x)
+        return PredictionResult(fitted.state["read"].probs(z)[None])  # (1, B, C)
+
+
 register_method(PosthocGP())
+register_method(PosthocGPMeanField())
 register_method(
     BayesianAttention("sgpa", "sparse-GP attention read of the last layer (SGPA-style)",
                       lambda: AttentionConfig(read="sparse_gp", layers="last",

@@ -63,7 +63,9 @@ def test_covariances_closed_forms():
     x1, x2 = torch.tensor([[0.0, 0.0]], dtype=D64), torch.tensor([[3.0, 4.0]], dtype=D64)
     ls, os = torch.tensor([2.0], dtype=D64), torch.tensor([1.5], dtype=D64)
     r = 5.0 / 2.0
-    assert float(rbf_covariance(x1, x2, ls, os)) == pytest.approx(1.5 * torch.exp(torch.tensor(-r * r / 2)).item())
+    assert float(rbf_covariance(x1, x2, ls, os)) == pytest.approx(
+        1.5 * torch.exp(torch.tensor(-r * r / 2)).item()
+    )
     s5 = 5**0.5
     expect = 1.5 * (1 + s5 * r + 5 * r * r / 3) * torch.exp(torch.tensor(-s5 * r)).item()
     assert float(matern52_covariance(x1, x2, ls, os)) == pytest.approx(expect)
@@ -81,7 +83,9 @@ def test_variance_reverts_to_prior_far_from_inducing_keys():
         gp.q_tril_rawdiag.fill_(-4.0)  # a confident posterior: S ≈ 0.018² I
     far = gp.inducing.detach()[:, :1] + 100.0  # (G, 1, D)
     mean, var = (t.detach() for t in gp.marginals(far))
-    torch.testing.assert_close(var, gp.outputscale.detach()[:, None].expand(2, 1), atol=1e-8, rtol=0)
+    torch.testing.assert_close(
+        var, gp.outputscale.detach()[:, None].expand(2, 1), atol=1e-8, rtol=0
+    )
     assert float(mean.abs().max()) < 1e-8
     near_mean, near_var = gp.marginals(gp.inducing.detach()[:, :1])
     assert float(near_var.max()) < 0.01 * float(var.min())
@@ -96,7 +100,9 @@ def test_kl_matches_torch_closed_form():
         gp.q_tril_rawdiag.normal_()
     L = gp.q_scale_tril()  # (G, M, M)
     q = MultivariateNormal(gp.q_mean, scale_tril=L.unsqueeze(1).expand(3, 4, 5, 5))
-    p = MultivariateNormal(torch.zeros_like(gp.q_mean), scale_tril=torch.eye(5, dtype=D64).expand(3, 4, 5, 5))
+    p = MultivariateNormal(
+        torch.zeros_like(gp.q_mean), scale_tril=torch.eye(5, dtype=D64).expand(3, 4, 5, 5)
+    )
     expect = kl_divergence(q, p).sum()
     torch.testing.assert_close(gp.kl(), expect)
     torch.testing.assert_close(whitened_kl(gp.q_mean, L), expect)
@@ -258,7 +264,9 @@ def test_attention_config_validates_gp_options():
             AttentionConfig(readout=dropped)  # type: ignore[arg-type]
         assert "('linear',)" in str(err.value)
         assert f"got {dropped!r}" in str(err.value)
-    with pytest.raises(ValueError, match="readout_kwargs \\['index_dim'\\] given with readout='linear'"):
+    with pytest.raises(
+        ValueError, match="readout_kwargs \\['index_dim'\\] given with readout='linear'"
+    ):
         AttentionConfig(readout_kwargs={"index_dim": 3})
     with pytest.raises(ValueError, match="given with read='softmax'"):
         AttentionConfig(read_kwargs={"num_inducing": 3})
@@ -271,9 +279,7 @@ def test_attention_config_validates_gp_options():
     assert net.bayesian_layers == ["encoder.layers.1.self_attn"]
     with net.pyro_context:  # site names are module paths, defined inside the network's context
         names = [m.site_name for m in net.global_latents()]
-    assert names == [
-        "encoder.layers.1.self_attn.gp_read.inducing_values"
-    ]
+    assert names == ["encoder.layers.1.self_attn.gp_read.inducing_values"]
 
 
 def test_global_posterior_spread_is_larger_off_the_training_data():
@@ -356,20 +362,18 @@ def test_random_fourier_features_approximate_the_rbf_covariance():
 
     g = torch.Generator().manual_seed(0)
     R, D = 40000, 3
-    W, b = torch.randn(R, D, generator=g, dtype=D64), 2 * torch.pi * torch.rand(R, generator=g, dtype=D64)
+    W, b = (
+        torch.randn(R, D, generator=g, dtype=D64),
+        2 * torch.pi * torch.rand(R, generator=g, dtype=D64),
+    )
     x = torch.randn(5, D, generator=g, dtype=D64)
     ls, os = torch.tensor(1.5, dtype=D64), torch.tensor(2.0, dtype=D64)
     phi = random_fourier_features(x, W, b, ls, os)
     torch.testing.assert_close(phi @ phi.T, rbf_covariance(x, x, ls, os), atol=0.05, rtol=0)
 
 
-def test_posthoc_gp_read_on_a_frozen_torch_model():
-    """Fitted on a calibration split of a frozen model: the model is unchanged, predictions on
-    the calibration inputs are those of temperature scaling up to small noise, and far from them
-    the samples disagree (mutual information) while they barely do on them."""
-    from bayesattn import calibration as C
-    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
-
+def _toy_frozen_model() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """A small classifier trained the ordinary way on a noisy 2-D task: (model, x, y)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
     x = torch.randn(400, 2)
@@ -379,6 +383,17 @@ def test_posthoc_gp_read_on_a_frozen_torch_model():
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+    return model, x, y
+
+
+def test_posthoc_gp_read_on_a_frozen_torch_model():
+    """Fitted on a calibration split of a frozen model: the model is unchanged, predictions on
+    the calibration inputs are those of temperature scaling up to small noise, and far from them
+    the samples disagree (mutual information) while they barely do on them."""
+    from bayesattn import calibration as C
+    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+
+    model, x, y = _toy_frozen_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     read = fit_posthoc_gp(model, x[:300], y[:300], model[2], seed=0)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
@@ -400,6 +415,83 @@ def test_posthoc_gp_read_on_a_frozen_torch_model():
     assert C.ood_auroc(mi(p_in), mi(p_far)) > 0.9
     with pytest.raises(TypeError, match="head"):
         fit_posthoc_gp(model, x, y, "2")  # type: ignore[arg-type]
+
+
+def test_posthoc_gp_half_variance_is_the_dense_gp_variance_of_each_half():
+    """``half_variance`` against a dense Gaussian process on each half of the calibration split
+    (covariance ``K = ΦΦᵀ`` of the read's random features, unit noise): the mean over the two
+    halves of ``k(x,x) − k_xᵀ(K + I)⁻¹k_x``, to 1e-6 in float64."""
+    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+
+    model, x, y = _toy_frozen_model()
+    read = fit_posthoc_gp(model.double(), x[:300].double(), y[:300], model[2], seed=0)
+    assert read.half_trils is not None and read.half_trils.shape[0] == 2
+    with torch.no_grad():
+        phi_cal = read.features(model[1](model[0](x[:300].double())))  # (N, R)
+        phi = read.features(model[1](model[0](x[300:].double())))  # (B, R)
+    dense = []
+    for rows in (torch.arange(0, 300, 2), torch.arange(1, 300, 2)):
+        P = phi_cal[rows]
+        K, k = P @ P.T, P @ phi.T  # (n, n), (n, B)
+        prior = (phi * phi).sum(-1)
+        dense.append(
+            prior - (k * torch.linalg.solve(K + torch.eye(len(rows), dtype=D64), k)).sum(0)
+        )
+    want = torch.stack(dense).mean(0)
+    torch.testing.assert_close(read.half_variance(phi), want, atol=1e-6, rtol=0)
+
+
+def test_posthoc_gp_mean_field_predictive():
+    """The mean-field predictive is ``softmax(z / (T_mf √(1 + a v)))``: with ``a = 0`` it is
+    temperature scaling at ``T_mf``; with ``a > 0`` (here 10) every input is flatter than that (entropy up),
+    most where the variance is high, far from the calibration inputs (OOD AUROC > 0.9); the fitted
+    ``(T_mf, a)`` minimise the NLL (no grid point does better) and ``a`` grows when errors grow
+    with the variance; a one-example split falls back to temperature scaling."""
+    from bayesattn import calibration as C
+    from bayesattn.interop import posthoc_gp as P
+
+    model, x, y = _toy_frozen_model()
+    read = P.fit_posthoc_gp(model, x[:300], y[:300], model[2], seed=0)
+    assert read.mf_temperature > 0 and read.mf_scale >= 0
+    far = torch.randn(100, 2) * 0.5 + torch.tensor([0.0, 8.0])
+    with torch.no_grad():
+        z = model(x[300:])
+    read.mf_scale = 0.0
+    torch.testing.assert_close(read.probs(x[300:]), torch.softmax(z / read.mf_temperature, -1))
+    ts_in, ts_far = read.probs(x[300:]), read.probs(far)
+    read.mf_scale = 10.0
+    p_in, p_far = read.probs(x[300:]), read.probs(far)  # (B, C)
+    assert p_in.shape == (100, 2) and torch.allclose(p_in.sum(-1), torch.ones(100))
+    H = C.predictive_entropy
+    assert bool((H(p_far) >= H(ts_far) - 1e-6).all()) and bool((H(p_in) >= H(ts_in) - 1e-6).all())
+    assert float((H(p_far) - H(ts_far)).mean()) > 3 * float((H(p_in) - H(ts_in)).mean())
+    assert C.ood_auroc(H(p_in), H(p_far)) > 0.9
+
+    g = torch.Generator().manual_seed(0)
+    zz = 3 * torch.randn(200, 3, generator=g, dtype=D64)
+    v = torch.rand(200, generator=g, dtype=D64) * 4
+    yy = torch.where(
+        torch.rand(200, generator=g) < 0.3 + 0.15 * v,
+        torch.randint(0, 3, (200,), generator=g),
+        zz.argmax(-1),
+    )
+    T, a = P._fit_mean_field(zz, v, yy)
+
+    def nll(t: float, s: float) -> float:
+        return float(torch.nn.functional.cross_entropy(P._mean_field(zz, v, t, s), yy))
+
+    best = min(
+        nll(t, s)
+        for t in torch.linspace(0.2, 3, 57).tolist()
+        for s in torch.linspace(0, 5, 51).tolist()
+    )
+    assert a > 0.1 and nll(T, a) <= best + 1e-9  # errors grow with v: the fit flattens there
+
+    one = P.fit_posthoc_gp(model, x[:1], y[:1], model[2], seed=0)
+    assert one.half_trils is None and one.mf_scale == 0.0
+    torch.testing.assert_close(
+        one.probs(x[:5]), torch.softmax(model(x[:5]).detach() / one.temperature, -1)
+    )
 
 
 class _TorchModel(torch.nn.Module):
