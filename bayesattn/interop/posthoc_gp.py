@@ -98,7 +98,7 @@ class PosthocGP:
     batch_size: int = 4096
     mf_temperature: float = 1.0  # T_mf
     mf_scale: float = 0.0  # a ≥ 0
-    half_trils: Tensor | None = None  # (2, R, R): L_Σ of each half of the calibration split
+    half_tril: Tensor | None = None  # (R, R): L with LLᵀ = (Σ_a + Σ_b)/2, Σ of each half
 
     def features(self, h: Tensor) -> Tensor:
         """:math:`\\phi(h)` ``(B, R)``."""
@@ -114,11 +114,13 @@ class PosthocGP:
         return (a * a).sum(-1)
 
     def half_variance(self, phi: Tensor) -> Tensor:
-        """:math:`v` ``(B,)``: the GP variance averaged over the two half-split covariances
-        (the full covariance where there are none), from features ``phi (B, R)``."""
-        trils = self.half_trils if self.half_trils is not None else self.scale_tril[None]
-        a = torch.matmul(phi.to(trils.dtype), trils)  # (2, B, R)
-        return (a * a).sum(-1).mean(0)
+        r""":math:`v = \tfrac12(\phi^\top\Sigma_a\phi + \phi^\top\Sigma_b\phi)` ``(B,)``: the
+        GP variance averaged over the covariances fitted on each half of the calibration split
+        (the full covariance where there are none), from features ``phi (B, R)``; one
+        ``(B, R) @ (R, R)`` product through the Cholesky factor of the averaged covariance."""
+        tril = self.half_tril if self.half_tril is not None else self.scale_tril
+        a = phi.to(tril.dtype) @ tril  # (B, R)
+        return (a * a).sum(-1)
 
     @torch.no_grad()
     def probs(self, x: Inputs) -> Tensor:
@@ -240,15 +242,16 @@ def fit_posthoc_gp(
         for rows, other in zip(halves, (trils[1], trils[0]), strict=True):
             a = phi[rows] @ other
             v[rows] = (a * a).sum(-1)
-        read.half_trils = trils
+        cov = trils @ trils.transpose(-1, -2)  # (2, R, R)
+        read.half_tril = torch.linalg.cholesky(cov.mean(0))
         read.mf_temperature, read.mf_scale = _fit_mean_field(z, v, y_cal)
     else:
         read.mf_temperature = T
     dt = z.dtype if z.is_floating_point() else torch.float32
     read.rff_weight, read.rff_phase = W.to(dt), b.to(dt)
     read.scale_tril = read.scale_tril.to(dt)  # sampling in the model's precision: cheap
-    if read.half_trils is not None:
-        read.half_trils = read.half_trils.to(dt)
+    if read.half_tril is not None:
+        read.half_tril = read.half_tril.to(dt)
     return read
 
 

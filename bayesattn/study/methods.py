@@ -121,7 +121,7 @@ METHODS: Sequence[str] = _Names(lambda: list(_REGISTRY))
 DEFAULT_METHODS: Sequence[str] = _Names(lambda: list(_DEFAULT))
 #: the methods the full protocol runs (:meth:`StudyConfig.full`, ``--protocol full``): the
 #: defaults plus the global, distance-aware posteriors of issue 17 that earned their place
-_FULL_EXTRA = ("posthoc_gp", "sgpa")
+_FULL_EXTRA = ("posthoc_gp", "posthoc_gp_mf", "sgpa")
 FULL_METHODS: Sequence[str] = _Names(
     lambda: [*_DEFAULT, *(m for m in _FULL_EXTRA if m in _REGISTRY and m not in _DEFAULT)]
 )

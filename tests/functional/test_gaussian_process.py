@@ -425,7 +425,7 @@ def test_posthoc_gp_half_variance_is_the_dense_gp_variance_of_each_half():
 
     model, x, y = _toy_frozen_model()
     read = fit_posthoc_gp(model.double(), x[:300].double(), y[:300], model[2], seed=0)
-    assert read.half_trils is not None and read.half_trils.shape[0] == 2
+    assert read.half_tril is not None and read.half_tril.shape == (256, 256)
     with torch.no_grad():
         phi_cal = read.features(model[1](model[0](x[:300].double())))  # (N, R)
         phi = read.features(model[1](model[0](x[300:].double())))  # (B, R)
@@ -488,7 +488,7 @@ def test_posthoc_gp_mean_field_predictive():
     assert a > 0.1 and nll(T, a) <= best + 1e-9  # errors grow with v: the fit flattens there
 
     one = P.fit_posthoc_gp(model, x[:1], y[:1], model[2], seed=0)
-    assert one.half_trils is None and one.mf_scale == 0.0
+    assert one.half_tril is None and one.mf_scale == 0.0
     torch.testing.assert_close(
         one.probs(x[:5]), torch.softmax(model(x[:5]).detach() / one.temperature, -1)
     )
