@@ -12,8 +12,11 @@ Then, post hoc: ``bayesattn.convert`` / ``bayesattn.interop.hf.convert_hf`` make
 Bayesian (Dirichlet posteriors, same weights, identical mean-mode outputs),
 ``bayesattn.interop.posthoc.fit_posthoc`` freezes every weight and fits only the attention
 posteriors and a temperature by SVI on the validation split, and ``sample_probs`` draws the
-posterior predictive ``(S, B, C)``. Test-set accuracy, ECE, NLL, Brier and OOD AUROC (predictive
-entropy) are printed before (the trained model), with temperature scaling only, and after.
+posterior predictive ``(S, B, C)``. Beside them, ``bayesattn.interop.posthoc_gp.fit_posthoc_gp``
+fits the post-hoc GP read of the features the classification head reads, without converting
+anything (its samples, and its mean-field predictive: a temperature that grows with the GP
+variance). Test-set accuracy, ECE, NLL, Brier and OOD AUROC (predictive entropy) are printed
+before (the trained model), with temperature scaling only, and after.
 
 Writes ``posthoc_<model>_reliability.png`` and ``posthoc_<model>_ood_entropy.png``.
 
@@ -34,6 +37,7 @@ from torch import nn
 import bayesattn
 from bayesattn import calibration as C
 from bayesattn.interop import posthoc
+from bayesattn.interop.posthoc_gp import fit_posthoc_gp
 from bayesattn.plots import plot_reliability_diagram, plot_uncertainty_histograms
 from bayesattn.predictive.foreign import input_batch_size, take_rows
 
@@ -130,6 +134,17 @@ def run(name: str, quick: bool, seed: int, out: Path) -> dict[str, dict[str, flo
         t_only = C.fit_temperature(fwd(model, x_cal), y_cal)
     ts = posthoc.mean_probs(model, x_test, forward=fwd, temperature=t_only)
     ts_ood = posthoc.mean_probs(model, x_ood, forward=fwd, temperature=t_only)
+    # the post-hoc GP read of the features the head reads (no conversion; one forward pass)
+    head = model.head if name == "torch" else model.classifier
+    gp = fit_posthoc_gp(model, x_cal, y_cal, head, forward=fwd, seed=seed)
+    gp_rows = {
+        f"GP read, {S} samples": posthoc.evaluate(
+            gp.sample_probs(x_test, S, seed=seed), y_test, gp.sample_probs(x_ood, S, seed=seed + 1)
+        ),
+        f"GP read, mean-field (a={gp.mf_scale:.2g})": posthoc.evaluate(
+            gp.probs(x_test)[None], y_test, gp.probs(x_ood)[None]
+        ),
+    }
     # after: Bayesian attention posteriors + temperature, fitted by SVI with frozen weights
     if name == "torch":
         bayesattn.convert(model, family="dirichlet")
@@ -148,6 +163,7 @@ def run(name: str, quick: bool, seed: int, out: Path) -> dict[str, dict[str, flo
         "before": posthoc.evaluate(before, y_test, before_ood),
         f"temperature only (T={t_only:.2f})": posthoc.evaluate(ts, y_test, ts_ood),
         f"posteriors + T (T={cal.temperature:.2f})": posthoc.evaluate(after, y_test, after_ood),
+        **gp_rows,
     }
     print(f"\n[{name}] test n={len(y_test)}, OOD n={input_batch_size(x_ood)}, S={S}")
     print(f"{'':34s} {'acc':>6s} {'ECE':>6s} {'NLL':>6s} {'Brier':>6s} {'AUROC':>6s}")
