@@ -192,7 +192,10 @@ def fit_posthoc_gp(
     seed: int = 0,
     batch_size: int = 4096,
 ) -> PosthocGP:
-    """Fit the post-hoc GP read of ``model`` (frozen, unchanged) on a calibration split.
+    """Fit the post-hoc GP read of ``model`` (frozen, unchanged) on a calibration split:
+    the temperature, the output scale and covariance of the sampled read, and the mean-field
+    predictive's :math:`(T_{\rm mf}, a)` on out-of-fold variances (module docstring); with fewer
+    than two calibration examples the mean-field predictive is temperature scaling.
 
     Args:
         head: the module whose input are the features (``model.head``; a transformers

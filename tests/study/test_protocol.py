@@ -274,6 +274,30 @@ def test_posthoc_gp_method_is_the_interop_read_on_the_pooled_features():
     assert f.params["temperature"] == read.temperature > 0
 
 
+def test_posthoc_gp_mf_method_is_the_reads_mean_field_predictive():
+    """The study's ``posthoc_gp_mf``: one deterministic predictive, the read's ``probs`` on the
+    pooled features (the same read as ``posthoc_gp``'s), own score the read's variance, and its
+    fitted mean-field parameters recorded."""
+    import torch
+
+    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+    from bayesattn.study.runs import Run
+
+    cfg = StudyConfig.quick(epochs=1, methods=("posthoc_gp_mf",), progress=False)
+    run = Run.load(cfg, "digits", (8, 9), 0)
+    m = get_method("posthoc_gp_mf")
+    f = m.fit(run)
+    net = f.nets[0]
+    read = fit_posthoc_gp(net.head, run.features("val"), run.data.y_val, net.head, seed=0)
+    x = run.data.x_test[:16]
+    got = m.predict(f, x).probs
+    assert got.shape == (1, 16, run.data.num_classes)
+    torch.testing.assert_close(got[0], read.probs(run.features("", x)))
+    torch.testing.assert_close(m.score(f, run, x), read.variance(run.features("", x)))
+    assert f.params["mf_temperature"] == read.mf_temperature > 0
+    assert f.params["mf_scale"] == read.mf_scale >= 0
+
+
 @pytest.mark.slow
 def test_merging_studies_equals_one_study_with_every_method(tmp_path):
     """Two studies over the same runs with different methods, merged, give the pooled numbers
