@@ -7,6 +7,9 @@
   ``AttentionInterface`` (optional extra ``bayesattn[hf]``; imported lazily).
 * :mod:`bayesattn.interop.posthoc` — post-hoc calibration of a trained model: frozen weights,
   attention posteriors and a temperature fitted by SVI, posterior-predictive probabilities.
+* :mod:`bayesattn.interop.posthoc_gp` — post hoc without converting anything: a random-feature
+  GP read of the features a trained model's head reads (torch or Hugging Face), its samples and
+  its mean-field predictive (a temperature that grows with the GP variance).
 """
 
 from .convert import bayesian_attention_modules, convert, unconvert
