@@ -443,10 +443,10 @@ def test_posthoc_gp_half_variance_is_the_dense_gp_variance_of_each_half():
 
 def test_posthoc_gp_mean_field_predictive():
     """The mean-field predictive is ``softmax(z / (T_mf √(1 + a v)))``: with ``a = 0`` it is
-    temperature scaling at ``T_mf``; with ``a > 0`` (here 10) every input is flatter than that (entropy up),
-    most where the variance is high, far from the calibration inputs (OOD AUROC > 0.9); the fitted
-    ``(T_mf, a)`` minimise the NLL (no grid point does better) and ``a`` grows when errors grow
-    with the variance; a one-example split falls back to temperature scaling."""
+    temperature scaling at ``T_mf``; with ``a > 0`` (here 10) every input is flatter than that
+    (entropy up), most where the variance is high, far from the calibration inputs (OOD AUROC
+    > 0.9); the fitted ``(T_mf, a)`` minimise the NLL (no grid point does better) and ``a`` grows
+    when errors grow with the variance; a one-example split falls back to temperature scaling."""
     from bayesattn import calibration as C
     from bayesattn.interop import posthoc_gp as P
 
