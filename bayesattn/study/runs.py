@@ -174,11 +174,18 @@ class Run:
 
     def features(self, split: str, x: Tensor | None = None) -> Tensor:
         """Pooled features of the deterministic network (member 0) on a named split (cached) or
-        on ``x``."""
+        on ``x`` (the last ``x`` is remembered, by identity: a post-hoc method's prediction and
+        its own score on the same inputs share one pass through the network, as a user's
+        would)."""
         net = self.members(1)[0][0]
         assert isinstance(net, TransformerClassifier)
         if x is not None:
-            return pooled_features(net, x)
+            last = self.cache.get("features/last")
+            if last is not None and last[0] is x:
+                return last[1]
+            h = pooled_features(net, x)
+            self.cache["features/last"] = (x, h)
+            return h
         key = f"features/{split}"
         if key not in self.cache:
             self.cache[key] = pooled_features(net, getattr(self.data, f"x_{split}"))

@@ -296,6 +296,11 @@ def test_posthoc_gp_mf_method_is_the_reads_mean_field_predictive():
     torch.testing.assert_close(m.score(f, run, x), read.variance(run.features("", x)))
     assert f.params["mf_temperature"] == read.mf_temperature > 0
     assert f.params["mf_scale"] == read.mf_scale >= 0
+    # prediction and own score on the same inputs share one pass (the last x, by identity)
+    h = run.features("", x)
+    assert run.features("", x) is h
+    other = run.features("", x.clone())
+    assert other is not h and torch.equal(other, h)
 
 
 @pytest.mark.slow
