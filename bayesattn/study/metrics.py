@@ -62,6 +62,8 @@ def _cost(method: Method, fitted: Fitted, run: Run) -> dict[str, float]:
     x = run.data.x_test
 
     def call(xb: Tensor) -> None:
+        xb = xb.clone()  # a new tensor per call: nothing a method remembers of its inputs
+        # (Run.features keeps the last inputs' features) is reused from an earlier timed call
         method.predict(fitted, xb)
         if method.own_score:
             method.score(fitted, run, xb)

@@ -274,7 +274,7 @@ def test_posthoc_gp_method_is_the_interop_read_on_the_pooled_features():
     assert f.params["temperature"] == read.temperature > 0
 
 
-def test_posthoc_gp_mf_method_is_the_reads_mean_field_predictive():
+def test_posthoc_gp_mf_method_is_the_reads_mean_field_predictive(monkeypatch):
     """The study's ``posthoc_gp_mf``: one deterministic predictive, the read's ``probs`` on the
     pooled features (the same read as ``posthoc_gp``'s), own score the read's variance, and its
     fitted mean-field parameters recorded."""
@@ -301,6 +301,15 @@ def test_posthoc_gp_mf_method_is_the_reads_mean_field_predictive():
     assert run.features("", x) is h
     other = run.features("", x.clone())
     assert other is not h and torch.equal(other, h)
+    # the cost: one pass through the network per timed call (warm-up, 3 at batch 512, 15 at
+    # batch 1), shared by prediction and own score, never reused from an earlier call
+    from bayesattn.study import metrics, runs
+
+    passes = []
+    plain = runs.pooled_features
+    monkeypatch.setattr(runs, "pooled_features", lambda *a, **k: passes.append(1) or plain(*a, **k))
+    metrics._cost(m, f, run)
+    assert len(passes) == 1 + 3 + 15
 
 
 @pytest.mark.slow
