@@ -119,6 +119,12 @@ class PosthocGP:
         (the full covariance where there are none), from features ``phi (B, R)``; one
         ``(B, R) @ (R, R)`` product through the Cholesky factor of the averaged covariance."""
         tril = self.half_tril if self.half_tril is not None else self.scale_tril
+        if not isinstance(phi, Tensor) or phi.dim() != 2 or phi.shape[-1] != tril.shape[0]:
+            shape = tuple(phi.shape) if isinstance(phi, Tensor) else type(phi).__name__
+            raise ValueError(
+                f"phi must be the read's features (B, {tril.shape[0]}) from features(h); "
+                f"got {shape}"
+            )
         a = phi.to(tril.dtype) @ tril  # (B, R)
         return (a * a).sum(-1)
 

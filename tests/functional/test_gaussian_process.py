@@ -439,6 +439,8 @@ def test_posthoc_gp_half_variance_is_the_dense_gp_variance_of_each_half():
         )
     want = torch.stack(dense).mean(0)
     torch.testing.assert_close(read.half_variance(phi), want, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match=r"phi must be .*\(B, 256\).*got \(100, 2\)"):
+        read.half_variance(x[300:].double())  # raw inputs, not the read's features
 
 
 def test_posthoc_gp_mean_field_predictive():
