@@ -11,11 +11,13 @@ module and network of the package (it imports only torch, Pyro and :mod:`bayesat
   low-rank) and tiled exact attention in :math:`O(T)` memory.
 * :mod:`~bayesattn.functional.gaussian_process`: covariance functions, the sparse-GP posterior and
   its KL, random Fourier features.
+* :mod:`~bayesattn.functional.mixture`: a mixture of Gaussians over rank-1 weight factors, its KL
+  bounds and their Monte-Carlo check.
 """
 
 from __future__ import annotations
 
-from . import bayesian_read, gaussian_process, posterior, supports
+from . import bayesian_read, gaussian_process, mixture, posterior, supports
 from .posterior import (
     allowed_keys,
     attend,
