@@ -13,11 +13,13 @@ module and network of the package (it imports only torch, Pyro and :mod:`bayesat
   its KL, random Fourier features.
 * :mod:`~bayesattn.functional.mixture`: a mixture of Gaussians over rank-1 weight factors, its KL
   bounds and their Monte-Carlo check.
+* :mod:`~bayesattn.functional.niw`: the conjugate Normal–inverse-Wishart model of one class's
+  features (posterior, Student-t predictive, closed-form KL, draws).
 """
 
 from __future__ import annotations
 
-from . import bayesian_read, gaussian_process, mixture, posterior, supports
+from . import bayesian_read, gaussian_process, mixture, niw, posterior, supports
 from .posterior import (
     allowed_keys,
     attend,
@@ -50,4 +52,6 @@ __all__ = [
     "bayesian_read",
     "supports",
     "gaussian_process",
+    "mixture",
+    "niw",
 ]

@@ -53,6 +53,7 @@ from .modes import (
     current_mode,
     global_values,
 )
+from .spectral import spectral_normalize
 
 __all__ = [
     "BayesianNetwork",
@@ -500,6 +501,9 @@ def _validate_common(d_model: int, nhead: int, num_layers: int, max_len: int) ->
 class TransformerClassifier(BayesianNetwork):
     """Sequence → class. Token inputs (``vocab_size``; ``pad_id`` positions are masked) or vector
     inputs (``input_dim``); ``pooling="mean"`` (masked mean) or ``"cls"`` (a learned token).
+    ``spectral_norm=c`` bounds the spectral norm of every encoder projection (attention Q/K/V and
+    output, feed-forward) by ``c`` (:func:`~bayesattn.nn.spectral.spectral_normalize`): a
+    distance-preserving residual trunk for distance-aware reads (SNGP, DDU).
 
     Shape:
         x ``(B, T)`` or ``(B, T, input_dim)`` → logits ``(*S, B, num_classes)``.
@@ -521,6 +525,7 @@ class TransformerClassifier(BayesianNetwork):
         norm_first: bool = True,
         pad_id: int | None = 0,
         attention: AttentionConfig | None = None,
+        spectral_norm: float | None = None,
     ) -> None:
         super().__init__()
         _validate_common(d_model, nhead, num_layers, max_len)
@@ -550,6 +555,9 @@ class TransformerClassifier(BayesianNetwork):
         )
         # nn.Linear read-out of the pooled features (AttentionConfig.build_readout)
         self.head = as_attention_config(attention).build_readout(d_model, num_classes)
+        self.spectral_norm = spectral_norm
+        if spectral_norm is not None:
+            spectral_normalize(self.encoder, spectral_norm)
 
     def check_batch(self, x: Tensor, y: Tensor | None) -> None:
         if self.vocab_size is not None:

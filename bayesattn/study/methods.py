@@ -120,8 +120,10 @@ METHODS: Sequence[str] = _Names(lambda: list(_REGISTRY))
 #: the methods a plain ``run_study``/``bayesattn study`` runs
 DEFAULT_METHODS: Sequence[str] = _Names(lambda: list(_DEFAULT))
 #: the methods the full protocol runs (:meth:`StudyConfig.full`, ``--protocol full``): the
-#: defaults plus the global, distance-aware posteriors of issue 17 that earned their place
-_FULL_EXTRA = ("posthoc_gp", "posthoc_gp_mf", "sgpa")
+#: defaults plus the global, distance-aware posteriors of issue 17 that earned their place and
+#: the distance-aware reads and trunks of issue 30 (:mod:`.density_methods`)
+_FULL_EXTRA = ("posthoc_gp", "posthoc_gp_mf", "sgpa", "density", "density_cls", "density_gda",
+               "spectral", "spectral_density", "spectral_gp")  # fmt: skip
 FULL_METHODS: Sequence[str] = _Names(
     lambda: [*_DEFAULT, *(m for m in _FULL_EXTRA if m in _REGISTRY and m not in _DEFAULT)]
 )

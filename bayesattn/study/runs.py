@@ -24,7 +24,11 @@ from ..training import fit
 if TYPE_CHECKING:  # the config validates method names against the registry, which uses Run
     from .config import StudyConfig
 
-__all__ = ["Run", "SignalTransformer", "pooled_features"]
+__all__ = ["Run", "SignalTransformer", "pooled_features", "state_views", "SPECTRAL_NORM"]
+
+#: the spectral-norm bound of the study's distance-preserving trunk (SNGP's default; fixed in
+#: advance, not tuned)
+SPECTRAL_NORM = 0.95
 
 
 class SignalTransformer(TransformerClassifier):
@@ -97,6 +101,38 @@ def pooled_features(net: TransformerClassifier, x: Tensor, batch_size: int = 512
     return torch.cat(out)  # (B, E)
 
 
+def state_views(
+    net: TransformerClassifier, x: Tensor, batch_size: int = 512
+) -> tuple[Tensor, Tensor, Tensor]:
+    """What the last attention layer writes, in one eval-mode pass without grad: the logits
+    ``(B, C)``, the final-normed CLS state the head reads ``(B, E)`` (= :func:`pooled_features`)
+    and the mean of the final-normed token states ``(B, E)`` (the CLS token excluded; padding
+    excluded where the network masks it)."""
+    if net.cls is None:
+        raise ValueError("state_views needs a CLS-pooled network (pooling='cls')")
+    patchify = getattr(net, "patchify", None)
+    was = net.training
+    net.eval()
+    logits, cls, tok = [], [], []
+    with torch.no_grad():
+        for i in range(0, len(x), batch_size):
+            xb = x[i : i + batch_size]
+            tokens = patchify(xb) if patchify is not None else xb
+            h, pad = net.encode(tokens, 1, cls_only=False)  # (B, 1+T, E)
+            body = h[..., 1:, :]
+            if pad is None:
+                mean = body.mean(-2)
+            else:
+                keep = (~pad[:, 1:]).to(h.dtype).unsqueeze(-1)  # (B, T, 1)
+                mean = (body * keep).sum(-2) / keep.sum(-2).clamp_min(1.0)
+            head = net.head
+            logits.append(head(h[..., 0, :]))
+            cls.append(h[..., 0, :])
+            tok.append(mean)
+    net.train(was)
+    return torch.cat(logits), torch.cat(cls), torch.cat(tok)
+
+
 @dataclass
 class Run:
     """A dataset × held-out set × seed, and what its methods share (``cache``)."""
@@ -130,12 +166,15 @@ class Run:
     def model(self) -> dict[str, Any]:
         return self.cfg.model(self.dataset)
 
-    def network(self, attention: AttentionConfig | None) -> TransformerClassifier:
-        """A fresh network of this dataset's architecture (``attention=None``: softmax)."""
+    def network(
+        self, attention: AttentionConfig | None, spectral_norm: float | None = None
+    ) -> TransformerClassifier:
+        """A fresh network of this dataset's architecture (``attention=None``: softmax;
+        ``spectral_norm``: the trunk's projections bounded, a distance-preserving trunk)."""
         m, c = self.model, self.data.num_classes
         kw = dict(d_model=m["d_model"], nhead=m["nhead"], num_layers=m["num_layers"],
                   dim_feedforward=m["dim_feedforward"], dropout=self.cfg.dropout,
-                  attention=attention)  # fmt: skip
+                  attention=attention, spectral_norm=spectral_norm)  # fmt: skip
         if self.dataset == "digits":
             return VisionTransformer(c, image_size=8, patch_size=m["patch"], **kw)
         return SignalTransformer(
@@ -171,6 +210,46 @@ class Run:
             secs.append(self.train(net, s, bayes=False))
             nets.append(net.eval())
         return nets[:n], secs[:n]
+
+    def spectral_member(self) -> tuple[TransformerClassifier, float]:
+        """The deterministic network with a spectrally normalised trunk (bound
+        :data:`SPECTRAL_NORM`), seeded as member 0 (so paired with it), trained once per run and
+        shared by the methods that read it; with its training seconds."""
+        if "spectral" not in self.cache:
+            torch.manual_seed(self.seed)
+            net = self.network(None, spectral_norm=SPECTRAL_NORM)
+            secs = self.train(net, self.seed, bayes=False)
+            self.cache["spectral"] = (net.eval(), secs)
+        net, secs = self.cache["spectral"]
+        return net, secs
+
+    def trunk(self, trunk: str) -> TransformerClassifier:
+        """Member 0 (``"plain"``) or the spectrally normalised network (``"spectral"``)."""
+        if trunk == "plain":
+            net = self.members(1)[0][0]
+            assert isinstance(net, TransformerClassifier)
+            return net
+        if trunk == "spectral":
+            return self.spectral_member()[0]
+        raise ValueError(f"trunk must be 'plain' or 'spectral'; got {trunk!r}")
+
+    def views(
+        self, trunk: str, split: str, x: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """:func:`state_views` of a trunk on a named split (cached) or on ``x`` (the last ``x``
+        is remembered by identity, as in :meth:`features`)."""
+        net = self.trunk(trunk)
+        if x is not None:
+            last = self.cache.get(f"views/{trunk}/last")
+            if last is not None and last[0] is x:
+                return last[1]
+            v = state_views(net, x)
+            self.cache[f"views/{trunk}/last"] = (x, v)
+            return v
+        key = f"views/{trunk}/{split}"
+        if key not in self.cache:
+            self.cache[key] = state_views(net, getattr(self.data, f"x_{split}"))
+        return self.cache[key]
 
     def features(self, split: str, x: Tensor | None = None) -> Tensor:
         """Pooled features of the deterministic network (member 0) on a named split (cached) or

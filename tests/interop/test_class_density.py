@@ -1,0 +1,114 @@
+"""The class-conditional density read (bayesattn.interop.class_density)."""
+
+import math
+
+import pytest
+import torch
+
+from bayesattn import calibration as C
+from bayesattn.functional.niw import niw_kl
+from bayesattn.interop.class_density import fit_class_density, fit_density_temperature
+
+
+def _blobs(n: int, seed: int, shift: float = 0.0, D: int = 4):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 3
+    centres = torch.tensor([[3.0, 0, 0, 0], [0, 3.0, 0, 0], [0, 0, 3.0, 0]])[:, :D]
+    h = centres[y] + torch.randn(n, D, generator=g) * torch.tensor([1.0, 0.5, 0.8, 0.3])[:D] + shift
+    return h, y
+
+
+def _read(n=600, **kw):
+    h, y = _blobs(n, 0)
+    hv, yv = _blobs(300, 1)
+    return fit_class_density([h], y, [hv], yv, 3, **kw), (h, y), (hv, yv)
+
+
+def test_density_matches_gaussian_mixture_of_class_estimates_with_much_data():
+    """With many examples per class the posterior predictive is the Gaussian of the class's
+    sample mean and covariance (an independent computation with torch's MVN)."""
+    read, (h, y), _ = _read(n=30000, strengths=(1.0,))
+    x, _ = _blobs(50, 2)
+    comps = []
+    for c in range(3):
+        hc = h[y == c].double()
+        mvn = torch.distributions.MultivariateNormal(hc.mean(0), torch.cov(hc.T))
+        comps.append(mvn.log_prob(x.double()) + math.log(1 / 3))
+    ref = torch.logsumexp(torch.stack(comps, -1), -1)
+    torch.testing.assert_close(read.log_density([x])[0], ref, atol=5e-3, rtol=0)
+
+
+def test_score_flags_far_inputs_and_is_standardised_on_validation():
+    read, _, (hv, _) = _read()
+    s_val = read.score([hv])
+    assert abs(float(s_val.mean())) < 1e-9 and float(s_val.std()) == pytest.approx(1.0)
+    x_in, _ = _blobs(200, 3)
+    x_out, _ = _blobs(200, 4, shift=2.5)
+    assert C.ood_auroc(read.score([x_in]), read.score([x_out])) > 0.95
+    assert read.strengths[0] in (1.0, 4.0, 16.0, 64.0, 256.0)
+
+
+def test_two_views_sum_their_standardised_scores():
+    h, y = _blobs(400, 0)
+    hv, yv = _blobs(200, 1)
+    two = fit_class_density([h, 2 * h[:, :2]], y, [hv, 2 * hv[:, :2]], yv, 3)
+    one = fit_class_density([h], y, [hv], yv, 3)
+    other = fit_class_density([2 * h[:, :2]], y, [2 * hv[:, :2]], yv, 3)
+    x, _ = _blobs(30, 5, shift=1.0)
+    torch.testing.assert_close(two.score([x, 2 * x[:, :2]]), one.score([x]) + other.score([2 * x[:, :2]]))
+
+
+def test_sampled_generative_classifier_disagrees_more_off_the_data_and_kl_is_the_sum():
+    read, _, _ = _read(n=60)
+    x_in, _ = _blobs(200, 3)
+    x_out = _blobs(200, 4)[0] * 6.0
+    p_in, p_out = read.sample_probs([x_in], 64, seed=0), read.sample_probs([x_out], 64, seed=0)
+    assert p_in.shape == (64, 200, 3)
+    torch.testing.assert_close(p_in.sum(-1), torch.ones(64, 200, dtype=torch.float64))
+
+    def mi(p):
+        m = p.mean(0)
+        return (-(m * m.clamp_min(1e-12).log()).sum(-1) + (p * p.clamp_min(1e-12).log()).sum(-1).mean(0))
+
+    assert float(mi(p_out).mean()) > 3 * float(mi(p_in).mean())
+    assert float((p_in.mean(0).argmax(-1) == _blobs(200, 3)[1]).float().mean()) > 0.9
+    kl = read.kl()
+    assert kl > 0
+    assert kl == pytest.approx(sum(niw_kl(q, read.priors[0]) for q in read.posteriors[0]))
+
+
+def test_density_temperature_is_temperature_scaling_at_a_zero_and_grows_with_noise_far_away():
+    g = torch.Generator().manual_seed(0)
+    n = 3000
+    u = torch.rand(n, generator=g) * 4
+    z = torch.randn(n, 3, generator=g) * 3
+    p_true = torch.softmax(z / (1.5 * torch.sqrt(1 + 2.0 * u))[:, None], -1)
+    y = torch.multinomial(p_true, 1, generator=g)[:, 0]
+    T, a = fit_density_temperature(z, u, y)
+    assert a == pytest.approx(2.0, rel=0.35) and T == pytest.approx(1.5, rel=0.25)
+    read, _, (hv, yv) = _read()
+    read.scale = 0.0
+    logits = torch.randn(300, 3, generator=g)
+    torch.testing.assert_close(read.probs(logits, [hv]),
+                               torch.softmax(logits.double() / read.temperature, -1))
+
+
+def test_bad_inputs_name_the_argument():
+    h, y = _blobs(60, 0)
+    with pytest.raises(ValueError, match="every class needs training examples"):
+        fit_class_density([h], y.clamp(max=1), [h], y, 3)
+    with pytest.raises(ValueError, match=r"val_views\[0\] must have D = 4"):
+        fit_class_density([h], y, [h[:, :2]], y, 3)
+    with pytest.raises(ValueError, match="y_train must lie in"):
+        fit_class_density([h], y + 5, [h], y, 3)
+    with pytest.raises(ValueError, match="NaN"):
+        fit_class_density([h * float("nan")], y, [h], y, 3)
+    with pytest.raises(ValueError, match="strengths"):
+        fit_class_density([h], y, [h], y, 3, strengths=(0.0,))
+    read = fit_class_density([h], y, [h], y, 3)
+    with pytest.raises(ValueError, match="views must be a sequence of 1"):
+        read.score([h, h])
+    with pytest.raises(ValueError, match=r"views\[0\] must be \(B, 4\)"):
+        read.score([h[:, :3]])
+    same = torch.ones(60, 4)  # identical features: the ridge keeps every covariance definite
+    assert torch.isfinite(fit_class_density([same], y, [same], y, 3).score([same])).all()
