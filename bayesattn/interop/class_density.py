@@ -41,8 +41,10 @@ from torch import Tensor, nn
 
 from .._validation import check_int
 from ..functional.niw import NIW, niw_kl, niw_log_predictive, niw_posterior, niw_sample
+from ..nn.networks import TransformerClassifier
 
-__all__ = ["ClassDensityRead", "fit_class_density", "fit_density_temperature"]
+__all__ = ["ClassDensityRead", "fit_class_density", "fit_density_temperature", "state_views",
+           "NetworkDensityRead", "fit_network_density"]  # fmt: skip
 
 #: candidate prior strengths nu_0 - D - 1 (pseudo-observations of the covariance)
 DEFAULT_STRENGTHS: tuple[float, ...] = (1.0, 4.0, 16.0, 64.0, 256.0)
@@ -269,3 +271,88 @@ def _features(name: str, h: Tensor, n: int, dim: int | None = None) -> Tensor:
     if not bool(torch.isfinite(h).all()):
         raise ValueError(f"{name} holds NaN/inf values")
     return h.double()
+
+
+# ---------------------------------------------------------------------------------------------
+# on one of our CLS-pooled networks
+
+
+def state_views(
+    net: TransformerClassifier, x: Tensor, batch_size: int = 512
+) -> tuple[Tensor, Tensor, Tensor]:
+    """What the last attention layer writes, in one eval-mode pass without grad: the logits
+    ``(B, C)``, the final-normed CLS state the head reads ``(B, E)`` (what ``net.head`` reads)
+    and the mean of the final-normed token states ``(B, E)`` (the CLS token excluded; padding
+    excluded where the network masks it)."""
+    if net.cls is None:
+        raise ValueError("state_views needs a CLS-pooled network (pooling='cls')")
+    patchify = getattr(net, "patchify", None)
+    was = net.training
+    net.eval()
+    logits, cls, tok = [], [], []
+    with torch.no_grad():
+        for i in range(0, len(x), batch_size):
+            xb = x[i : i + batch_size]
+            tokens = patchify(xb) if patchify is not None else xb
+            h, pad = net.encode(tokens, 1, cls_only=False)  # (B, 1+T, E)
+            body = h[..., 1:, :]
+            if pad is None:
+                mean = body.mean(-2)
+            else:
+                keep = (~pad[:, 1:]).to(h.dtype).unsqueeze(-1)  # (B, T, 1)
+                mean = (body * keep).sum(-2) / keep.sum(-2).clamp_min(1.0)
+            head = net.head
+            logits.append(head(h[..., 0, :]))
+            cls.append(h[..., 0, :])
+            tok.append(mean)
+    net.train(was)
+    return torch.cat(logits), torch.cat(cls), torch.cat(tok)
+
+
+@dataclass
+class NetworkDensityRead:
+    """The read of a trained CLS-pooled network (:func:`fit_network_density`): one pass gives
+    the calibrated probabilities and the OOD score."""
+
+    net: TransformerClassifier
+    read: ClassDensityRead
+    views: tuple[str, ...]
+
+    def _views(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+        logits, cls, tok = state_views(self.net, x)
+        by = {"cls": cls, "tokens": tok}
+        return logits, [by[v] for v in self.views]
+
+    def __call__(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(probs (B, C), score (B,))`` of inputs ``x`` (as the network takes them)."""
+        logits, views = self._views(x)
+        return self.read.probs(logits, views), self.read.score(views)
+
+    def sample_probs(self, x: Tensor, num_samples: int = 8, seed: int = 0) -> Tensor:
+        """``(S, B, C)`` generative-classifier draws (:meth:`ClassDensityRead.sample_probs`)."""
+        return self.read.sample_probs(self._views(x)[1], num_samples, seed)
+
+
+def fit_network_density(
+    net: TransformerClassifier,
+    train: tuple[Tensor, Tensor],
+    val: tuple[Tensor, Tensor],
+    views: Sequence[str] = ("cls", "tokens"),
+) -> NetworkDensityRead:
+    """Fit the class-conditional density read of a trained CLS-pooled network (frozen,
+    unchanged): the class posteriors on ``train = (x, y)``, the prior strength, the score's
+    standardisation and the density-aware temperature on ``val = (x, y)`` (in-distribution
+    data only). ``views``: any of ``"cls"`` (the CLS output the head reads) and ``"tokens"``
+    (the mean final token state)."""
+    if not isinstance(net, TransformerClassifier):
+        raise TypeError(f"net must be a TransformerClassifier; got {type(net).__name__}")
+    views = tuple(views)
+    if not views or any(v not in ("cls", "tokens") for v in views) or len(set(views)) != len(views):
+        raise ValueError(f"views must be distinct names from ('cls', 'tokens'); got {views}")
+    out = NetworkDensityRead(net, None, views)  # type: ignore[arg-type]
+    (xt, yt), (xv, yv) = train, val
+    _, train_views = out._views(xt)
+    val_logits, val_views = out._views(xv)
+    out.read = fit_class_density(train_views, yt, val_views, yv, net.num_classes,
+                                 val_logits=val_logits)  # fmt: skip
+    return out

@@ -122,7 +122,7 @@ def _pareto(out: Path, dataset: str, pooled: dict[str, Any]) -> str:
     # one colour per method (tab10 repeats after 10; the full protocol has 13)
     cmap = colormaps["tab10" if len(pooled) <= 10 else "tab20"]
     colour = {m: cmap(k % cmap.N) for k, m in enumerate(pooled)}
-    qs = (("nll", "NLL (lower is better)"), ("auroc_entropy", "held-out AUROC, entropy"))
+    qs = (("nll", "NLL (lower is better)"), ("auroc_primary", "held-out AUROC, primary score"))
     cs = (("infer_ms_batch512", "inference ms / example (batch 512)"),
           ("train_seconds", "training seconds"))  # fmt: skip
     for i, (q, qlabel) in enumerate(qs):

@@ -16,7 +16,8 @@ from ..uncertainty import PredictionResult
 from .methods import Fitted, Method
 from .runs import Run
 
-__all__ = ["evaluate", "quality", "ood_scores", "finish_row", "get", "SCALARS", "TIMINGS"]
+__all__ = ["evaluate", "quality", "ood_scores", "finish_row", "primary_score", "get", "SCALARS",
+           "TIMINGS"]  # fmt: skip
 
 
 def quality(p: Tensor, y: Tensor, suffix: str = "") -> dict[str, float]:
@@ -134,6 +135,7 @@ SCALARS: tuple[tuple[str, tuple[str, ...], bool | None], ...] = (
     ("auroc_entropy", ("held_out", "auroc_entropy"), True),
     ("auroc_mi", ("held_out", "auroc_mi"), True),
     ("auroc_own", ("held_out", "auroc_own"), True),
+    ("auroc_primary", ("auroc_primary",), True),
     ("mean_mi_in", ("mean_mi_in",), None),
     ("mean_mi_out", ("mean_mi_out",), None),
     ("kl_local", ("kl_local",), None),
@@ -151,11 +153,25 @@ SCALARS: tuple[tuple[str, tuple[str, ...], bool | None], ...] = (
 TIMINGS = ("train_seconds", "infer_ms_batch1", "infer_ms_batch512")
 
 
+def primary_score(row: dict[str, Any]) -> tuple[str, float]:
+    """The held-out AUROC of a method's declared primary OOD score, fixed before any result is
+    seen: its own score where it has one, else mutual information where its predictive has
+    more than one distinct draw (MI not identically zero), else predictive entropy; with the
+    score's name."""
+    held = row["held_out"]
+    if held.get("auroc_own") is not None:
+        return "own", float(held["auroc_own"])
+    if row.get("mean_mi_in", 0.0) > 0 or row.get("mean_mi_out", 0.0) > 0:
+        return "MI", float(held["auroc_mi"])
+    return "entropy", float(held["auroc_entropy"])
+
+
 def finish_row(row: dict[str, Any]) -> dict[str, Any]:
-    """Add the means over corruptions."""
+    """Add the means over corruptions and the primary score's AUROC (:func:`primary_score`)."""
     cs = row["corruptions"].values()
     row["corruption_auroc_mean"] = sum(c["auroc_entropy"] for c in cs) / len(cs)
     row["corruption_accuracy_mean"] = sum(c["accuracy"] for c in cs) / len(cs)
+    row["primary_score"], row["auroc_primary"] = primary_score(row)
     return row
 
 

@@ -15,7 +15,7 @@ import torch
 from .._study_io import begin_run, finish_run, prepare_out_dir
 from .config import StudyConfig
 from .methods import ensemble_of, get_method
-from .metrics import SCALARS, evaluate, get
+from .metrics import SCALARS, evaluate, get, primary_score
 from .runs import Run
 from .stats import paired_interval, t_interval
 
@@ -159,9 +159,13 @@ def pool(runs: list[dict[str, Any]], methods: list[str]) -> dict[str, Any]:
     """Pooled numbers of one dataset: per method and metric the mean with a 95% t-interval over
     the runs (pair × seed); paired differences against ``deterministic`` and ``ensemble`` (where
     run); the ensemble-size curve; per-pair means (the appendix); the best method per metric."""
+    for r in runs:  # rows of studies older than the primary score: derive it from their AUROCs
+        for row in r["methods"].values():
+            if "auroc_primary" not in row:
+                row["primary_score"], row["auroc_primary"] = primary_score(row)
     pooled: dict[str, Any] = {}
     for m in methods:
-        pooled[m] = {}
+        pooled[m] = {"primary_score": runs[0]["methods"][m]["primary_score"]} if runs else {}
         for key, path, _ in SCALARS:
             vals = _values(runs, m, path)
             if vals is not None:

@@ -17,16 +17,20 @@ _MAIN = [
     ("nll", "NLL", 3),
     ("ece", "ECE", 3),
     ("brier", "Brier", 3),
-    ("auroc_entropy", "AUROC held-out", 3),
+    ("auroc_primary", "AUROC held-out", 3),
+    ("primary_score", "by", 0),
+    ("auroc_entropy", "AUROC ent", 3),
     ("corruption_auroc_mean", "AUROC corrupt", 3),
     ("train_seconds", "train s", 1),
     ("infer_ms_batch512", "infer ms/ex", 3),
 ]
 
 
-def _cell(r: dict[str, Any] | None, digits: int) -> str:
+def _cell(r: dict[str, Any] | str | None, digits: int) -> str:
     if r is None:
         return "—"
+    if isinstance(r, str):  # a name (the primary score's)
+        return r
     h = r["half_width"]
     pm = "" if math.isnan(h) else f" ± {h:.{digits}f}"
     return f"{r['mean']:.{digits}f}{pm}"
@@ -53,6 +57,7 @@ def format_table(results: dict[str, Any]) -> str:
 def _paired_table(paired: dict[str, Any], ref: str) -> list[str]:
     keys = [("accuracy", "Δacc"), ("nll", "ΔNLL"), ("ece", "ΔECE"), ("nll_ts", "ΔNLL (TS)"),
             ("auroc_entropy", "ΔAUROC ent"), ("auroc_mi", "ΔAUROC MI"),
+            ("auroc_primary", "ΔAUROC primary"),
             ("corruption_auroc_mean", "ΔAUROC corrupt")]  # fmt: skip
     rows = paired.get(ref, {})
     if not rows:
@@ -265,6 +270,11 @@ def render(results: dict[str, Any]) -> str:
         f"{results['environment']['threads']} torch thread(s).",
         "",
         f"Methods: {methods}.",
+        "",
+        "\"AUROC held-out\" is the AUROC of held-out classes against in-distribution test inputs by "
+        "each method's **primary score**, declared before any result (column \"by\"): its own "
+        "score where it has one, else mutual information where its predictive has more than one "
+        "draw, else predictive entropy; \"AUROC ent\" is by entropy for every method.",
         "",
         format_table(results),
         "",

@@ -17,6 +17,7 @@ from .._validation import check_int
 from ..data import CORRUPTION_KINDS, DigitsData, corrupt_images, load_digits_data
 from ..data.far_ood import SEQUENCE_CORRUPTIONS, corrupt_sequences, far_ood_suite
 from ..data.mnist1d import load_mnist1d_data
+from ..interop.class_density import state_views
 from ..nn.blocks import AttentionConfig
 from ..nn.networks import BayesianNetwork, TransformerClassifier, VisionTransformer
 from ..training import fit
@@ -99,38 +100,6 @@ def pooled_features(net: TransformerClassifier, x: Tensor, batch_size: int = 512
             out.append(h[..., 0, :])
     net.train(was)
     return torch.cat(out)  # (B, E)
-
-
-def state_views(
-    net: TransformerClassifier, x: Tensor, batch_size: int = 512
-) -> tuple[Tensor, Tensor, Tensor]:
-    """What the last attention layer writes, in one eval-mode pass without grad: the logits
-    ``(B, C)``, the final-normed CLS state the head reads ``(B, E)`` (= :func:`pooled_features`)
-    and the mean of the final-normed token states ``(B, E)`` (the CLS token excluded; padding
-    excluded where the network masks it)."""
-    if net.cls is None:
-        raise ValueError("state_views needs a CLS-pooled network (pooling='cls')")
-    patchify = getattr(net, "patchify", None)
-    was = net.training
-    net.eval()
-    logits, cls, tok = [], [], []
-    with torch.no_grad():
-        for i in range(0, len(x), batch_size):
-            xb = x[i : i + batch_size]
-            tokens = patchify(xb) if patchify is not None else xb
-            h, pad = net.encode(tokens, 1, cls_only=False)  # (B, 1+T, E)
-            body = h[..., 1:, :]
-            if pad is None:
-                mean = body.mean(-2)
-            else:
-                keep = (~pad[:, 1:]).to(h.dtype).unsqueeze(-1)  # (B, T, 1)
-                mean = (body * keep).sum(-2) / keep.sum(-2).clamp_min(1.0)
-            head = net.head
-            logits.append(head(h[..., 0, :]))
-            cls.append(h[..., 0, :])
-            tok.append(mean)
-    net.train(was)
-    return torch.cat(logits), torch.cat(cls), torch.cat(tok)
 
 
 @dataclass

@@ -112,3 +112,26 @@ def test_bad_inputs_name_the_argument():
         read.score([h[:, :3]])
     same = torch.ones(60, 4)  # identical features: the ridge keeps every covariance definite
     assert torch.isfinite(fit_class_density([same], y, [same], y, 3).score([same])).all()
+
+
+def test_fit_network_density_reads_one_pass_of_a_cls_network():
+    from bayesattn.interop.class_density import fit_network_density, state_views
+    from bayesattn.nn.networks import TransformerClassifier
+
+    torch.manual_seed(0)
+    net = TransformerClassifier(3, input_dim=2, d_model=16, nhead=2, num_layers=1,
+                                dim_feedforward=16, pooling="cls").eval()
+    x = torch.randn(90, 5, 2)
+    y = torch.arange(90) % 3
+    r = fit_network_density(net, (x[:60], y[:60]), (x[60:], y[60:]))
+    p, s = r(x[:7])
+    logits, cls, tok = state_views(net, x[:7])
+    torch.testing.assert_close(p, r.read.probs(logits, [cls, tok]))
+    torch.testing.assert_close(s, r.read.score([cls, tok]))
+    torch.testing.assert_close(logits, net(x[:7]), atol=1e-5, rtol=0)
+    assert r.sample_probs(x[:7], 4).shape == (4, 7, 3)
+    assert fit_network_density(net, (x[:60], y[:60]), (x[60:], y[60:]), views=("cls",)).read.num_views == 1
+    with pytest.raises(TypeError, match="TransformerClassifier"):
+        fit_network_density(torch.nn.Linear(2, 2), (x, y), (x, y))
+    with pytest.raises(ValueError, match="views must be distinct"):
+        fit_network_density(net, (x, y), (x, y), views=("cls", "cls"))

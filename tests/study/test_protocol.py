@@ -65,7 +65,12 @@ def test_config_pairs_presets_and_errors():
     assert StudyConfig.quick(holdout_rotation=3).pairs() == rotation_pairs(3)
     full = StudyConfig.full()
     assert full.dataset_list == ("digits", "mnist1d") and full.seeds == 5 and full.jobs == 2
-    assert full.methods == (*StudyConfig().methods, "posthoc_gp", "posthoc_gp_mf", "sgpa")
+    assert full.methods[: len(StudyConfig().methods) + 3] == (
+        *StudyConfig().methods, "posthoc_gp", "posthoc_gp_mf", "sgpa"
+    )
+    assert {"density", "density_gda", "spectral", "spectral_density", "spectral_gp"} <= set(
+        full.methods
+    )
     assert StudyConfig.full(methods=("deterministic",), jobs=1).methods == ("deterministic",)
     assert len(full.pairs()) == 5
     m1d = StudyConfig(dataset="mnist1d").model("mnist1d")
