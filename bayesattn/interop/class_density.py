@@ -18,10 +18,12 @@ validation split (so neither view's dimension dominates).
 Two predictives:
 
 * :meth:`ClassDensityRead.probs` — the network's logits under a density-aware temperature,
-  :math:`\operatorname{softmax}\big(z(x) / (T\sqrt{1 + a\,u(x)})\big)` with
-  :math:`u = \operatorname{softplus}(\text{score})`, :math:`(T, a\ge0)` fitted on the validation
+  :math:`\operatorname{softmax}\big(z(x) / \sqrt{T^2 + b\,u(x)}\big)` with
+  :math:`u = \operatorname{softplus}(\text{score})`, :math:`(T, b\ge0)` fitted on the validation
   NLL (the density was fitted on the training split, so validation inputs look as unseen as test
-  inputs). :math:`a = 0` is temperature scaling.
+  inputs). :math:`b = 0` is temperature scaling; :math:`T \to 0` is a temperature proportional
+  to :math:`\sqrt u` (the form the fit often picks: the logits' confidence divided by the
+  feature novelty).
 * :meth:`ClassDensityRead.sample_probs` — the generative classifier under posterior draws of the
   class parameters of the first view: :math:`p_s(c\mid h) \propto \pi_c\,\mathcal N(h;
   \mu_{cs}, \Sigma_{cs})`; their disagreement is the read's mutual information.
@@ -60,8 +62,8 @@ class ClassDensityRead:
     score_center: Tensor  # (V,)
     score_scale: Tensor  # (V,)
     strengths: list[float]
-    temperature: float = 1.0
-    scale: float = 0.0
+    temperature: float = 1.0  # T of the density-aware temperature sqrt(T² + b·u)
+    scale: float = 0.0  # b
 
     @property
     def num_views(self) -> int:
@@ -139,13 +141,14 @@ class ClassDensityRead:
 
 
 def _tempered(z: Tensor, u: Tensor, temperature: Tensor | float, scale: Tensor | float) -> Tensor:
-    return z / (temperature * torch.sqrt(1 + scale * u))[..., None]
+    return z / torch.sqrt(temperature**2 + scale * u).clamp_min(1e-12)[..., None]
 
 
 def fit_density_temperature(logits: Tensor, u: Tensor, labels: Tensor) -> tuple[float, float]:
-    r"""``(T, a)`` minimising the NLL of :math:`\operatorname{softmax}(z / (T\sqrt{1 + a u}))`
-    (float64 L-BFGS over :math:`\log T, \log a`; :math:`u \ge 0` per example). Falls back to
-    ``(T, 0)`` (temperature scaling) when the optimum is degenerate.
+    r"""``(T, b)`` minimising the NLL of :math:`\operatorname{softmax}(z / \sqrt{T^2 + b u})`
+    (float64 L-BFGS over :math:`\log T^2, \log b`, started from temperature scaling's
+    :math:`T` and a small :math:`b`; :math:`u \ge 0` per example). Falls back to ``(T, 0)``
+    (temperature scaling) when the fit is not finite or not better than it.
 
     Shape:
         logits ``(B, C)``, u ``(B,)``, labels ``(B,)``.
@@ -155,26 +158,29 @@ def fit_density_temperature(logits: Tensor, u: Tensor, labels: Tensor) -> tuple[
             f"logits must be (B, C) with u and labels (B,); got {tuple(logits.shape)}, "
             f"{tuple(u.shape)}, {tuple(labels.shape)}"
         )
+    from ..calibration import fit_temperature
+
     z, u = logits.double(), u.double()
     y = labels.long()
-    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
-    log_a = torch.zeros((), dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([log_t, log_a], max_iter=200, line_search_fn="strong_wolfe")
+    T0 = fit_temperature(z, y)
+    base = float(nn.functional.cross_entropy(z / T0, y))
+    log_t2 = torch.tensor(2 * math.log(T0), dtype=torch.float64, requires_grad=True)
+    log_b = torch.tensor(math.log(1e-2 * T0**2), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([log_t2, log_b], max_iter=200, line_search_fn="strong_wolfe")
 
     def closure() -> Tensor:
         opt.zero_grad()
-        loss = nn.functional.cross_entropy(_tempered(z, u, log_t.exp(), log_a.exp()), y)
+        loss = nn.functional.cross_entropy(_tempered(z, u, (0.5 * log_t2).exp(), log_b.exp()), y)
         loss.backward()
         return loss
 
     with torch.enable_grad():
         opt.step(closure)
-    T, a = float(log_t.detach().exp()), float(log_a.detach().exp())
-    if not (math.isfinite(T) and math.isfinite(a) and T > 0):
-        from ..calibration import fit_temperature
-
-        return fit_temperature(z, y), 0.0
-    return T, a
+    T, b = float((0.5 * log_t2.detach()).exp()), float(log_b.detach().exp())
+    if not (math.isfinite(T) and math.isfinite(b)):
+        return T0, 0.0
+    nll = float(nn.functional.cross_entropy(_tempered(z, u, T, b), y))
+    return (T, b) if nll <= base else (T0, 0.0)
 
 
 def _tied_prior(h: Tensor, y: Tensor, num_classes: int, strength: float) -> NIW:

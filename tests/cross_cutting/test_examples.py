@@ -34,6 +34,7 @@ EXPECTED = {
         "posthoc_hf_reliability.png",
         "posthoc_hf_ood_entropy.png",
     ],
+    "08_class_density.py": ["density_scores.png"],
 }
 
 

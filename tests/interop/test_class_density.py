@@ -77,15 +77,19 @@ def test_sampled_generative_classifier_disagrees_more_off_the_data_and_kl_is_the
     assert kl == pytest.approx(sum(niw_kl(q, read.priors[0]) for q in read.posteriors[0]))
 
 
-def test_density_temperature_is_temperature_scaling_at_a_zero_and_grows_with_noise_far_away():
+def test_density_temperature_is_temperature_scaling_at_b_zero_and_grows_with_noise_far_away():
     g = torch.Generator().manual_seed(0)
     n = 3000
     u = torch.rand(n, generator=g) * 4
     z = torch.randn(n, 3, generator=g) * 3
-    p_true = torch.softmax(z / (1.5 * torch.sqrt(1 + 2.0 * u))[:, None], -1)
+    p_true = torch.softmax(z / torch.sqrt(1.5**2 + 4.0 * u)[:, None], -1)
     y = torch.multinomial(p_true, 1, generator=g)[:, 0]
-    T, a = fit_density_temperature(z, u, y)
-    assert a == pytest.approx(2.0, rel=0.35) and T == pytest.approx(1.5, rel=0.25)
+    T, b = fit_density_temperature(z, u, y)
+    assert b == pytest.approx(4.0, rel=0.35) and T == pytest.approx(1.5, rel=0.25)
+    # labels that ignore u: b ends near 0 and the NLL is temperature scaling's (or better)
+    y0 = torch.multinomial(torch.softmax(z / 2.0, -1), 1, generator=g)[:, 0]
+    T0, b0 = fit_density_temperature(z, u, y0)
+    assert b0 < 0.1 and T0 == pytest.approx(2.0, rel=0.15)
     read, _, (hv, yv) = _read()
     read.scale = 0.0
     logits = torch.randn(300, 3, generator=g)
