@@ -89,10 +89,10 @@ def main() -> None:
         rows += measure(ds, repeats)
     cols = ["dataset", "batch", "method", "ms per call", "× one forward", "× 5-ensemble"]
     widths = [8, 6, 48, 12, 14, 13]
-    print("".join(f"{c:>{w}s}" if i else f"{c:<{w}s}" for i, (c, w) in enumerate(zip(cols, widths))))
+    print("".join(f"{c:>{w}s}" if i else f"{c:<{w}s}" for i, (c, w) in enumerate(zip(cols, widths, strict=True))))
     for r in rows:
         print("".join(f"{str(c):>{w}s}" if i else f"{str(c):<{w}s}"
-                      for i, (c, w) in enumerate(zip(r, widths))))  # fmt: skip
+                      for i, (c, w) in enumerate(zip(r, widths, strict=True))))  # fmt: skip
     if not args.quick:
         write_results("uncertainty_cost", "Single-network uncertainty reads: inference cost vs one "
                       "forward pass and a 5-ensemble (same process, one thread)",
