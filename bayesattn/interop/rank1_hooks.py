@@ -66,7 +66,7 @@ class Rank1Site:
         return f"{self.layer}.{self.role}.{self.side}"
 
 
-def _mha_sites(path: str, m: nn.Module, offset: int) -> list[Rank1Site]:
+def _mha_sites(path: str, m: Any, offset: int) -> list[Rank1Site]:
     E = int(m.embed_dim)
     sizes = {"q": E, "k": int(m.kdim), "v": int(m.vdim)}
     sites = []
@@ -148,18 +148,18 @@ def _out_scale(y: Tensor, s: Tensor, bias: Tensor | None, bdim: int) -> Tensor:
     return y + _scale(centred, s - 1, bdim)
 
 
-def _mha_hooks(m: nn.Module, f: dict[str, Tensor]) -> list[Any]:
+def _mha_hooks(m: Any, f: dict[str, Tensor]) -> list[Any]:
     bdim = 0 if m.batch_first else 1
     names = ("query", "key", "value")
 
     def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        args, kwargs = list(args), dict(kwargs)
+        new, kw = list(args), dict(kwargs)
         for i, (role, n) in enumerate(zip("qkv", names, strict=True)):
-            if i < len(args):
-                args[i] = _scale(args[i], f[role], bdim)
-            elif n in kwargs:
-                kwargs[n] = _scale(kwargs[n], f[role], bdim)
-        return tuple(args), kwargs
+            if i < len(new):
+                new[i] = _scale(new[i], f[role], bdim)
+            elif n in kw:
+                kw[n] = _scale(kw[n], f[role], bdim)
+        return tuple(new), kw
 
     def post(module: nn.Module, args: Any, out: Any) -> Any:
         y = _out_scale(out[0], f["o"], m.out_proj.bias, bdim)
@@ -171,7 +171,7 @@ def _mha_hooks(m: nn.Module, f: dict[str, Tensor]) -> list[Any]:
     ]
 
 
-def _linear_hooks(lin: nn.Module, r: Tensor, s: Tensor) -> list[Any]:
+def _linear_hooks(lin: Any, r: Tensor, s: Tensor) -> list[Any]:
     def pre(module: nn.Module, args: tuple[Any, ...]) -> Any:
         return (_scale(args[0], r, 0), *args[1:])
 
@@ -193,9 +193,9 @@ def apply_factors(sites: list[Rank1Site], theta: Tensor) -> Iterator[None]:
     groups: dict[int, tuple[nn.Module, str, dict[str, Tensor]]] = {}
     for st in sites:
         key = st.role if st.kind == "mha" else st.side
-        groups.setdefault(id(st.module), (st.module, st.kind, {}))[2][key] = (
-            theta[:, st.offset : st.offset + st.size]
-        )
+        groups.setdefault(id(st.module), (st.module, st.kind, {}))[2][key] = theta[
+            :, st.offset : st.offset + st.size
+        ]
     handles: list[Any] = []
     try:
         for module, kind, f in groups.values():

@@ -53,8 +53,8 @@ def _hf_model() -> tuple[nn.Module, dict[str, torch.Tensor]]:
     cfg = transformers.BertConfig(
         vocab_size=12, hidden_size=E, num_hidden_layers=2, num_attention_heads=H,
         intermediate_size=32, max_position_embeddings=8, num_labels=K,
-        attn_implementation="eager", initializer_range=0.3,
-    )  # fmt: skip  (a wide init: logits that the factors visibly move)
+        attn_implementation="eager", initializer_range=0.3,  # logits the factors visibly move
+    )  # fmt: skip
     ids = torch.randint(2, 12, (5, 8))
     return transformers.BertForSequenceClassification(cfg).eval(), {
         "input_ids": ids, "attention_mask": torch.ones_like(ids),
@@ -62,9 +62,12 @@ def _hf_model() -> tuple[nn.Module, dict[str, torch.Tensor]]:
 
 
 def _model_and_x(kind: str) -> tuple[nn.Module, object]:
-    if kind == "hf":
-        return _hf_model()
-    return _torch_model(kind).eval(), _data(5)[0]
+    model, x = _hf_model() if kind == "hf" else (_torch_model(kind).eval(), _data(5)[0])
+    with torch.no_grad():  # nonzero biases (they start at 0): the output side must spare them
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+    return model, x
 
 
 def _fwd(m: nn.Module, x: object) -> torch.Tensor:
