@@ -190,3 +190,16 @@ def test_bad_inputs_are_refused_with_the_argument_named():
         fit_posthoc_mixture(nn.Sequential(nn.Flatten(), nn.Linear(6, K)), x.float(), y, 2)
     with pytest.raises(TypeError, match="model must be an nn.Module"):
         fit_posthoc_mixture("model", x, y, 2)  # type: ignore[arg-type]
+
+
+def test_fit_on_a_hugging_face_model_leaves_it_unchanged():
+    model, x = _model_and_x("hf")
+    y = torch.randint(0, K, (5,))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    hooks = hook_count(model)
+    mix = fit_posthoc_mixture(model, x, y, 2, forward=_fwd, steps=5, batch_size=4)
+    assert hook_count(model) == hooks
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, state[k], rtol=0, atol=0)
+    assert mix.mean.shape == (2, 2 * 8 * E)  # 2 layers × 8 sites of E factors
+    assert mix.probs(x, 4, seed=0).shape == (4, 5, K)
