@@ -2,9 +2,9 @@ r"""A K-component mixture posterior over rank-1 factors of the attention project
 hoc on a frozen trained model (torch or Hugging Face), in one vectorised pass per step.
 
 Every attention layer's projections :math:`W_q, W_k, W_v, W_o` get rank-1 factors
-:math:`W = \bar W \circ (s\,r^\top)` (the sites of :func:`~bayesattn.interop.rank1_hooks.
-rank1_sites`: four per ``MultiheadAttention`` layer, eight per Hugging Face layer), all of them
-one vector :math:`\theta\in\mathbb R^D` with the equal-weight mixture posterior and prior of
+:math:`W = \bar W \circ (s\,r^\top)` (the sites of
+:func:`~bayesattn.interop.rank1_hooks.rank1_sites`: four per ``MultiheadAttention`` layer, eight
+per Hugging Face layer), all of them one vector :math:`\theta\in\mathbb R^D` with the equal-weight mixture posterior and prior of
 :mod:`bayesattn.functional.mixture`:
 
 .. math:: q(\theta) = \frac1K\sum_k \mathcal N(\mu_k, \operatorname{diag}\sigma_k^2),\qquad
@@ -145,8 +145,10 @@ class PosthocMixture:
 
 def _check_args(
     num_components: int, prior_std: float, draws: int, steps: int, batch_size: int, lr: float,
-    init_scale: float, init_std: float,
+    init_scale: float, init_std: float, fit_temperature: bool, progress: bool,
 ) -> None:  # fmt: skip
+    check_bool("fit_temperature", fit_temperature)
+    check_bool("progress", progress)
     check_int("num_components", num_components, 1)
     check_real("prior_std", prior_std, gt=0.0)
     for name, v in (("draws_per_component", draws), ("steps", steps), ("batch_size", batch_size)):
@@ -164,6 +166,27 @@ def _init(
     mean = 1 + init_scale * torch.randn(K, D, generator=g, dtype=dtype)
     rho = torch.full((K, D), math.log(math.expm1(init_std)), dtype=dtype)
     return mean.requires_grad_(), rho.requires_grad_()
+
+
+def _tqdm(it: Any) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(it, desc="post-hoc mixture")
+
+
+def _negative_elbo(
+    logits: Tensor, y: Tensor, log_t: Tensor, mean: Tensor, rho: Tensor, prior_std: float, n: int
+) -> Tensor:
+    """The negative ELBO per calibration example: the tempered cross-entropy averaged over the
+    ``J`` draws and ``B`` examples, plus the mixture's KL bound over ``n``.
+
+    Shape:
+        logits ``(J, B, C)``, y ``(B,)`` → a scalar.
+    """
+    J = logits.shape[0]
+    nll = nn.functional.cross_entropy((logits / log_t.exp()).flatten(0, 1), y.repeat(J))
+    std = nn.functional.softplus(rho)
+    return nll + mixture_kl_bound(mean, std, 1.0, prior_std)[0] / n
 
 
 def fit_posthoc_mixture(
@@ -205,17 +228,14 @@ def fit_posthoc_mixture(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
     _check_args(num_components, prior_std, draws_per_component, steps, batch_size, lr,
-                init_scale, init_std)  # fmt: skip
-    check_bool("fit_temperature", fit_temperature)
-    check_bool("progress", progress)
+                init_scale, init_std, fit_temperature, progress)  # fmt: skip
     gen = torch_generator(check_seed(seed))
     fwd = forward or default_forward
     n = input_batch_size(x_cal)
     _check_labels(y_cal, n)
     sites = rank1_sites(model)
     D = sites[-1].offset + sites[-1].size
-    ref = next(iter(model.parameters()), torch.empty(0))
-    dtype = ref.dtype if ref.is_floating_point() else torch.float32
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     mean, rho = _init(num_components, D, init_scale, init_std, gen, dtype)
     log_t = torch.zeros((), dtype=dtype, requires_grad=fit_temperature)
     params = [mean, rho] + ([log_t] if fit_temperature else [])
@@ -225,9 +245,7 @@ def fit_posthoc_mixture(
     history: list[float] = []
     it: Any = range(steps)
     if progress:
-        from tqdm.auto import tqdm
-
-        it = tqdm(it, desc="post-hoc mixture")
+        it = _tqdm(it)
     try:
         for p, _ in flags:
             p.requires_grad_(False)
@@ -235,14 +253,10 @@ def fit_posthoc_mixture(
         for step in it:
             idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
             xb, yb = take_rows(x_cal, idx), y_cal[idx]
-            std = nn.functional.softplus(rho)
-            theta = stratified_draws(mean, std, draws_per_component, gen)  # (mK, D)
+            theta = stratified_draws(mean, nn.functional.softplus(rho), draws_per_component, gen)
             logits = factor_logits(model, fwd, xb, sites, theta)  # (mK, B, C)
             _check_logits_labels(logits[0], yb, step)
-            nll = nn.functional.cross_entropy(
-                (logits / log_t.exp()).flatten(0, 1), yb.repeat(theta.shape[0])
-            )
-            loss = nll + mixture_kl_bound(mean, std, 1.0, prior_std)[0] / n
+            loss = _negative_elbo(logits, yb, log_t, mean, rho, prior_std, n)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             _check_step(loss, params, step)
