@@ -62,7 +62,11 @@ def _hf_model() -> tuple[nn.Module, dict[str, torch.Tensor]]:
 
 
 def _model_and_x(kind: str) -> tuple[nn.Module, object]:
-    model, x = _hf_model() if kind == "hf" else (_torch_model(kind).eval(), _data(5)[0])
+    model, x = _hf_model() if kind.startswith("hf") else (_torch_model(kind).eval(), _data(5)[0])
+    if kind == "hf_converted":  # through bayesattn's AttentionInterface function
+        from bayesattn.interop.hf import convert_hf
+
+        convert_hf(model, family=None)
     with torch.no_grad():  # nonzero biases (they start at 0): the output side must spare them
         for name, p in model.named_parameters():
             if name.endswith("bias"):
@@ -99,14 +103,14 @@ def _reference(model: nn.Module, x: object, sites: list, theta: torch.Tensor) ->
     return torch.stack(out)  # (J, B, C)
 
 
-KINDS = ["plain", "seq_first", "converted", "hf"]
+KINDS = ["plain", "seq_first", "converted", "hf", "hf_converted"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_identity_factors_reproduce_the_frozen_logits(kind):
     model, x = _model_and_x(kind)
     sites = rank1_sites(model)
-    assert len(sites) == (16 if kind == "hf" else 8)  # 2 layers × (8 HF | 4 MHA) sites
+    assert len(sites) == (16 if kind.startswith("hf") else 8)  # 2 layers × (8 HF | 4 MHA) sites
     with torch.no_grad():
         want = _fwd(model, x)
         got = factor_logits(model, _fwd, x, sites, torch.ones(3, sites[-1].offset + E))
