@@ -10,6 +10,9 @@
 * :mod:`bayesattn.interop.posthoc_gp` — post hoc without converting anything: a random-feature
   GP read of the features a trained model's head reads (torch or Hugging Face), its samples and
   its mean-field predictive (a temperature that grows with the GP variance).
+* :mod:`bayesattn.interop.posthoc_mixture` — post hoc on the attention itself: a K-component
+  mixture over rank-1 factors of the attention projections of a frozen model, fitted by the ELBO
+  in one vectorised pass (hooks from :mod:`bayesattn.interop.rank1_hooks`).
 """
 
 from .convert import bayesian_attention_modules, convert, unconvert
