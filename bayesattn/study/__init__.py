@@ -29,6 +29,7 @@ from .methods import (
     get_method,
     register_method,
 )
+from . import mixture_methods as _mixture_methods  # noqa: F401 - registers mixture* (issue 30)
 from .protocol import run_study
 from .report import format_table
 
