@@ -50,4 +50,5 @@ __all__ = [
     "bayesian_read",
     "supports",
     "gaussian_process",
+    "mixture",
 ]

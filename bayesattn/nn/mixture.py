@@ -191,7 +191,9 @@ class Rank1Mixture(PyroModule):
             mean = torch.where(torch.rand(K, dim) < spread, -1.0, 1.0)
         self.mean = nn.Parameter(mean)  # (K, D)
         self.raw_std = (
-            None if init_std is None else nn.Parameter(torch.full((K, dim), _inv_softplus(init_std)))
+            None
+            if init_std is None
+            else nn.Parameter(torch.full((K, dim), _inv_softplus(init_std)))
         )
         #: (layer path, target path, parameter name, O, I, offset of r, offset of s) per weight
         self.slots: list[tuple[str, str, int, int, int]] = []

@@ -17,6 +17,7 @@ Modules: :mod:`.config` (:class:`StudyConfig`), :mod:`.runs` (one run's data and
 
 from __future__ import annotations
 
+from . import mixture_methods as _mixture_methods  # noqa: F401 - registers mixture* (issue 30)
 from ._compat import _train, _vit  # noqa: F401 - the 0.3 names benchmark scripts import
 from .config import DATASETS, DEFAULT_ROTATION, MODEL_DEFAULTS, StudyConfig
 from .merge import merge_studies
@@ -29,7 +30,6 @@ from .methods import (
     get_method,
     register_method,
 )
-from . import mixture_methods as _mixture_methods  # noqa: F401 - registers mixture* (issue 30)
 from .protocol import run_study
 from .report import format_table
 

@@ -49,6 +49,8 @@ class MixtureMethod(Method):
         spread: Gaussian components (``False``: K point masses, a packed ensemble).
         width: the factor on ``d_model`` and ``dim_feedforward``.
         prior_std, init_spread, init_std: as :func:`~bayesattn.nn.mixture.rank1_mixture`.
+        batch_factor, epoch_factor: the run's batch size and epochs are multiplied by these
+            (a step evaluates all K sub-trunks, so a larger batch amortises its overhead).
     """
 
     def __init__(
@@ -61,8 +63,11 @@ class MixtureMethod(Method):
         prior_std: float = 1.0,
         init_spread: float = 0.5,
         init_std: float = 0.05,
+        batch_factor: int = 1,
+        epoch_factor: float = 1.0,
     ) -> None:
         self.name, self.description = name, description
+        self.batch_factor, self.epoch_factor = batch_factor, epoch_factor
         self.num_components, self.spread, self.width = num_components, spread, width
         self.prior_std, self.init_spread, self.init_std = prior_std, init_spread, init_std
 
@@ -86,10 +91,21 @@ class MixtureMethod(Method):
         )
         return net
 
+    def _training_run(self, run: Run) -> Run:
+        if self.batch_factor == 1 and self.epoch_factor == 1.0:
+            return run
+        m = run.model
+        cfg = dataclasses.replace(
+            run.cfg,
+            batch_size=self.batch_factor * m["batch_size"],
+            epochs=max(1, round(self.epoch_factor * m["epochs"])),
+        )
+        return dataclasses.replace(run, cfg=cfg, cache={})
+
     def fit(self, run: Run) -> Fitted:
         torch.manual_seed(run.seed)
         net = self.network(run)
-        secs = run.train(net, run.seed, bayes=self.spread, kl_weight=1.0)
+        secs = self._training_run(run).train(net, run.seed, bayes=self.spread, kl_weight=1.0)
         K = self.num_components
         S = K * math.ceil(run.cfg.num_samples / K)
         params: dict[str, Any] = {
@@ -99,6 +115,8 @@ class MixtureMethod(Method):
             "prior_std": self.prior_std,
             "init_spread": self.init_spread,
             "init_std": self.init_std if self.spread else None,
+            "batch_factor": self.batch_factor,
+            "epoch_factor": self.epoch_factor,
             "num_samples": S,
             "chosen_by": "validation NLL/accuracy (in-distribution), few runs",
         }
