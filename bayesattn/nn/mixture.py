@@ -127,19 +127,25 @@ class MixturePosterior(dist.TorchDistribution):
 
 def swapped_parameters(values: Mapping[tuple[nn.Module, str], Tensor]) -> Any:
     """Context manager: ``module.name`` reads ``values[(module, name)]`` (any tensor, e.g.
-    ``(S, O, I)`` draws) instead of the parameter, restored on exit. Works for ``PyroModule``s
-    (a plain tensor is read straight from ``_parameters``, with no ``pyro.param`` statement)."""
+    ``(S, O, I)`` draws) instead of the parameter; restored (in its place) on exit. The value
+    is held as a buffer for the duration, so ``named_parameters()`` (and so ``pyro.module``,
+    which a ``PyroModule`` parent calls on attribute access) never sees it: no stale tensor
+    enters Pyro's param store."""
 
     @contextlib.contextmanager
     def ctx() -> Iterator[None]:
-        saved = [(m, n, m._parameters[n]) for (m, n) in values]
+        saved = {m: dict(m._parameters) for (m, _) in values}
         try:
             for (m, n), v in values.items():
-                m._parameters[n] = v  # type: ignore[assignment]
+                del m._parameters[n]
+                m._buffers[n] = v
             yield
         finally:
-            for m, n, p in saved:
-                m._parameters[n] = p
+            for (m, n) in values:
+                m._buffers.pop(n, None)
+            for m, params in saved.items():
+                m._parameters.clear()
+                m._parameters.update(params)  # the original order
 
     return ctx()
 

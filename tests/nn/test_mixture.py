@@ -4,6 +4,7 @@ masses, a tiny training run and bad inputs."""
 
 import copy
 import math
+import warnings
 
 import pyro
 import pytest
@@ -223,3 +224,22 @@ def test_predict_keeps_each_components_attention_in_stratified_order():
     torch.testing.assert_close(rm.attention[name].samples[0], torch.stack(maps).mean(0),
                                atol=1e-6, rtol=0)  # fmt: skip
     assert rm.components is None
+
+
+def test_the_swap_restores_parameters_and_leaves_pyro_alone():
+    net, mix = _net(K=2)
+    before = list(net.named_parameters())
+    x, y = _data()
+    pyro.clear_param_store()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # e.g. pyro.module on a swapped tensor
+        net.elbo_loss(x, y, num_data=60)[0].backward()
+        predict(net, x, 2)
+    after = list(net.named_parameters())
+    assert [n for n, _ in after] == [n for n, _ in before]
+    assert all(p is q for (_, p), (_, q) in zip(after, before, strict=True))
+    assert all(v.is_leaf for v in pyro.get_param_store().values())
+    assert not list(net.buffers()) or all(
+        "weight" not in n for n, _ in net.named_buffers()
+    )
+
