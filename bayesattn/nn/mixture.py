@@ -204,7 +204,8 @@ class Rank1Mixture(PyroModule):
             if init_std is None
             else nn.Parameter(torch.full((K, dim), _inv_softplus(init_std)))
         )
-        #: (layer path, target path, parameter name, O, I, offset of r, offset of s) per weight
+        #: per factored weight: (module path, parameter name, O, I, offset of its r in theta;
+        #: its s follows r)
         self.slots: list[tuple[str, str, int, int, int]] = []
 
     @property
