@@ -243,3 +243,12 @@ def test_the_swap_restores_parameters_and_leaves_pyro_alone():
         "weight" not in n for n, _ in net.named_buffers()
     )
 
+
+
+def test_linear_with_one_weight_per_sample_is_a_batched_gemm():
+    from bayesattn.nn.attention import linear
+
+    g = torch.Generator().manual_seed(0)
+    x, W, b = torch.randn(3, 4, 5, 6, generator=g), torch.randn(3, 7, 6, generator=g), torch.randn(7)
+    ref = torch.stack([torch.nn.functional.linear(x[s], W[s], b) for s in range(3)])
+    torch.testing.assert_close(linear(x, W, b), ref)
