@@ -637,7 +637,8 @@ class TransformerClassifier(BayesianNetwork):
     def first_stochastic_layer(self) -> int:
         """Index of the first encoder layer whose output is random in the current attention
         mode (``num_layers`` if none is): 0 while any dropout is active (training mode with
-        ``dropout > 0``) or the network has Bayesian projection weights, else the first layer
+        ``dropout > 0``) or the network has Bayesian projection weights or a trunk mixture
+        (:mod:`bayesattn.nn.mixture`), else the first layer
         with a family (none in ``"mean"`` mode). Posterior samples share everything
         computed before it."""
         return self._first_random()[0]
