@@ -9,6 +9,7 @@ pointwise log-likelihood :math:`\log p(y_b\mid x_b, w_s)` of every draw;
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..predictive import NetworkDraws, PredictionResult, Predictive
-from .arviz_io import to_arviz
+from .arviz_io import _token_coords, to_arviz
 
 __all__ = ["NetworkDraws", "network_draws", "predictive_to_arviz"]
 
@@ -67,10 +68,52 @@ def network_draws(
     )
 
 
+def _mixture_result_to_arviz(
+    result: PredictionResult, y: Tensor | None, num_chains: int, tokens: Sequence[str] | None
+) -> Any:
+    """A mixture's :class:`PredictionResult` (``components`` set) as ArviZ data: the draws
+    ``S = m·K`` as ``(chain, draw, component) = (num_chains, m / num_chains, K)``."""
+    comp = result.components
+    assert comp is not None
+    S, K = result.num_samples, int(comp.max()) + 1
+    if not torch.equal(comp.cpu(), torch.arange(S) % K):
+        raise ValueError("result.components must be stratified: draw i is component i % K")
+    m = S // K
+    if m % num_chains:
+        raise ValueError(
+            f"num_chains={num_chains} must divide the {m} draws per component (S={S}, K={K})"
+        )
+    lead = (num_chains, m // num_chains)
+
+    def split(t: Tensor) -> Tensor:  # (S, ...) -> (chain, draw, K, ...)
+        return t.reshape(lead + (K,) + t.shape[1:])
+
+    att = {f"{name}.weights": split(a.samples) for name, a in result.attention.items()}
+    dims = {n: ["component", "example", "head", "query", "key"] for n in att}
+    posterior: dict[str, Tensor] = {**att, "probs": split(result.probs)}
+    dims["probs"] = ["component", "probs_dim_0", "probs_dim_1"]
+    pbar = result.probs.reshape((m, K) + result.probs.shape[1:]).mean(1)  # a stratum's mixture
+    draws = torch.distributions.Categorical(probs=pbar.double()).sample()  # (m, B)
+    kw: dict[str, Any] = {"posterior_predictive": {"obs": draws.reshape(lead + draws.shape[1:])}}
+    if y is not None:
+        ll = result.log_likelihood(y).reshape((m, K) + y.shape)  # (m, K, B)
+        ll = torch.logsumexp(ll, 1) - math.log(K)  # log of the stratum's mixture predictive
+        kw["log_likelihood"] = {"obs": ll.reshape(lead + ll.shape[1:])}
+        kw["observed_data"] = {"obs": y}
+    coords: dict[str, list] = {"component": list(range(K))}
+    toks = _token_coords(tokens)
+    for a in att.values():
+        if toks is not None and a.shape[-1] == len(toks) and a.shape[-2] == len(toks):
+            coords["query"] = coords["key"] = list(toks)
+    return to_arviz(posterior, dims=dims, coords=coords, **kw)
+
+
 def _result_to_arviz(
     result: PredictionResult, y: Tensor | None, num_chains: int, tokens: Sequence[str] | None
 ) -> Any:
     """A :class:`PredictionResult` as ArviZ data (see :func:`predictive_to_arviz`)."""
+    if result.components is not None:
+        return _mixture_result_to_arviz(result, y, num_chains, tokens)
     posterior = {f"{name}.weights": a.samples for name, a in result.attention.items()}
     posterior["probs"] = result.probs  # (S, B, ..., C)
     draws = torch.distributions.Categorical(probs=result.probs.double()).sample()  # (S, B, ...)
@@ -123,7 +166,13 @@ def predictive_to_arviz(
       predictive to ``posterior_predictive`` (``"obs"``), and with labels ``y`` the pointwise
       :math:`\log p_s(y_b\mid x_b)` to ``log_likelihood`` and ``y`` to ``observed_data``, so
       ``az.loo``/``az.compare`` rank Bayesian attention, MC dropout and ensembles on the same
-      footing. Of the keywords, only ``tokens`` and ``num_chains`` apply.
+      footing. Of the keywords, only ``tokens`` and ``num_chains`` apply. A mixture
+      posterior's result (``result.components`` set, :mod:`bayesattn.nn.mixture`) gets a
+      ``component`` dim: its ``S = m·K`` stratified draws become ``(chain, draw, component)``
+      in ``posterior`` (attention weights ``(…, component, example, head, query, key)``,
+      ``probs``); ``posterior_predictive`` and ``log_likelihood`` hold one value per stratum
+      (one draw of each component): a label from, and :math:`\log` of, the stratum's mixture
+      predictive :math:`\frac1K\sum_k p_{mk}`, so ``az.loo`` sees ``m`` draws.
 
     Draws are independent: ``(chain, draw) = (num_chains, S / num_chains)``.
 

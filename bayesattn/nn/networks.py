@@ -381,7 +381,7 @@ class BayesianNetwork(PyroModule):
         ll = self.likelihood(logits, mask, ev).log_prob(targets)  # (S?, B)
         kl = col.total()
         per_example = ll - beta * kl  # (S?, B)
-        if num_particles > 1:
+        if per_example.dim() > 1:  # a sample dim: particles (and a mixture's K components)
             per_example = per_example.mean(0)
         loss = -(N / B) * per_example.sum() + beta * (kl_w + col.global_total())
         return loss, logits
@@ -616,17 +616,23 @@ class TransformerClassifier(BayesianNetwork):
                 pad = torch.cat([pad.new_zeros(pad.shape[0], 1), pad], dim=1)
         layers = self._encoder_layers()
         n = len(layers)
-        first, by_attention = self._first_random() if num_samples > 1 else (n, False)
-        for i, layer in enumerate(layers):
-            rows_only = cls_only and i == n - 1
-            # the layer draws the S samples itself when its attention is the first random thing
-            draws = rows_only and i == first and by_attention
-            if i == first and not draws:
-                h = _with_samples(h, num_samples)  # (S, B, T', E)
-            if rows_only:
-                h = layer.forward_rows(h, 1, pad, num_samples if draws else None)
-            else:
-                h = layer(h, src_key_padding_mask=pad)
+        mix: Any = self._modules.get("trunk_mixture")  # nn.mixture: K packed sub-trunks
+        # a mixture's pass has K·P draws (ELBO) or K component means ("mean") from layer 0
+        ctx = mix.trunk(self, num_samples) if mix is not None else contextlib.nullcontext()
+        with ctx as S:
+            num_samples = num_samples if S is None else S
+            first, by_attention = self._first_random() if num_samples > 1 else (n, False)
+            for i, layer in enumerate(layers):
+                rows_only = cls_only and i == n - 1
+                # the layer draws the S samples itself when its attention is the first random
+                # thing
+                draws = rows_only and i == first and by_attention
+                if i == first and not draws:
+                    h = _with_samples(h, num_samples)  # (S, B, T', E)
+                if rows_only:
+                    h = layer.forward_rows(h, 1, pad, num_samples if draws else None)
+                else:
+                    h = layer(h, src_key_padding_mask=pad)
         if first >= n:
             h = _with_samples(h, num_samples)  # nothing random: S identical copies
         norm = self.encoder.norm
@@ -639,7 +645,8 @@ class TransformerClassifier(BayesianNetwork):
     def first_stochastic_layer(self) -> int:
         """Index of the first encoder layer whose output is random in the current attention
         mode (``num_layers`` if none is): 0 while any dropout is active (training mode with
-        ``dropout > 0``) or the network has Bayesian projection weights, else the first layer
+        ``dropout > 0``) or the network has Bayesian projection weights or a trunk mixture
+        (:mod:`bayesattn.nn.mixture`), else the first layer
         with a family (none in ``"mean"`` mode). Posterior samples share everything
         computed before it."""
         return self._first_random()[0]
@@ -647,7 +654,7 @@ class TransformerClassifier(BayesianNetwork):
     def _first_random(self) -> tuple[int, bool]:
         """``(first_stochastic_layer, whether that layer's randomness is its attention alone)``."""
         n = len(self.encoder.layers)
-        if self.weight_guide is not None or any(
+        if self.weight_guide is not None or "trunk_mixture" in self._modules or any(
             isinstance(m, nn.Dropout) and m.training and m.p > 0 for m in self.modules()
         ):
             return 0, False
@@ -672,7 +679,8 @@ class TransformerClassifier(BayesianNetwork):
         head = cast(nn.Linear, self.head)
         # linear() reads x as (*S, B, T, In); pooled has no T, so give it one
         out = linear(pooled.unsqueeze(-2), head.weight, head.bias)  # (*S, B, 1, C)
-        return out.squeeze(-2)  # (*S, B, C)
+        mix: Any = self._modules.get("trunk_mixture")  # "mean" mode: the K components' mean
+        return out.squeeze(-2) if mix is None else mix.read_logits(out.squeeze(-2), num_samples)
 
     def targets(self, x: Tensor, y: Tensor | None) -> tuple[Tensor | None, Tensor | None, int]:
         return y, None, 0

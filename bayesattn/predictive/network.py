@@ -103,7 +103,10 @@ def _run_pass(
         w = m.last_weights
         if w is None:
             raise RuntimeError(f"attention layer {name} recorded no weights")
-        ws[name] = w.unsqueeze(0) if w.dim() == 4 else w  # (S, b, H, Tq, Tk)
+        w = w.unsqueeze(0) if w.dim() == 4 else w  # (S, b, H, Tq, Tk)
+        if w.shape[0] != logits.shape[0]:  # a mixture in "mean" mode: its K component means
+            w = w.mean(0, keepdim=True)  # their average map, as the logits average them
+        ws[name] = w
     return torch.softmax(logits, dim=-1), ws
 
 
@@ -139,6 +142,11 @@ def sample_network(
     nothing random runs once and its output is repeated ``S`` times (``expand=False``: kept
     once, ``S = 1``). ``check_y=False`` passes ``y`` to any network (a validation batch's
     targets) instead of only to a ``Seq2Seq``.
+
+    A network with a mixture posterior (:mod:`bayesattn.nn.mixture`) draws its ``S`` samples
+    stratified over its ``K`` components: draw ``i`` (of the probabilities and of every kept
+    attention map) is component ``i % K``, recorded in ``PredictionResult.components``; in
+    ``"mean"`` mode the kept maps are the average of the K component means' maps.
 
     Shape:
         probs ``(S, B, C)`` (``(S, B, T, V)`` for sequence models), attention
@@ -199,6 +207,14 @@ def sample_network(
         for name, ws in attn_chunks.items()
     }
     mask = _predictive_mask(net, x, y)
+    mix: Any = net._modules.get("trunk_mixture")  # draws stratified over its K components
+    comp = None
+    if mix is not None and mode in ("guide", "elbo") and S_run > 1:
+        comp = torch.arange(S, device=probs.device) % mix.num_components  # (S,)
     return PredictionResult(
-        probs=probs, attention=attention, kind="mc_dropout" if dropout else mode, mask=mask
+        probs=probs,
+        attention=attention,
+        kind="mc_dropout" if dropout else mode,
+        mask=mask,
+        components=comp,
     )

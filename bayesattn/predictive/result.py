@@ -163,6 +163,10 @@ class PredictionResult:
             before 0.3).
         mask: for per-token predictives ``(S, B, T, V)``, the valid positions ``(B, T)``
             (``None``: all valid).
+        components: for a mixture posterior (:mod:`bayesattn.nn.mixture`), the component of
+            each draw ``(S,)`` int64: stratified, draw ``i`` is component ``i % K``, so
+            ``probs[k::K]`` and ``attention[...].samples[k::K]`` are component ``k``'s
+            (``None``: not a mixture, or one draw of a component chosen at random).
 
     Properties (all ``(B,)`` unless noted; ``(B, T)`` for per-token predictives):
         ``mean_probs`` ``(B, C)`` :math:`\bar p`; ``predictive_entropy`` :math:`H[\bar p]`;
@@ -178,6 +182,7 @@ class PredictionResult:
     attention: dict[str, AttentionSamples] = field(default_factory=dict)
     kind: str = "guide"
     mask: Tensor | None = None
+    components: Tensor | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.probs, Tensor):
@@ -188,6 +193,11 @@ class PredictionResult:
             )
         if self.probs.is_floating_point():
             check_simplex("probs", self.probs)
+        if self.components is not None and self.components.shape != self.probs.shape[:1]:
+            raise ValueError(
+                f"components must have shape ({self.probs.shape[0]},) (one per draw); got "
+                f"{tuple(self.components.shape)}"
+            )
         if self.mask is not None and self.mask.shape != self.probs.shape[1:-1]:
             raise ValueError(
                 f"mask must have shape {tuple(self.probs.shape[1:-1])} (probs without S and C); "

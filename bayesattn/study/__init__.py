@@ -17,7 +17,10 @@ Modules: :mod:`.config` (:class:`StudyConfig`), :mod:`.runs` (one run's data and
 
 from __future__ import annotations
 
-from . import density_methods  # noqa: F401 - registers the density/spectral methods
+from . import (
+    density_methods,  # noqa: F401 - registers the density/spectral methods
+    mixture_methods,  # noqa: F401 - registers mixture* (issue 30)
+)
 from ._compat import _train, _vit  # noqa: F401 - the 0.3 names benchmark scripts import
 from .config import DATASETS, DEFAULT_ROTATION, MODEL_DEFAULTS, StudyConfig
 from .merge import merge_studies
