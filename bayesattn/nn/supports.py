@@ -34,7 +34,7 @@ be expressed on mixtures of keys) and at most ``max_len`` keys; the cluster top-
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import torch
@@ -156,11 +156,11 @@ class LocalKernel(AttentionKernel):
             chunk_size=self.chunk_size,
             dropout_p=dropout_p,
             training=dropout_p > 0,
-            global_keys=self._keys(q.device),
+            global_keys=self._keys(q.device, k.shape[-2]),
         )
 
-    def _keys(self, device: torch.device) -> Tensor | None:
-        """Positions every query also reads (none for the plain window)."""
+    def _keys(self, device: torch.device, num_keys: int | None = None) -> Tensor | None:
+        """Positions every query also reads (none for the plain window); ``num_keys``: ``T``."""
         return None
 
     def extra_repr(self) -> str:
@@ -186,12 +186,24 @@ class LocalGlobalKernel(LocalKernel):
         chunk_size: int | None = None,
     ) -> None:
         super().__init__(window, chunk_size)
+        if isinstance(global_tokens, (str, bytes)) or not isinstance(global_tokens, Iterable):
+            raise TypeError(
+                "global_tokens must be a tuple or list of token positions (() for none); got "
+                f"{global_tokens!r}"
+            )
         toks = tuple(int(check_int("global_tokens", t, 0)) for t in global_tokens)
+        if len(set(toks)) != len(toks):
+            raise ValueError(f"global_tokens must not repeat a position; got {toks}")
         self.global_tokens = toks
 
-    def _keys(self, device: torch.device) -> Tensor | None:
+    def _keys(self, device: torch.device, num_keys: int | None = None) -> Tensor | None:
         if not self.global_tokens:
             return None
+        if num_keys is not None and max(self.global_tokens) >= num_keys:
+            raise ValueError(
+                f"global_tokens must be positions < T = {num_keys} (the sequence length); got "
+                f"{self.global_tokens}"
+            )
         return torch.tensor(self.global_tokens, dtype=torch.long, device=device)
 
     def support(
@@ -203,7 +215,8 @@ class LocalGlobalKernel(LocalKernel):
         key_padding_mask: Tensor | None,
     ) -> tuple[K.ReducedSupport, Tensor]:
         s = K.local_global_support(
-            q, k, self.window, self._keys(q.device), log_prior, chunk_size=self.chunk_size
+            q, k, self.window, self._keys(q.device, k.shape[-2]), log_prior,
+            chunk_size=self.chunk_size,
         )
         return s, v
 
@@ -426,7 +439,7 @@ KernelName = Literal["dense", "local", "local_global", "topk", "cluster_topk", "
 #: ``AttentionConfig(kernel=name, kernel_kwargs=...)`` and the layers take them; add one with
 #: :func:`register_support`. ``"dense"`` (no support) is not an entry.
 SUPPORTS: Registry[Callable[..., AttentionKernel]] = Registry(
-    "support", AttentionKernel, register_with="bayesattn.register_support"
+    "support", AttentionKernel, register_with="bayesattn.register_support", reserved=("dense",)
 )
 SUPPORTS.register("local", LocalKernel)
 SUPPORTS.register("local_global", LocalGlobalKernel)
