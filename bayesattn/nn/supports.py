@@ -199,6 +199,8 @@ class LocalGlobalKernel(LocalKernel):
     def _keys(self, device: torch.device, num_keys: int | None = None) -> Tensor | None:
         if not self.global_tokens:
             return None
+        if num_keys == 0:
+            return None  # no keys at all: the read is empty, as in dense attention
         if num_keys is not None and max(self.global_tokens) >= num_keys:
             raise ValueError(
                 f"global_tokens must be positions < T = {num_keys} (the sequence length); got "
@@ -374,6 +376,25 @@ def _bool_padding(key_padding_mask: Tensor) -> Tensor:
     return key_padding_mask == float("-inf")
 
 
+def _hard_padding(key_padding_mask: Tensor | None) -> Tensor | None:
+    """A float key padding mask of ``0`` (keep) and ``-inf`` (padded) as bool, as the other
+    kernels accept it; soft float values cannot be applied to mixtures of keys."""
+    if key_padding_mask is None or key_padding_mask.dtype == torch.bool:
+        return key_padding_mask
+    if not key_padding_mask.is_floating_point():
+        raise TypeError(
+            f"key_padding_mask must be bool or float (0 keep, -inf padded); got "
+            f"{key_padding_mask.dtype}"
+        )
+    pad = key_padding_mask == float("-inf")
+    if not bool(((key_padding_mask == 0) | pad).all()):
+        raise ValueError(
+            "kernel='lowrank' takes a float key_padding_mask of 0 (keep) and -inf (padded) "
+            "only: its slots are mixtures of keys, so soft per-key biases cannot be applied"
+        )
+    return pad
+
+
 class LowRankKernel(AttentionKernel):
     r"""Linformer attention: keys and values projected along the sequence to ``rank`` mixtures,
     :math:`\tilde K = E K`, :math:`\tilde V = F V`, with learned :math:`E, F\in\mathbb R^{r\times
@@ -401,6 +422,7 @@ class LowRankKernel(AttentionKernel):
         log_prior: K.ChunkLogPrior | None,
         key_padding_mask: Tensor | None,
     ) -> tuple[K.ReducedSupport, Tensor]:
+        key_padding_mask = _hard_padding(key_padding_mask)
         k_r, v_r = K.lowrank_project(k, v, self.proj_k, self.proj_v, key_padding_mask)
         return K.lowrank_support(q, k_r, dead=_all_padded(key_padding_mask, k)), v_r
 
@@ -413,6 +435,7 @@ class LowRankKernel(AttentionKernel):
         key_padding_mask: Tensor | None,
         dropout_p: float,
     ) -> Tensor:
+        key_padding_mask = _hard_padding(key_padding_mask)
         k_r, v_r = K.lowrank_project(k, v, self.proj_k, self.proj_v, key_padding_mask)
         out = F.scaled_dot_product_attention(q, k_r, v_r, dropout_p=dropout_p)
         dead = _all_padded(key_padding_mask, k)
