@@ -21,6 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +44,7 @@ __all__ = [
     "finish_run",
     "study_status",
     "validate_study_config",
+    "die_with_parent",
 ]
 
 INCOMPLETE = "INCOMPLETE"
@@ -234,3 +240,26 @@ def validate_study_config(cfg: Any) -> None:
             raise TypeError(f"{name} must be a bool; got {getattr(cfg, name)!r}")
     if not isinstance(cfg.extra, dict):
         raise TypeError(f"extra must be a dict; got {cfg.extra!r}")
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make this (worker) process die when ``parent_pid`` does, even by SIGKILL: the kernel's
+    parent-death signal where Linux offers it, and a watchdog thread that polls the parent (any
+    POSIX). Called as a worker pool's ``initializer``: a study's workers never outlive it."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            pr_set_pdeathsig = 1
+            libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="bayesattn-parent-watch", daemon=True).start()
