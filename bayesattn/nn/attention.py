@@ -553,9 +553,6 @@ class BayesianMultiheadAttention(PyroModule):
                     f"{name} must be 2-D (unbatched) or 3-D (batched); got shape {tuple(t.shape)}"
                 )
             check_same_dtype(name, t, self.out_proj.weight.dtype, "BayesianMultiheadAttention")
-        _check_dim("query", query, self.embed_dim)
-        _check_dim("key", key, self.kdim)
-        _check_dim("value", value, self.vdim)
         if not (query.dim() == key.dim() == value.dim()):
             raise ShapeAssertionError(
                 f"query, key and value must have the same number of dims; got "
@@ -563,6 +560,9 @@ class BayesianMultiheadAttention(PyroModule):
                 f"expected `key` and `value` to be {query.dim()}-D but found {key.dim()}-D and "
                 f"{value.dim()}-D tensors respectively)"
             )
+        _check_dim("query", query, self.embed_dim)
+        _check_dim("key", key, self.kdim)
+        _check_dim("value", value, self.vdim)
         if query.dim() < 2:
             raise ValueError(
                 f"query must be 2-D (unbatched), 3-D (batched) or have leading sample dims; got "
