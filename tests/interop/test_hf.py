@@ -341,7 +341,7 @@ def test_a_convert_hf_that_fails_on_a_wrapper_leaves_the_model_as_it_was(monkeyp
     assert wrapped.a.config._attn_implementation == ATTN_NAME
 
 
-def _gpt2(cls, **kw):
+def _small_gpt2(cls, **kw):
     cfg = transformers.GPT2Config(n_embd=16, n_layer=2, n_head=2, vocab_size=30, n_positions=32,
                                   attn_implementation="eager", pad_token_id=0, bos_token_id=1,
                                   eos_token_id=2, **kw)  # fmt: skip
@@ -351,7 +351,7 @@ def _gpt2(cls, **kw):
 def test_gpt2_generate_with_left_padding_under_sampling():
     """Left padding changes nothing: greedy decoding in the mean mode gives the unpadded
     sequence's tokens, and drawn attention puts exactly no weight on the padding."""
-    model = convert_hf(_gpt2(transformers.GPT2LMHeadModel), family="dirichlet")
+    model = convert_hf(_small_gpt2(transformers.GPT2LMHeadModel), family="dirichlet")
     ids = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]])
     mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
     with torch.no_grad():
@@ -373,7 +373,7 @@ def test_posthoc_gp_reads_the_position_a_gpt2_classifier_pools():
     read's variance must depend on the tokens after the first (it read token 0 before)."""
     from bayesattn.interop.posthoc_gp import fit_posthoc_gp
 
-    model = _gpt2(transformers.GPT2ForSequenceClassification, num_labels=3)
+    model = _small_gpt2(transformers.GPT2ForSequenceClassification, num_labels=3)
     x, y = torch.randint(1, 30, (24, 6)), torch.randint(0, 3, (24,))
     read = fit_posthoc_gp(model, x, y, model.score, forward=lambda m, i: m(input_ids=i).logits,
                           num_features=32)  # fmt: skip
