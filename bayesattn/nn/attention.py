@@ -553,6 +553,18 @@ class BayesianMultiheadAttention(PyroModule):
                     f"{name} must be 2-D (unbatched) or 3-D (batched); got shape {tuple(t.shape)}"
                 )
             check_same_dtype(name, t, self.out_proj.weight.dtype, "BayesianMultiheadAttention")
+            if t.device != self.out_proj.weight.device:
+                raise ValueError(
+                    f"{name} is on {t.device} but the layer's weights are on "
+                    f"{self.out_proj.weight.device}: move the input or the layer (.to(device))"
+                )
+        if query.device.type == "meta" and (
+            self.kernel is not None or self.family is not None or self.gp_read is not None
+        ):
+            raise ValueError(
+                "meta tensors (no values) go through deterministic dense attention only: this "
+                "layer has a kernel, a family or a GP read, whose reads look at the values"
+            )
         if not (query.dim() == key.dim() == value.dim()):
             raise ShapeAssertionError(
                 f"query, key and value must have the same number of dims; got "
