@@ -217,9 +217,9 @@ def _check_mask_dims(
         return  # leading sample dims: our own extension, checked later
     batched = query.dim() == 3
     if key_padding_mask is not None and key_padding_mask.dim() != (2 if batched else 1):
-        want = "(B, Tk)" if batched else "(Tk,) for unbatched input"
+        kpm_shape = "(B, Tk)" if batched else "(Tk,) for unbatched input"
         raise ShapeAssertionError(
-            f"key_padding_mask must be {want}; got shape {tuple(key_padding_mask.shape)} (torch: "
+            f"key_padding_mask must be {kpm_shape}; got shape {tuple(key_padding_mask.shape)} (torch: "
             f"expected `key_padding_mask` to be `None` or {2 if batched else 1}-D but found "
             f"{key_padding_mask.dim()}-D tensor instead)"
         )
