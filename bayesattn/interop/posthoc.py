@@ -89,7 +89,8 @@ def freeze_for_posthoc(model: nn.Module) -> list[nn.Parameter]:
     return keep
 
 
-def _check_labels(y: Any, n: int, name: str = "y") -> None:
+def check_labels(y: Any, n: int, name: str = "y") -> None:
+    """``y`` is a 1-D integer label tensor of length ``n`` (``n >= 1``); errors name ``name``."""
     if not isinstance(y, Tensor):
         raise TypeError(f"{name} must be a 1-D integer label tensor; got {type(y).__name__}")
     if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
@@ -175,7 +176,7 @@ def fit_posthoc(
     """
     fwd = forward or default_forward
     n = input_batch_size(x)
-    _check_labels(y, n)
+    check_labels(y, n)
     for name, v in (("steps", steps), ("batch_size", batch_size)):
         check_int(name, v, 1)
     check_real("lr", lr, gt=0.0)

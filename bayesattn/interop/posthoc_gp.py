@@ -49,7 +49,7 @@ from .._validation import check_int, check_seed
 from ..functional.gaussian_process import random_fourier_features
 from ..nn.modes import attention_mode
 from ..predictive.foreign import Inputs, default_forward, input_batch_size, take_rows
-from .posthoc import _check_labels
+from .posthoc import check_labels
 
 __all__ = ["PosthocGP", "fit_posthoc_gp"]
 
@@ -287,7 +287,7 @@ def fit_posthoc_gp(
     n = input_batch_size(x_cal)
     if n == 0:
         raise ValueError("the calibration split is empty (x_cal holds 0 examples)")
-    _check_labels(y_cal, n, "y_cal")
+    check_labels(y_cal, n, "y_cal")
     z, h = _logits_and_features(model, head, x_cal, fwd, batch_size)
     if bool(((y_cal < 0) | (y_cal >= z.shape[-1])).any()):
         raise ValueError(
