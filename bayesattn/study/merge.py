@@ -14,6 +14,7 @@ from typing import Any
 
 from .._study_io import (
     RESULTS,
+    abandon_run,
     begin_run,
     check_out_path,
     finish_run,
@@ -142,16 +143,20 @@ def merge_studies(sources: Sequence[str | Path], out: str | Path) -> dict[str, A
     pooled = {d: _merge_dataset(d, loaded, methods) for d in base["datasets"]}
     out_dir = prepare_out_dir(out, force=True)
     foreign = begin_run(out_dir)
-    for src, r in zip(sources, loaded, strict=True):  # the figures the sources wrote
-        for name in r.get("files", []):
-            if name != RESULTS and name != "report.md" and (Path(src) / name).is_file():
-                shutil.copyfile(Path(src) / name, register_output(out_dir, name))
-    for dataset, new in pooled.items():
-        new["figures"] = figures.dataset_figures(out_dir, dataset, new)
-        merged["datasets"][dataset] = new
-    merged["seconds"] = sum(r["seconds"] for r in loaded)
-    merged.pop("files", None)
-    finish_run(out_dir, merged, report.render(merged), foreign)
+    try:
+        for src, r in zip(sources, loaded, strict=True):  # the figures the sources wrote
+            for name in r.get("files", []):
+                if name != RESULTS and name != "report.md" and (Path(src) / name).is_file():
+                    shutil.copyfile(Path(src) / name, register_output(out_dir, name))
+        for dataset, new in pooled.items():
+            new["figures"] = figures.dataset_figures(out_dir, dataset, new)
+            merged["datasets"][dataset] = new
+        merged["seconds"] = sum(r["seconds"] for r in loaded)
+        merged.pop("files", None)
+        finish_run(out_dir, merged, report.render(merged), foreign)
+    except BaseException:
+        abandon_run(out_dir)  # --out as it was
+        raise
     return merged
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .._study_io import begin_run, die_with_parent, finish_run, prepare_out_dir
+from .._study_io import abandon_run, begin_run, die_with_parent, finish_run, prepare_out_dir
 from .config import StudyConfig
 from .methods import ensemble_of, get_method
 from .metrics import SCALARS, evaluate, get
@@ -33,7 +33,16 @@ def _jsonable(v: Any) -> Any:
 
 def run_study(cfg: StudyConfig) -> dict[str, Any]:
     """Fit, score and write every method on every run; returns the results dict (also written
-    as ``results.json``, with ``report.md`` and the figures, to ``cfg.out``)."""
+    as ``results.json``, with ``report.md`` and the figures, to ``cfg.out``). A run that raises
+    leaves ``cfg.out`` as it was (:func:`~bayesattn._study_io.abandon_run`)."""
+    try:
+        return _run_study(cfg)
+    except BaseException:
+        abandon_run(getattr(cfg, "out", None))
+        raise
+
+
+def _run_study(cfg: StudyConfig) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from . import figures, report

@@ -1,6 +1,6 @@
-"""Study steps that raise (issue 33): a bad configuration leaves an earlier study's files as they
-were; a method that fails mid-run leaves a folder that says INCOMPLETE, never one that looks
-finished; registries are unchanged by a registration that raises."""
+"""Study steps that raise (issue 33): a bad configuration, or a method that fails mid-run, leaves
+the folder (an earlier study's files, or nothing) as it was; registries are unchanged by a
+registration that raises. (A killed study says INCOMPLETE: ``tests/cross_cutting/test_faults.py``.)"""
 
 from __future__ import annotations
 
@@ -44,18 +44,24 @@ class _Fails(M.Deterministic):
         raise RuntimeError("this method fails mid-run")
 
 
-def test_a_method_that_fails_mid_run_leaves_a_clearly_incomplete_folder(tmp_path):
+def test_a_method_that_fails_mid_run_leaves_the_folder_as_it_was(study, tmp_path):
     names = tuple(M.METHODS)
     M.register_method(_Fails())
+    kw = dict(seeds=1, epochs=1, figures=False, progress=False)
     try:
         with pytest.raises(ValueError, match="already registered"):
             M.register_method(_Fails(), default=True)  # a duplicate changes nothing
         assert tuple(M.DEFAULT_METHODS).count("r4_fails") == 0
-        out = tmp_path / "s"
+        before = _snapshot(study)  # over an earlier study: its files come back, unchanged
+        with pytest.raises(RuntimeError, match="fails mid-run"):
+            run_study(StudyConfig.quick(out=str(study), methods=("deterministic", "r4_fails"),
+                                        **kw))  # fmt: skip
+        assert _snapshot(study) == before and study_status(study) == "complete"
+        out = tmp_path / "new"  # a new folder: left empty
         with pytest.raises(RuntimeError, match="fails mid-run"):
             run_study(StudyConfig.quick(out=str(out), methods=("deterministic", "r4_fails"),
-                                        seeds=1, epochs=1, figures=False, progress=False))  # fmt: skip
-        assert study_status(out) == "incomplete" and (out / INCOMPLETE).is_file()
+                                        **kw))  # fmt: skip
+        assert study_status(out) == "missing" and not (out / INCOMPLETE).exists()
     finally:
         M._REGISTRY.unregister("r4_fails")
     assert tuple(M.METHODS) == names
