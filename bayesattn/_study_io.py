@@ -187,11 +187,13 @@ def begin_run(out: Path) -> frozenset[str]:
     old = manifest(out) or set()
     prev = out / PREVIOUS
     shutil.rmtree(prev, ignore_errors=True)
-    prev.mkdir()
-    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-        shutil.copyfile(out / INCOMPLETE, prev / INCOMPLETE)  # the old state, if unfinished
-    _write_incomplete(out, old)  # an interrupted clean-up still knows what to remove
     names = [RESULTS, REPORT, *sorted(f for f in old if f not in (INCOMPLETE, RESULTS, REPORT))]
+    keep = [n for n in (INCOMPLETE, *names) if (out / n).is_file()]
+    if keep:  # the run being replaced (finished, or the files of an unfinished one)
+        prev.mkdir()
+    if INCOMPLETE in keep:
+        shutil.copyfile(out / INCOMPLETE, prev / INCOMPLETE)
+    _write_incomplete(out, old)  # an interrupted clean-up still knows what to remove
     for name in names:  # results.json first: from here on, not complete
         with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
             if (out / name).is_file():
