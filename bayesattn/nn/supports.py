@@ -170,7 +170,9 @@ class LocalKernel(AttentionKernel):
 class LocalGlobalKernel(LocalKernel):
     r"""Local + global attention (Longformer, BigBird's window and global parts): query ``i``
     reads keys ``|i - j| <= window`` and the ``global_tokens`` (positions, default ``(0,)``: a CLS
-    token prepended by the network); the global tokens' own queries read every key.
+    token prepended by the network); the global tokens' own queries read every key. A position
+    at or past the sequence length ``T`` is a ``ValueError`` naming ``global_tokens`` and ``T``
+    (the functional :func:`~bayesattn.functional.supports.local_global_support` drops them).
 
     Equal to dense attention under the log-prior that is 0 on that support and ``-inf`` off it
     (:func:`bayesattn.functional.supports.dense_support_mask`), at :math:`O(T(w + G))` cost. In
