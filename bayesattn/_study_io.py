@@ -9,8 +9,10 @@ above it, the home folder or one above it, and the filesystem root: a study owns
 **The manifest.** While a run is under way, ``INCOMPLETE`` lists (after its first line) every
 file the run has written or is about to write (:func:`register_output`, called before each
 write); a finished run lists them in ``results.json`` under ``"files"``. A rerun
-(:func:`begin_run`, e.g. ``--force``) removes exactly the files those two lists name, never a
-file by pattern, so other files in the folder are kept.
+(:func:`begin_run`, e.g. ``--force``) moves exactly the files those two lists name, never a
+file by pattern, into ``.previous-run`` (other files in the folder are kept), removed when the
+rerun finishes and put back by :func:`abandon_run` when it raises: a study step that raises
+leaves the folder as it was; one that is killed leaves it clearly incomplete.
 
 **Complete** ⇔ ``results.json`` exists (written last, atomically) and every file it lists exists;
 otherwise the run is incomplete, and ``INCOMPLETE`` says so to a person looking at the folder.
@@ -21,6 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +45,11 @@ __all__ = [
     "register_output",
     "begin_run",
     "finish_run",
+    "abandon_run",
+    "PREVIOUS",
     "study_status",
     "validate_study_config",
+    "die_with_parent",
 ]
 
 INCOMPLETE = "INCOMPLETE"
@@ -153,27 +164,83 @@ def register_output(out: Path, name: str) -> Path:
     return out / name
 
 
+#: the files of the run being replaced, kept until the new run finishes (restored if it raises)
+PREVIOUS = ".previous-run"
+#: folders with a run begun (and not finished or abandoned) in this process
+_ACTIVE: set[Path] = set()
+
+
+def _key(out: Any) -> Path | None:
+    try:
+        return Path(out).expanduser().resolve()
+    except (TypeError, ValueError, OSError):
+        return None
+
+
 def begin_run(out: Path) -> frozenset[str]:
-    """Mark ``out`` incomplete, then remove the files of earlier runs its manifest lists (so a
-    rerun, e.g. ``--force``, leaves only the new run's files). Returns the names of the other
-    files already there (not the study's; kept, and not listed as the run's)."""
+    """Mark ``out`` incomplete, then move the files of earlier runs its manifest lists (and its
+    ``INCOMPLETE`` list) into ``out/.previous-run`` (so a rerun, e.g. ``--force``, leaves only
+    the new run's files once it finishes, and :func:`abandon_run` can put them back if it
+    raises). A ``.previous-run`` left by a killed run is discarded (that run was replacing it).
+    Returns the names of the other files already there (not the study's; kept, and not listed
+    as the run's)."""
     old = manifest(out) or set()
+    prev = out / PREVIOUS
+    shutil.rmtree(prev, ignore_errors=True)
+    names = [RESULTS, REPORT, *sorted(f for f in old if f not in (INCOMPLETE, RESULTS, REPORT))]
+    keep = [n for n in (INCOMPLETE, *names) if (out / n).is_file()]
+    if keep:  # the run being replaced (finished, or the files of an unfinished one)
+        prev.mkdir()
+    if INCOMPLETE in keep:
+        shutil.copyfile(out / INCOMPLETE, prev / INCOMPLETE)
     _write_incomplete(out, old)  # an interrupted clean-up still knows what to remove
-    victims = {out / RESULTS, out / REPORT} | {out / f for f in old if f != INCOMPLETE}
+    for name in names:  # results.json first: from here on, not complete
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            if (out / name).is_file():
+                os.replace(out / name, prev / name)
     for g in _TEMP_GLOBS:
-        victims |= set(out.glob(g))
-    for f in [out / RESULTS, *victims]:  # results.json first: from here on, not complete
-        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-            f.unlink()
+        for f in out.glob(g):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                f.unlink()
     _write_incomplete(out, set())
-    return frozenset(p.name for p in out.iterdir() if p.name != INCOMPLETE)
+    key = _key(out)
+    if key is not None:
+        _ACTIVE.add(key)
+    return frozenset(p.name for p in out.iterdir() if p.name not in (INCOMPLETE, PREVIOUS))
+
+
+def abandon_run(out: Any) -> None:
+    """Undo a run of this process that raised after :func:`begin_run`: remove the files it
+    wrote (its ``INCOMPLETE`` list) and put back those of the run it was replacing, so the folder
+    is as it was before. Nothing happens for a folder without a begun run."""
+    key = _key(out)
+    if key is None or key not in _ACTIVE:
+        return
+    _ACTIVE.discard(key)
+    folder = Path(out).expanduser()
+    written = manifest(folder) or set()
+    for name in written | {RESULTS, REPORT}:
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            (folder / name).unlink()
+    prev = folder / PREVIOUS
+    restored_incomplete = False
+    if prev.is_dir():
+        for f in prev.iterdir():
+            if f.name == INCOMPLETE:
+                restored_incomplete = True
+            os.replace(f, folder / f.name)
+        shutil.rmtree(prev, ignore_errors=True)
+    if not restored_incomplete:
+        with contextlib.suppress(FileNotFoundError):
+            (folder / INCOMPLETE).unlink()
 
 
 def finish_run(
     out: Path, results: dict[str, Any], report: str, foreign: frozenset[str] = frozenset()
 ) -> None:
     """Write ``report.md``, then ``results.json`` (last, listing every file of the run: those in
-    the folder but not in ``foreign``), both atomically; then remove ``INCOMPLETE``."""
+    the folder but not in ``foreign``), both atomically; then remove ``INCOMPLETE`` and the
+    replaced run's files (``.previous-run``)."""
     register_output(out, REPORT)
     atomic_write_text(out / REPORT, report)
     files = sorted(
@@ -187,6 +254,10 @@ def finish_run(
     atomic_write_text(out / RESULTS, json.dumps(results, indent=2, sort_keys=True))
     with contextlib.suppress(FileNotFoundError):
         (out / INCOMPLETE).unlink()
+    shutil.rmtree(out / PREVIOUS, ignore_errors=True)
+    key = _key(out)
+    if key is not None:
+        _ACTIVE.discard(key)
 
 
 def study_status(out: str | Path) -> str:
@@ -234,3 +305,26 @@ def validate_study_config(cfg: Any) -> None:
             raise TypeError(f"{name} must be a bool; got {getattr(cfg, name)!r}")
     if not isinstance(cfg.extra, dict):
         raise TypeError(f"extra must be a dict; got {cfg.extra!r}")
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make this (worker) process die when ``parent_pid`` does, even by SIGKILL: the kernel's
+    parent-death signal where Linux offers it, and a watchdog thread that polls the parent (any
+    POSIX). Called as a worker pool's ``initializer``: a study's workers never outlive it."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            pr_set_pdeathsig = 1
+            libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="bayesattn-parent-watch", daemon=True).start()

@@ -48,10 +48,17 @@ class Registry(Generic[E]):
             instance of; a class entry must subclass it.
         instances: entries are ready ``base`` objects, not factories (the study's methods).
         register_with: the public function that adds an entry, quoted in errors.
+        reserved: names the caller handles itself (``"dense"`` for supports): never registrable.
     """
 
     def __init__(
-        self, kind: str, base: type, *, instances: bool = False, register_with: str = ""
+        self,
+        kind: str,
+        base: type,
+        *,
+        instances: bool = False,
+        register_with: str = "",
+        reserved: tuple[str, ...] = (),
     ) -> None:
         self.kind = kind
         self.plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
@@ -59,6 +66,7 @@ class Registry(Generic[E]):
         self.instances = instances
         self.register_with = register_with or f"Registry({kind!r}).register"
         self._entries: dict[str, E] = {}
+        self.reserved = tuple(reserved)
 
     # adding and removing ------------------------------------------------------------------
     @overload
@@ -75,6 +83,11 @@ class Registry(Generic[E]):
         A name already taken is a ``ValueError`` unless ``override=True`` (which replaces it)."""
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"a {self.kind} name must be an identifier string; got {name!r}")
+        if name in self.reserved:
+            raise ValueError(
+                f"the {self.kind} name {name!r} is built in and cannot be registered or "
+                f"overridden (reserved: {list(self.reserved)}); choose another name"
+            )
         if entry is None:
             return lambda e: self.register(name, e, override=override)
         self._check_entry(name, entry)

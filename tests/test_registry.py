@@ -366,3 +366,11 @@ def test_a_user_family_name_is_refused_once_taken(scratch_registries):
     with pytest.raises(ValueError, match="'dirichlet' is already registered"):
         bayesattn.register_family("dirichlet", Mine)
     assert AttentionConfig(family="mine").family == "mine"
+
+
+def test_the_built_in_dense_support_cannot_be_registered_over():
+    """issue 33: register_support("dense", ...) replaced nothing visible and said nothing."""
+    for override in (False, True):
+        with pytest.raises(ValueError, match="'dense' is built in"):
+            bayesattn.register_support("dense", LocalKernel, override=override)
+    assert "dense" not in SUPPORTS and get_kernel("dense") is None

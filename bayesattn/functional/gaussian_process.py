@@ -44,9 +44,33 @@ CovarianceName = Literal["rbf", "matern52"]
 Covariance = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
+def _check_positive(name: str, value: Tensor | float) -> None:
+    """``value`` (a tensor or number) is finite and > 0 everywhere, else a ``ValueError``."""
+    t = value if isinstance(value, Tensor) else torch.as_tensor(value)
+    if t.device.type == "meta" or t.numel() == 0:
+        return
+    if not bool((torch.isfinite(t) & (t > 0)).all()):
+        shown = t.detach().flatten()[:8].tolist()
+        raise ValueError(f"{name} must be finite and > 0; got {shown}")
+
+
+def _check_tril(name: str, tril: Tensor) -> None:
+    """``tril`` is a lower-triangular factor (zero above the diagonal) with finite values."""
+    if tril.device.type == "meta":
+        return
+    if not bool(torch.isfinite(tril).all()):
+        raise ValueError(f"{name} must be finite; got NaN or Inf")
+    if not bool((tril.triu(1) == 0).all()):
+        raise ValueError(
+            f"{name} must be a lower-triangular Cholesky factor (zero above the diagonal); got "
+            f"non-zero entries above it, shape {tuple(tril.shape)}"
+        )
+
+
 def _scaled_sqdist(x1: Tensor, x2: Tensor, lengthscale: Tensor) -> Tensor:
     """:math:`\\lVert x_1 - x_2\\rVert^2/\\ell^2`; ``lengthscale`` ``(*G)`` broadcasts over the
     groups. Shape: ``(*, N, D)``, ``(*, M, D)`` → ``(*, N, M)``."""
+    _check_positive("lengthscale", lengthscale)
     ls = lengthscale[..., None, None]  # (*G, 1, 1)
     a, b = x1 / ls, x2 / ls
     d = (a * a).sum(-1, keepdim=True) - 2 * a @ b.transpose(-1, -2) + (b * b).sum(-1).unsqueeze(-2)
@@ -58,6 +82,7 @@ def rbf_covariance(x1: Tensor, x2: Tensor, lengthscale: Tensor, outputscale: Ten
 
     Shape: ``x1 (*, N, D)``, ``x2 (*, M, D)``, ``lengthscale``/``outputscale`` broadcasting with
     ``*`` → ``(*, N, M)``."""
+    _check_positive("outputscale", outputscale)
     return outputscale[..., None, None] * torch.exp(-0.5 * _scaled_sqdist(x1, x2, lengthscale))
 
 
@@ -66,6 +91,7 @@ def matern52_covariance(
 ) -> Tensor:
     r"""Matérn-5/2 covariance :math:`\sigma^2(1 + \sqrt5 r + \tfrac53 r^2)e^{-\sqrt5 r}`,
     :math:`r = \lVert x_1 - x_2\rVert/\ell`. Shapes as :func:`rbf_covariance`."""
+    _check_positive("outputscale", outputscale)
     r2 = _scaled_sqdist(x1, x2, lengthscale)
     r = torch.sqrt(r2 + 1e-12)
     s5 = 5.0**0.5
@@ -102,6 +128,10 @@ def whitened_projection(
             f"x (*, G, N, D) and inducing (G, M, D) must share D; got x {tuple(x.shape)}, "
             f"inducing {tuple(inducing.shape)}"
         )
+    _check_positive("lengthscale", lengthscale)
+    _check_positive("outputscale", outputscale)
+    if not isinstance(jitter, (int, float)) or isinstance(jitter, bool) or not jitter >= 0:
+        raise ValueError(f"jitter must be a number >= 0; got {jitter!r}")
     cov = get_covariance(covariance)
     M = inducing.shape[-2]
     eye = torch.eye(M, dtype=inducing.dtype, device=inducing.device)
@@ -126,6 +156,7 @@ def sparse_gp_marginals(
         a ``(*, G, N, M)``, r ``(*, G, N)``, q_mean ``(G, P, M)``, q_scale_tril ``(G, M, M)`` →
         mean ``(*, G, N, P)``, var ``(*, G, N)`` (the same for every output of a group).
     """
+    _check_tril("q_scale_tril", q_scale_tril)
     mean = a @ q_mean.transpose(-1, -2)  # (*, G, N, P)
     var = r + ((a @ q_scale_tril) ** 2).sum(-1)  # (*, G, N)
     return mean, var
@@ -142,6 +173,7 @@ def whitened_kl(q_mean: Tensor, q_scale_tril: Tensor) -> Tensor:
         raise ValueError(
             f"q_scale_tril must be (G, M, M) = {(G, M, M)}; got {tuple(q_scale_tril.shape)}"
         )
+    _check_tril("q_scale_tril", q_scale_tril)
     tr = (q_scale_tril**2).sum((-2, -1))  # (G,)
     logdet = 2 * torch.log(torch.diagonal(q_scale_tril, dim1=-2, dim2=-1).abs()).sum(-1)  # (G,)
     per_group = P * (tr - M - logdet) + (q_mean**2).sum((-2, -1))  # (G,)
@@ -157,5 +189,7 @@ def random_fourier_features(
 
     Shape: x ``(*, D)``, weight ``(R, D)``, phase ``(R,)``, scalars → ``(*, R)``.
     """
+    _check_positive("lengthscale", lengthscale)
+    _check_positive("outputscale", outputscale)
     R = weight.shape[0]
     return torch.sqrt(2 * outputscale / R) * torch.cos(x @ weight.T / lengthscale + phase)

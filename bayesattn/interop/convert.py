@@ -135,27 +135,53 @@ def convert(
         raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
     if _convertible(model):
         return _convert_one(cast(TorchMultiheadAttention, model), family, prior, "")
-    _warn_foreign_subclasses(model, layers)
     names = [n for n, m in model.named_modules() if _convertible(m) or _is_bayesian(m)]
+    foreign = _foreign_subclasses(model)
+    _refuse_named_subclasses(foreign, layers)
     if not names:
-        raise ValueError("model has no torch.nn.MultiheadAttention (or Bayesian) modules")
+        extra = (
+            "; its only attention modules are subclasses with their own forward, which cannot "
+            f"be converted: {_listed(foreign)}"
+            if foreign
+            else ""
+        )
+        raise ValueError(
+            f"model has no torch.nn.MultiheadAttention (or Bayesian) modules: nothing to "
+            f"convert{extra}"
+        )
+    _warn_foreign_subclasses(foreign, layers)
     chosen = select_layers(layers, names, model)
+    if not chosen:
+        raise ValueError(
+            f"layers={layers!r} selected none of the model's {len(names)} attention modules "
+            f"{names}: nothing would be converted"
+        )
     # every path of each module (a shared module appears once in ``names``, at its first path)
     paths: dict[int, list[str]] = {}
     for n, m in model.named_modules(remove_duplicate=False):
         if _convertible(m) or _is_bayesian(m):
             paths.setdefault(id(m), []).append(n)
+    # build every new layer/family first, change the model only when all were built: a call that
+    # raises (a family callable, a bad prior) leaves the model as it was
+    rebuilt: list[tuple[BayesianMultiheadAttention, str, Any, Any]] = []
+    swaps: list[tuple[str, nn.Module, BayesianMultiheadAttention]] = []
     for path in names:
         if path not in chosen:
             continue
         old = model.get_submodule(path)
         if isinstance(old, BayesianMultiheadAttention):  # re-convert: new family/prior
-            old.family = _build(family, "family", path, old)
-            if prior is not None:
-                old.prior = _build(prior, "prior", path, old)
-            _name_sites(old, path)
+            fam = _build(family, "family", path, old)
+            pri = _build(prior, "prior", path, old) if prior is not None else old.prior
+            rebuilt.append((old, path, fam, pri))
             continue
         new = _convert_one(cast(TorchMultiheadAttention, old), family, prior, path)
+        swaps.append((path, old, new))
+    for layer, path, fam, pri in rebuilt:
+        layer.family = fam
+        if prior is not None:
+            layer.prior = pri
+        _name_sites(layer, path)
+    for path, old, new in swaps:
         for p in paths[id(old)]:  # shared modules stay shared
             parent, last = _parent(model, p)
             setattr(parent, last, new)
@@ -174,16 +200,22 @@ def _convertible(m: nn.Module) -> bool:
     )
 
 
-def _warn_foreign_subclasses(model: nn.Module, layers: LayerSelector) -> None:
-    """Subclasses of ``nn.MultiheadAttention`` with their own ``forward`` are not converted:
-    refused when ``layers`` names one, else a warning names them."""
-    foreign = {
+def _foreign_subclasses(model: nn.Module) -> dict[str, str]:
+    """``{path: class name}`` of the subclasses of ``nn.MultiheadAttention`` with their own
+    ``forward``."""
+    return {
         n: type(m).__qualname__
         for n, m in model.named_modules()
         if isinstance(m, TorchMultiheadAttention) and not _convertible(m)
     }
-    if not foreign:
-        return
+
+
+def _listed(foreign: dict[str, str]) -> str:
+    return ", ".join(f"{p} ({c})" for p, c in foreign.items())
+
+
+def _refuse_named_subclasses(foreign: dict[str, str], layers: LayerSelector) -> None:
+    """A ``TypeError`` when ``layers`` names a subclass with its own ``forward``."""
     if not isinstance(layers, str) and not callable(layers):
         named = [p for p in layers if isinstance(p, str) and p in foreign]
         if named:
@@ -191,7 +223,15 @@ def _warn_foreign_subclasses(model: nn.Module, layers: LayerSelector) -> None:
                 f"convert: {named[0]!r} is a {foreign[named[0]]}, a subclass of "
                 "torch.nn.MultiheadAttention with its own forward; it cannot be converted"
             )
-    listed = ", ".join(f"{p} ({c})" for p, c in foreign.items())
+
+
+def _warn_foreign_subclasses(foreign: dict[str, str], layers: LayerSelector) -> None:
+    """Subclasses of ``nn.MultiheadAttention`` with their own ``forward`` are not converted:
+    refused when ``layers`` names one, else a warning names them."""
+    if not foreign:
+        return
+    _refuse_named_subclasses(foreign, layers)
+    listed = _listed(foreign)
     warnings.warn(
         f"convert: left unchanged {len(foreign)} subclass(es) of torch.nn.MultiheadAttention "
         f"with their own forward (their computation is not torch's): {listed}",

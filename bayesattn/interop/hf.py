@@ -344,6 +344,9 @@ def convert_hf(
     chosen = select_layers(layers, list(mods), model)
     if family is not None and not isinstance(family, (str, AttentionFamily)):
         raise TypeError(f"family must be a name, an AttentionFamily or None; got {family!r}")
+    # build every family first; change the model only when all were built, and undo every
+    # change if switching an implementation fails: a call that raises leaves the model as it was
+    fams: dict[str, AttentionFamily] = {}
     for path, m in mods.items():
         if path not in chosen or family is None:
             continue
@@ -353,15 +356,27 @@ def convert_hf(
         else:
             fam = get_family(family, num_heads=H, head_dim=D, **family_kwargs)
         ref = next(m.parameters())
-        setattr(m, _FAMILY_ATTR, fam.to(device=ref.device))
-        if not hasattr(m, _HOOK_ATTR):
-            setattr(m, _HOOK_ATTR, m.register_load_state_dict_pre_hook(_OLD_FAMILY_KEYS))
-        setattr(m, _SITE_ATTR, f"{path}.latent")
-    for root in roots:
-        prev = getattr(root.config, "_attn_implementation", None)
-        if prev != ATTN_NAME:
-            setattr(root, _PREV_ATTR, prev)
-        root.set_attn_implementation(ATTN_NAME)
+        fams[path] = fam.to(device=ref.device)
+    saved = [(mods[path], _attrs(mods[path])) for path in fams]
+    root_state = [
+        (r, getattr(r.config, "_attn_implementation", None), r.__dict__.get(_PREV_ATTR, _MISSING))
+        for r in roots
+    ]
+    try:
+        for path, fam in fams.items():
+            m = mods[path]
+            setattr(m, _FAMILY_ATTR, fam)
+            if not hasattr(m, _HOOK_ATTR):
+                setattr(m, _HOOK_ATTR, m.register_load_state_dict_pre_hook(_OLD_FAMILY_KEYS))
+            setattr(m, _SITE_ATTR, f"{path}.latent")
+        for root in roots:
+            prev = getattr(root.config, "_attn_implementation", None)
+            if prev != ATTN_NAME:
+                setattr(root, _PREV_ATTR, prev)
+            root.set_attn_implementation(ATTN_NAME)
+    except BaseException:
+        _restore(saved, root_state)
+        raise
     if roots == [model] and not hasattr(model, _SAMPLE_HOOKS_ATTR):  # num_samples(S) draws
         hooks = (
             model.register_forward_pre_hook(_samples_pre_hook, with_kwargs=True),
@@ -369,6 +384,50 @@ def convert_hf(
         )
         setattr(model, _SAMPLE_HOOKS_ATTR, hooks)
     return model
+
+
+_MISSING = object()
+
+
+def _attrs(m: nn.Module) -> dict[str, Any]:
+    """``m``'s conversion attributes (family, state-dict hook, site name) as they are now."""
+    fam = m._modules.get(_FAMILY_ATTR, _MISSING)
+    return {
+        _FAMILY_ATTR: fam,
+        _HOOK_ATTR: m.__dict__.get(_HOOK_ATTR, _MISSING),
+        _SITE_ATTR: m.__dict__.get(_SITE_ATTR, _MISSING),
+    }
+
+
+def _restore(
+    saved: list[tuple[nn.Module, dict[str, Any]]], roots: list[tuple[Any, Any, Any]]
+) -> None:
+    """Undo a failed :func:`convert_hf`: every module's attributes and every root's attention
+    implementation as they were before it."""
+    for m, before in saved:
+        now_hook = m.__dict__.get(_HOOK_ATTR, _MISSING)
+        if now_hook is not _MISSING and now_hook is not before[_HOOK_ATTR]:
+            now_hook.remove()
+        for attr, value in before.items():
+            if attr == _FAMILY_ATTR:
+                if value is _MISSING:
+                    m._modules.pop(_FAMILY_ATTR, None)
+                else:
+                    m._modules[_FAMILY_ATTR] = value
+            elif value is _MISSING:
+                m.__dict__.pop(attr, None)
+            else:
+                m.__dict__[attr] = value
+    for root, impl, prev in roots:
+        if getattr(root.config, "_attn_implementation", None) != impl and impl is not None:
+            try:
+                root.set_attn_implementation(impl)
+            except Exception:  # noqa: BLE001 - best effort; the config is set back below
+                root.config._attn_implementation = impl
+        if prev is _MISSING:
+            root.__dict__.pop(_PREV_ATTR, None)
+        else:
+            root.__dict__[_PREV_ATTR] = prev
 
 
 def _hf_roots(model: nn.Module) -> list[Any]:

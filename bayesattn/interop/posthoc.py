@@ -89,13 +89,17 @@ def freeze_for_posthoc(model: nn.Module) -> list[nn.Parameter]:
     return keep
 
 
-def _check_labels(y: Any, n: int) -> None:
+def check_labels(y: Any, n: int, name: str = "y") -> None:
+    """``y`` is a 1-D integer label tensor of length ``n`` (``n >= 1``); errors name ``name``."""
     if not isinstance(y, Tensor):
-        raise TypeError(f"y must be a 1-D integer label tensor; got {type(y).__name__}")
+        raise TypeError(f"{name} must be a 1-D integer label tensor; got {type(y).__name__}")
     if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
-        raise TypeError(f"y must hold integer class labels; got dtype {y.dtype}")
+        raise TypeError(f"{name} must hold integer class labels; got dtype {y.dtype}")
     if y.dim() != 1 or y.shape[0] != n:
-        raise ValueError(f"y must be a 1-D label tensor of length {n}; got shape {tuple(y.shape)}")
+        raise ValueError(
+            f"{name} must be a 1-D label tensor of length {n} (one per example of x); got shape "
+            f"{tuple(y.shape)}"
+        )
     if n == 0:
         raise ValueError("the calibration split is empty (x and y hold 0 examples)")
 
@@ -172,7 +176,7 @@ def fit_posthoc(
     """
     fwd = forward or default_forward
     n = input_batch_size(x)
-    _check_labels(y, n)
+    check_labels(y, n)
     for name, v in (("steps", steps), ("batch_size", batch_size)):
         check_int(name, v, 1)
     check_real("lr", lr, gt=0.0)
@@ -197,7 +201,7 @@ def fit_posthoc(
     try:
         for step in it:
             idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
-            xb, yb = take_rows(x, idx), y[idx].to(ref.device)
+            xb, yb = take_rows(x, idx), y[idx].to(ref.device, torch.long)
             with collect_kl() as col:
                 logits = fwd(model, xb)  # (B, C)
                 kl = col.total()  # (B,) or 0.0
@@ -284,6 +288,11 @@ def evaluate(
     if probs_ood is not None:
         if probs_ood.dim() != 3:
             raise ValueError(f"probs_ood must be (S, B, C); got shape {tuple(probs_ood.shape)}")
+        if probs_ood.shape[-1] != probs.shape[-1]:
+            raise ValueError(
+                f"probs_ood must have the same class count C as probs ({probs.shape[-1]}); got "
+                f"shape {tuple(probs_ood.shape)} against probs {tuple(probs.shape)}"
+            )
         h_in = C.predictive_entropy(p)
         h_out = C.predictive_entropy(probs_ood.mean(0).double())
         out["ood_auroc"] = C.ood_auroc(h_in, h_out)

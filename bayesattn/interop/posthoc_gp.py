@@ -45,9 +45,11 @@ import torch
 from torch import Tensor, nn
 
 from .. import calibration as C
-from .._validation import check_int
+from .._validation import check_int, check_seed
 from ..functional.gaussian_process import random_fourier_features
+from ..nn.modes import attention_mode
 from ..predictive.foreign import Inputs, default_forward, input_batch_size, take_rows
+from .posthoc import check_labels
 
 __all__ = ["PosthocGP", "fit_posthoc_gp"]
 
@@ -58,7 +60,15 @@ Forward = Callable[[nn.Module, Any], Tensor]
 def _logits_and_features(
     model: nn.Module, head: nn.Module, x: Inputs, forward: Forward, batch_size: int
 ) -> tuple[Tensor, Tensor]:
-    """``(logits (B, C), features (B, E))``: the head's input captured by a forward hook."""
+    """``(logits (B, C), features (B, E))``: the head's input captured by a forward hook.
+
+    The model runs with posterior-mean attention (a converted model reads as the model it was
+    made from: deterministic). A head applied to every token ``(B, T, E)`` whose logits are then
+    pooled at one position per example (a GPT-2 sequence classifier reads the last non-padding
+    token) gives the features at the position the model's logits come from."""
+    n = input_batch_size(x)
+    if n == 0:
+        raise ValueError("x must hold at least one example; got an empty batch (0 rows)")
     seen: list[Tensor] = []
 
     def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
@@ -67,19 +77,50 @@ def _logits_and_features(
     handle = head.register_forward_pre_hook(hook)
     was = model.training
     model.eval()
-    logits = []
+    logits, feats = [], []
     try:
-        n = input_batch_size(x)
-        for start in range(0, n, batch_size):
-            idx = torch.arange(start, min(start + batch_size, n))
-            logits.append(forward(model, take_rows(x, idx)).detach())
+        with attention_mode("mean"):
+            for start in range(0, n, batch_size):
+                idx = torch.arange(start, min(start + batch_size, n))
+                seen.clear()
+                z = forward(model, take_rows(x, idx)).detach()
+                if not seen:
+                    raise ValueError(
+                        f"head ({type(head).__name__}) was not called by the model's forward: it "
+                        "must be the module of the model that maps features to logits (e.g. "
+                        "model.head, a transformers classifier's model.classifier / model.score)"
+                    )
+                logits.append(z)
+                feats.append(_pooled(head, seen[-1], z))
     finally:
         handle.remove()
         model.train(was)
-    h = torch.cat(seen)
-    if h.dim() != 2:  # e.g. (B, T, E) into a token-level head: read the first token
-        h = h[:, 0]
-    return torch.cat(logits), h
+    z, h = torch.cat(logits), torch.cat(feats)
+    for name, t in (("logits", z), ("features", h)):
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(
+                f"the model's {name} for x are not finite (NaN or Inf): check x for NaN/Inf "
+                "values"
+            )
+    return z, h
+
+
+def _pooled(head: nn.Module, h: Tensor, z: Tensor) -> Tensor:
+    """Features ``(B, E)`` of the position the logits ``z (B, C)`` come from, for a head given
+    ``h (B, T, E)`` (the first token when no position's head output matches ``z``)."""
+    if h.dim() == 2:
+        return h
+    if h.dim() != 3 or z.dim() != 2 or h.shape[0] != z.shape[0]:
+        return h[:, 0] if h.dim() == 3 else h.reshape(h.shape[0], -1)
+    per_token = head(h)  # (B, T, C)
+    if per_token.shape[:1] + per_token.shape[2:] != z.shape:
+        return h[:, 0]
+    err = (per_token - z[:, None, :]).abs().amax(-1)  # (B, T)
+    pos = err.argmin(-1)  # (B,)
+    tol = 1e-4 * (1 + z.abs().amax(-1))
+    if not bool((err.gather(1, pos[:, None]).squeeze(1) <= tol).all()):
+        return h[:, 0]
+    return h[torch.arange(h.shape[0]), pos]
 
 
 @dataclass
@@ -125,6 +166,8 @@ class PosthocGP:
                 f"phi must be the read's features (B, {tril.shape[0]}) from features(h); "
                 f"got {shape}"
             )
+        if not bool(torch.isfinite(phi).all()):
+            raise ValueError("phi must be finite; got NaN or Inf features")
         a = phi.to(tril.dtype) @ tril  # (B, R)
         return (a * a).sum(-1)
 
@@ -182,6 +225,22 @@ def _fit_mean_field(z: Tensor, v: Tensor, y: Tensor) -> tuple[float, float]:
     return T, a
 
 
+def _check_outputscales(outputscales: Any) -> tuple[float, ...]:
+    """A non-empty sequence of finite positive numbers."""
+    if isinstance(outputscales, (str, bytes, Tensor)) or not isinstance(outputscales, Sequence):
+        raise TypeError(f"outputscales must be a sequence of numbers; got {outputscales!r}")
+    ok = all(
+        isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s > 0
+        for s in outputscales
+    )
+    if not outputscales or not ok:
+        raise ValueError(
+            f"outputscales must be a non-empty sequence of finite numbers > 0; got "
+            f"{tuple(outputscales)!r}"
+        )
+    return tuple(float(s) for s in outputscales)
+
+
 def _nll(probs: Tensor, y: Tensor) -> float:
     return C.negative_log_likelihood(probs.mean(0), y)
 
@@ -212,12 +271,30 @@ def fit_posthoc_gp(
             the tempered logits; the one with the lowest NLL on the second half of the split.
     """
     check_int("num_features", num_features, 1)
+    check_int("batch_size", batch_size, 1)
+    check_seed(seed)
     fwd = forward or default_forward
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
     if not isinstance(head, nn.Module):
         raise TypeError(f"head must be the model's classification nn.Module; got {head!r}")
+    if not any(m is head for m in model.modules()):
+        raise ValueError(
+            f"head ({type(head).__name__}) is not a module of the model: pass the model's own "
+            "classification module (e.g. model.head, model.classifier)"
+        )
+    scales = _check_outputscales(outputscales)
+    n = input_batch_size(x_cal)
+    if n == 0:
+        raise ValueError("the calibration split is empty (x_cal holds 0 examples)")
+    check_labels(y_cal, n, "y_cal")
     z, h = _logits_and_features(model, head, x_cal, fwd, batch_size)
-    if z.shape[0] != y_cal.shape[0]:
-        raise ValueError(f"x_cal and y_cal sizes differ: {z.shape[0]} vs {y_cal.shape[0]}")
+    if bool(((y_cal < 0) | (y_cal >= z.shape[-1])).any()):
+        raise ValueError(
+            f"y_cal must hold labels in [0, {z.shape[-1]}) (the model has {z.shape[-1]} "
+            f"classes); got {int(y_cal.min())}..{int(y_cal.max())}"
+        )
+    y_cal = y_cal.to(device=z.device, dtype=torch.long)
     T = C.fit_temperature(z, y_cal)
     g = torch.Generator().manual_seed(seed)
     h64 = h.double()
@@ -226,6 +303,8 @@ def fit_posthoc_gp(
     pts = h64[:512]
     d = torch.cdist(pts, pts)
     ls = float(d[~torch.eye(len(pts), dtype=torch.bool)].median()) if len(pts) > 1 else 1.0
+    if not (math.isfinite(ls) and ls > 0):  # identical (e.g. all-zero) features: unit scale
+        ls = 1.0
     unit = float((z.double() / T).var(-1).mean())
     fit_half, check_half = torch.arange(0, len(h), 2), torch.arange(1, len(h), 2)
 
@@ -234,9 +313,9 @@ def fit_posthoc_gp(
         read.scale_tril = _covariance_tril(read.features(h64[rows]))
         return read
 
-    best, best_nll = outputscales[0], math.inf
-    if len(check_half) > 0 and len(outputscales) > 1:
-        for s in outputscales:
+    best, best_nll = scales[0], math.inf
+    if len(check_half) > 0 and len(scales) > 1:
+        for s in scales:
             read = make(s, fit_half)
             p = _predict(read, z[check_half], h64[check_half], 64, seed)
             nll = _nll(p, y_cal[check_half])

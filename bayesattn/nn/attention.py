@@ -210,6 +210,43 @@ def _pad_masks(
     return attn_mask, key_padding_mask
 
 
+def _check_mask_dims(
+    query: Tensor,
+    key: Tensor,
+    num_heads: int,
+    key_padding_mask: Tensor | None,
+    attn_mask: Tensor | None,
+) -> None:
+    """Mask dims as ``torch.nn.MultiheadAttention`` checks them (an ``AssertionError`` that is
+    also a ``ValueError``), with torch's phrase in the message so code matching it still works."""
+    if query.dim() not in (2, 3):
+        return  # leading sample dims: our own extension, checked later
+    batched = query.dim() == 3
+    if key_padding_mask is not None and key_padding_mask.dim() != (2 if batched else 1):
+        kpm_shape = "(B, Tk)" if batched else "(Tk,) for unbatched input"
+        raise ShapeAssertionError(
+            f"key_padding_mask must be {kpm_shape}; got shape {tuple(key_padding_mask.shape)} (torch: "
+            f"expected `key_padding_mask` to be `None` or {2 if batched else 1}-D but found "
+            f"{key_padding_mask.dim()}-D tensor instead)"
+        )
+    if attn_mask is None:
+        return
+    if attn_mask.dim() not in (2, 3, 4):
+        raise ShapeAssertionError(
+            f"attn_mask must be 2-D (Tq, Tk), 3-D (B*H, Tq, Tk) or 4-D (B, H, Tq, Tk); got shape "
+            f"{tuple(attn_mask.shape)} (torch: expected `attn_mask` to be `None`, 2-D or 3-D but "
+            f"found {attn_mask.dim()}-D tensor instead)"
+        )
+    if not batched and attn_mask.dim() == 3:
+        want = (num_heads, query.shape[0], key.shape[0])
+        if tuple(attn_mask.shape) != want:
+            raise ShapeAssertionError(
+                f"attn_mask 3-D shape must be (H, Tq, Tk) = {want} for unbatched input; got "
+                f"{tuple(attn_mask.shape)} (torch: Expected `attn_mask` shape to be {want} but "
+                f"got {torch.Size(attn_mask.shape)})"
+            )
+
+
 class BayesianMultiheadAttention(PyroModule):
     r"""Multi-head attention as posterior inference over the key each query reads.
 
@@ -522,14 +559,28 @@ class BayesianMultiheadAttention(PyroModule):
                     f"{name} must be 2-D (unbatched) or 3-D (batched); got shape {tuple(t.shape)}"
                 )
             check_same_dtype(name, t, self.out_proj.weight.dtype, "BayesianMultiheadAttention")
-        _check_dim("query", query, self.embed_dim)
-        _check_dim("key", key, self.kdim)
-        _check_dim("value", value, self.vdim)
+            if t.device != self.out_proj.weight.device:
+                raise ValueError(
+                    f"{name} is on {t.device} but the layer's weights are on "
+                    f"{self.out_proj.weight.device}: move the input or the layer (.to(device))"
+                )
+        if query.device.type == "meta" and (
+            self.kernel is not None or self.family is not None or self.gp_read is not None
+        ):
+            raise ValueError(
+                "meta tensors (no values) go through deterministic dense attention only: this "
+                "layer has a kernel, a family or a GP read, whose reads look at the values"
+            )
         if not (query.dim() == key.dim() == value.dim()):
             raise ShapeAssertionError(
                 f"query, key and value must have the same number of dims; got "
-                f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+                f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)} (torch: "
+                f"expected `key` and `value` to be {query.dim()}-D but found {key.dim()}-D and "
+                f"{value.dim()}-D tensors respectively)"
             )
+        _check_dim("query", query, self.embed_dim)
+        _check_dim("key", key, self.kdim)
+        _check_dim("value", value, self.vdim)
         if query.dim() < 2:
             raise ValueError(
                 f"query must be 2-D (unbatched), 3-D (batched) or have leading sample dims; got "
@@ -543,6 +594,7 @@ class BayesianMultiheadAttention(PyroModule):
         for name, m in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
             if m is not None and not isinstance(m, Tensor):
                 raise TypeError(f"{name} must be a Tensor or None; got {type(m).__name__}")
+        _check_mask_dims(query, key, self.num_heads, key_padding_mask, attn_mask)
         if is_validation_enabled():
             _check_finite("query", query)
             if key is not query:
@@ -582,7 +634,21 @@ class BayesianMultiheadAttention(PyroModule):
                 query, key, value, key_padding_mask, need_weights, attn_mask,
                 average_attn_weights, is_causal, num_samples, q_pos, k_pos,
             )  # fmt: skip
-        attn_mask, is_causal = _causal_hint(attn_mask, key_padding_mask, is_causal, need_weights)
+        kern = self.kernel
+        if (
+            is_causal
+            and attn_mask is not None
+            and kern is not None
+            and not kern.supports_masks
+            and kern.supports_causal
+        ):
+            # a kernel that takes is_causal but no attn_mask (cluster_topk): the causal mask
+            # given with the hint is read as the hint, with or without padding
+            attn_mask = None
+        else:
+            attn_mask, is_causal = _causal_hint(
+                attn_mask, key_padding_mask, is_causal, need_weights
+            )
         self._validate(query, key, value, key_padding_mask, attn_mask)
         # the one way in: the keyword, defaulting to bayesattn.num_samples(S) for an input
         # without sample dims (bayesattn.nn.sampling.layer_num_samples)

@@ -407,6 +407,8 @@ class BayesianNetwork(PyroModule):
         self.check_batch(x, y)
         check_int("batch_size", batch_size, 1)
         check_int("num_samples", num_samples, 1)
+        if x.shape[0] == 0:
+            raise ValueError(f"x must hold at least one input; got shape {tuple(x.shape)}")
         was_training = self.training
         self.eval()
         parts: list[Tensor] = []
@@ -424,7 +426,8 @@ class BayesianNetwork(PyroModule):
                     if isinstance(kl, Tensor):
                         parts.append(kl.reshape(-1, B).mean(0))  # (S?, B) -> (B,)
                     else:
-                        parts.append(xb.new_zeros(B))
+                        dt = xb.dtype if xb.is_floating_point() else torch.get_default_dtype()
+                        parts.append(torch.zeros(B, device=xb.device, dtype=dt))  # float KLs
         finally:
             self.train(was_training)
         return torch.cat(parts), float(global_kl)

@@ -34,7 +34,7 @@ be expressed on mixtures of keys) and at most ``max_len`` keys; the cluster top-
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import torch
@@ -156,11 +156,11 @@ class LocalKernel(AttentionKernel):
             chunk_size=self.chunk_size,
             dropout_p=dropout_p,
             training=dropout_p > 0,
-            global_keys=self._keys(q.device),
+            global_keys=self._keys(q.device, k.shape[-2]),
         )
 
-    def _keys(self, device: torch.device) -> Tensor | None:
-        """Positions every query also reads (none for the plain window)."""
+    def _keys(self, device: torch.device, num_keys: int | None = None) -> Tensor | None:
+        """Positions every query also reads (none for the plain window); ``num_keys``: ``T``."""
         return None
 
     def extra_repr(self) -> str:
@@ -170,7 +170,9 @@ class LocalKernel(AttentionKernel):
 class LocalGlobalKernel(LocalKernel):
     r"""Local + global attention (Longformer, BigBird's window and global parts): query ``i``
     reads keys ``|i - j| <= window`` and the ``global_tokens`` (positions, default ``(0,)``: a CLS
-    token prepended by the network); the global tokens' own queries read every key.
+    token prepended by the network); the global tokens' own queries read every key. A position
+    at or past the sequence length ``T`` is a ``ValueError`` naming ``global_tokens`` and ``T``
+    (the functional :func:`~bayesattn.functional.supports.local_global_support` drops them).
 
     Equal to dense attention under the log-prior that is 0 on that support and ``-inf`` off it
     (:func:`bayesattn.functional.supports.dense_support_mask`), at :math:`O(T(w + G))` cost. In
@@ -186,12 +188,26 @@ class LocalGlobalKernel(LocalKernel):
         chunk_size: int | None = None,
     ) -> None:
         super().__init__(window, chunk_size)
+        if isinstance(global_tokens, (str, bytes)) or not isinstance(global_tokens, Iterable):
+            raise TypeError(
+                "global_tokens must be a tuple or list of token positions (() for none); got "
+                f"{global_tokens!r}"
+            )
         toks = tuple(int(check_int("global_tokens", t, 0)) for t in global_tokens)
+        if len(set(toks)) != len(toks):
+            raise ValueError(f"global_tokens must not repeat a position; got {toks}")
         self.global_tokens = toks
 
-    def _keys(self, device: torch.device) -> Tensor | None:
+    def _keys(self, device: torch.device, num_keys: int | None = None) -> Tensor | None:
         if not self.global_tokens:
             return None
+        if num_keys == 0:
+            return None  # no keys at all: the read is empty, as in dense attention
+        if num_keys is not None and max(self.global_tokens) >= num_keys:
+            raise ValueError(
+                f"global_tokens must be positions < T = {num_keys} (the sequence length); got "
+                f"{self.global_tokens}"
+            )
         return torch.tensor(self.global_tokens, dtype=torch.long, device=device)
 
     def support(
@@ -203,7 +219,8 @@ class LocalGlobalKernel(LocalKernel):
         key_padding_mask: Tensor | None,
     ) -> tuple[K.ReducedSupport, Tensor]:
         s = K.local_global_support(
-            q, k, self.window, self._keys(q.device), log_prior, chunk_size=self.chunk_size
+            q, k, self.window, self._keys(q.device, k.shape[-2]), log_prior,
+            chunk_size=self.chunk_size,
         )
         return s, v
 
@@ -361,6 +378,25 @@ def _bool_padding(key_padding_mask: Tensor) -> Tensor:
     return key_padding_mask == float("-inf")
 
 
+def _hard_padding(key_padding_mask: Tensor | None) -> Tensor | None:
+    """A float key padding mask of ``0`` (keep) and ``-inf`` (padded) as bool, as the other
+    kernels accept it; soft float values cannot be applied to mixtures of keys."""
+    if key_padding_mask is None or key_padding_mask.dtype == torch.bool:
+        return key_padding_mask
+    if not key_padding_mask.is_floating_point():
+        raise TypeError(
+            f"key_padding_mask must be bool or float (0 keep, -inf padded); got "
+            f"{key_padding_mask.dtype}"
+        )
+    pad = key_padding_mask == float("-inf")
+    if not bool(((key_padding_mask == 0) | pad).all()):
+        raise ValueError(
+            "kernel='lowrank' takes a float key_padding_mask of 0 (keep) and -inf (padded) "
+            "only: its slots are mixtures of keys, so soft per-key biases cannot be applied"
+        )
+    return pad
+
+
 class LowRankKernel(AttentionKernel):
     r"""Linformer attention: keys and values projected along the sequence to ``rank`` mixtures,
     :math:`\tilde K = E K`, :math:`\tilde V = F V`, with learned :math:`E, F\in\mathbb R^{r\times
@@ -388,6 +424,7 @@ class LowRankKernel(AttentionKernel):
         log_prior: K.ChunkLogPrior | None,
         key_padding_mask: Tensor | None,
     ) -> tuple[K.ReducedSupport, Tensor]:
+        key_padding_mask = _hard_padding(key_padding_mask)
         k_r, v_r = K.lowrank_project(k, v, self.proj_k, self.proj_v, key_padding_mask)
         return K.lowrank_support(q, k_r, dead=_all_padded(key_padding_mask, k)), v_r
 
@@ -400,6 +437,7 @@ class LowRankKernel(AttentionKernel):
         key_padding_mask: Tensor | None,
         dropout_p: float,
     ) -> Tensor:
+        key_padding_mask = _hard_padding(key_padding_mask)
         k_r, v_r = K.lowrank_project(k, v, self.proj_k, self.proj_v, key_padding_mask)
         out = F.scaled_dot_product_attention(q, k_r, v_r, dropout_p=dropout_p)
         dead = _all_padded(key_padding_mask, k)
@@ -426,7 +464,7 @@ KernelName = Literal["dense", "local", "local_global", "topk", "cluster_topk", "
 #: ``AttentionConfig(kernel=name, kernel_kwargs=...)`` and the layers take them; add one with
 #: :func:`register_support`. ``"dense"`` (no support) is not an entry.
 SUPPORTS: Registry[Callable[..., AttentionKernel]] = Registry(
-    "support", AttentionKernel, register_with="bayesattn.register_support"
+    "support", AttentionKernel, register_with="bayesattn.register_support", reserved=("dense",)
 )
 SUPPORTS.register("local", LocalKernel)
 SUPPORTS.register("local_global", LocalGlobalKernel)

@@ -231,6 +231,8 @@ class Predictive:
         is_classifier = isinstance(net, TransformerClassifier)
         if is_classifier and y is None:
             raise ValueError("a classifier needs labels y to be evaluated")
+        if is_classifier:
+            net.check_batch(x, y)  # labels: integer, (B,), in [0, C)
         y_in = None if is_classifier else y  # labels are not an input; sequence targets are
         if self.members is not None:
             res = self._ensemble(x, y_in, check_y=is_classifier)

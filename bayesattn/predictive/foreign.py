@@ -125,8 +125,16 @@ def sample_foreign(
                 xb = take_rows(x, slice(i, i + per))
                 b = input_batch_size(xb)
                 if vectorised and S > 1:
-                    with num_samples_ctx(S):
-                        out = fwd(model, xb)  # (S, b, C)
+                    try:
+                        with num_samples_ctx(S):
+                            out = fwd(model, xb)  # (S, b, C)
+                    except (RuntimeError, IndexError) as e:  # a shape error deep in the model
+                        raise ValueError(
+                            f"vectorised sampling: the model's forward failed with a leading "
+                            f"sample dim of S={S} ({type(e).__name__}: {e}); it does not "
+                            "broadcast the samples: use batched repetition (vectorised=False; "
+                            "method='repeat' in sample_probs)"
+                        ) from e
                     if (
                         not isinstance(out, Tensor)
                         or out.dim() != 3

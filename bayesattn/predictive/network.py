@@ -11,6 +11,7 @@ chunk. Used through :class:`bayesattn.predictive.Predictive`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -110,6 +111,37 @@ def _run_pass(
     return torch.softmax(logits, dim=-1), ws
 
 
+def _memory_bytes() -> int | None:
+    """The machine's physical memory in bytes (``None`` where unknown)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _check_result_fits(
+    net: BayesianNetwork, x: Tensor, S: int, attention: bool, batch_size: int | None
+) -> None:
+    """A ``ValueError`` naming ``num_samples`` when the result alone, ``S`` probability vectors
+    per input (``(S, B, C)``, at least 4 bytes each), exceeds the machine's memory:
+    ``batch_size`` bounds the inputs per pass, never the samples kept."""
+    total = _memory_bytes()
+    if total is None:
+        return
+    per_input = 1
+    for d in x.shape[1:] if not isinstance(net, TransformerClassifier) else ():
+        per_input *= int(d)  # sequence models: one distribution per position, at least
+    width = int(getattr(net, "num_classes", None) or getattr(net, "vocab_size", None) or 1)
+    need = 4 * S * x.shape[0] * per_input * width
+    if need > total:
+        raise ValueError(
+            f"num_samples={S} draws of {x.shape[0]} inputs need at least {need / 2**30:.1f} GiB "
+            f"for the result alone (S, B, ..., C), more than this machine's "
+            f"{total / 2**30:.1f} GiB (batch_size={batch_size} bounds the inputs per pass, not "
+            "the samples); lower num_samples or draw in several calls"
+        )
+
+
 def _predictive_mask(net: BayesianNetwork, x: Tensor, y: Tensor | None) -> Tensor | None:
     """Valid positions ``(B, T)`` of a sequence model's per-token predictive; ``None`` for
     classifiers."""
@@ -170,6 +202,7 @@ def sample_network(
     saved_layers = [(m, m.record_weights, m.last_weights) for _, m in layers]
     saved_training = [(m, m.training) for m in net.modules()]
 
+    _check_result_fits(net, x, S, keep_attention and bool(layers), batch_size)
     probs_chunks: list[Tensor] = []
     attn_chunks: dict[str, list[Tensor]] = {n: [] for n, _ in layers} if keep_attention else {}
     chunks = list(_chunks(x.shape[0], batch_size))
@@ -189,9 +222,19 @@ def sample_network(
             gvals = net.draw_globals(mode, S_run if S_run > 1 else None)
             for sl in it:
                 yb = None if y is None else y[sl]
-                p, ws = _run_pass(
-                    net, x[sl], yb, mode, values, S_run, layers, keep_attention, gvals
-                )
+                try:
+                    p, ws = _run_pass(
+                        net, x[sl], yb, mode, values, S_run, layers, keep_attention, gvals
+                    )
+                except RuntimeError as e:  # torch.OutOfMemoryError is a RuntimeError too
+                    if "alloc" not in str(e).lower() and "out of memory" not in str(e).lower():
+                        raise
+                    raise ValueError(
+                        f"num_samples={num_samples} samples of {sl.stop - sl.start} inputs per "
+                        f"pass (batch_size={batch_size}) do not fit in memory: the S samples "
+                        "go through the network together; lower num_samples (and batch_size), "
+                        f"or draw in several calls ({e})"
+                    ) from e
                 probs_chunks.append(p.expand((S,) + p.shape[1:]))  # (S, b, ..., C)
                 for name, w in ws.items():
                     attn_chunks[name].append(w.expand((S,) + w.shape[1:]))  # (S, b, H, Tq, Tk)

@@ -12,7 +12,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._study_io import RESULTS, begin_run, finish_run, prepare_out_dir, register_output
+from .._study_io import (
+    RESULTS,
+    abandon_run,
+    begin_run,
+    check_out_path,
+    finish_run,
+    prepare_out_dir,
+    register_output,
+    study_status,
+)
 from .protocol import pool
 
 __all__ = ["merge_studies", "without_times"]
@@ -37,11 +46,55 @@ def without_times(o: Any) -> Any:
 
 
 def _load(src: str | Path) -> dict[str, Any]:
+    """A finished study's ``results.json``: ``ValueError`` naming ``src`` when the folder holds
+    none, holds something else, or is incomplete (a file its results.json lists is missing)."""
     path = Path(src) / RESULTS
     if not path.is_file():
         raise ValueError(f"sources must be finished study folders; no {RESULTS} in {src}")
-    out: dict[str, Any] = json.loads(path.read_text())
+    try:
+        out = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"source {src}: {RESULTS} cannot be read as JSON ({e})") from e
+    need = ("config", "datasets", "methods", "seeds", "pairs", "files", "seconds")
+    lacking = [k for k in need if not isinstance(out, dict) or k not in out]
+    if lacking or not isinstance(out.get("config"), dict) or not isinstance(
+        out.get("datasets"), dict
+    ):
+        raise ValueError(
+            f"source {src}: {RESULTS} is not a bayesattn study's results (it lacks "
+            f"{lacking or ['a config/datasets mapping']})"
+        )
+    files = out["files"] if isinstance(out["files"], list) else []
+    missing = [f for f in files if not isinstance(f, str) or not (Path(src) / f).is_file()]
+    if missing or study_status(src) != "complete":
+        raise ValueError(
+            f"source {src} is not a complete study: files its {RESULTS} lists are missing "
+            f"{missing[:8]}{' ...' if len(missing) > 8 else ''}; rerun or restore it"
+        )
     return out
+
+
+def _check_folders(sources: Sequence[str | Path], out: str | Path) -> None:
+    """Sources are distinct folders, and ``out`` is none of them."""
+    seen: dict[Path, str] = {}
+    for s in sources:
+        if not isinstance(s, (str, Path)):
+            raise TypeError(f"sources must be folder paths; got {s!r}")
+        key = Path(s).expanduser().resolve()
+        if key in seen:
+            raise ValueError(
+                f"sources must be distinct studies; {str(s)!r} is the same folder as "
+                f"{seen[key]!r} (its runs would count twice)"
+            )
+        seen[key] = str(s)
+    if isinstance(out, (str, Path)) and str(out).strip():
+        target = Path(out).expanduser().resolve()
+        if target in seen:
+            raise ValueError(
+                f"out must be a new folder, not one of the sources: --out {str(out)!r} is "
+                f"source {seen[target]!r} (merging into it would replace its files while they "
+                "are read)"
+            )
 
 
 def _key(run: dict[str, Any]) -> tuple[tuple[int, ...], int]:
@@ -62,8 +115,10 @@ def merge_studies(sources: Sequence[str | Path], out: str | Path) -> dict[str, A
     lacks): new seeds come with the methods of the study they join."""
     from . import figures, report
 
-    if len(sources) < 2:
-        raise ValueError(f"sources must name at least two studies; got {list(sources)}")
+    if isinstance(sources, (str, Path)) or len(sources) < 2:
+        raise ValueError(f"sources must name at least two studies; got {sources!r}")
+    _check_folders(sources, out)
+    check_out_path(out)
     loaded = [_load(s) for s in sources]
     base = loaded[0]
     for src, r in zip(sources[1:], loaded[1:], strict=True):
@@ -77,55 +132,71 @@ def merge_studies(sources: Sequence[str | Path], out: str | Path) -> dict[str, A
                 f"{diff or ['datasets']}"
             )
     methods = list(dict.fromkeys(m for r in loaded for m in r["methods"]))
-    out_dir = prepare_out_dir(out, force=True)
-    foreign = begin_run(out_dir)
-    for src, r in zip(sources, loaded, strict=True):  # the figures the sources wrote
-        for name in r.get("files", []):
-            if name != RESULTS and name != "report.md" and (Path(src) / name).is_file():
-                shutil.copyfile(Path(src) / name, register_output(out_dir, name))
     merged: dict[str, Any] = dict(base, methods=methods, datasets={},
                                   merged_from=[str(s) for s in sources])  # fmt: skip
     seeds = sorted({int(seed) for r in loaded for seed in r["seeds"]})
     merged["seeds"] = seeds
     merged["config"] = dict(base["config"], methods=methods, out=str(out), seed=seeds[0],
                             seeds=len(seeds))  # fmt: skip
-    for dataset, block in base["datasets"].items():
-        runs = {_key(run): json.loads(json.dumps(run)) for run in block["runs"]}
-        for r in loaded[1:]:
-            other = {_key(run): run for run in r["datasets"][dataset]["runs"]}
-            for key, run in other.items():
-                if key not in runs:  # a run of other seeds: joins as it is
-                    runs[key] = json.loads(json.dumps(run))
-                    continue
-                mine = runs[key]
-                for m, row in run["methods"].items():
-                    if m in mine["methods"]:
-                        if without_times(mine["methods"][m]) != without_times(row):
-                            raise ValueError(
-                                f"method {m!r} differs between the sources on {dataset} pair "
-                                f"{key[0]} seed {key[1]}: not the same settings or code"
-                            )
-                    else:
-                        mine["methods"][m] = row
-                if not mine["ensemble_curve"]:
-                    mine["ensemble_curve"] = run["ensemble_curve"]
-                mine["first_run"] = {**run.get("first_run", {}), **mine.get("first_run", {})}
-        pair_order = {tuple(p): i for i, p in enumerate(base["pairs"])}
-        ordered = [runs[k] for k in sorted(runs, key=lambda k: (pair_order.get(k[0], 1 << 30), k))]
-        for run in ordered:
-            missing = [m for m in methods if m not in run["methods"]]
-            if missing:
-                raise ValueError(
-                    f"every run must have every method; {dataset} pair {run['pair']} seed "
-                    f"{run['seed']} lacks {missing} (a study of new seeds must run the methods "
-                    "of the studies it joins)"
-                )
-        new = pool(ordered, methods)
-        new["model"] = block["model"]
-        new["seconds"] = sum(r["datasets"][dataset]["seconds"] for r in loaded)
-        new["figures"] = figures.dataset_figures(out_dir, dataset, new)
-        merged["datasets"][dataset] = new
-    merged["seconds"] = sum(r["seconds"] for r in loaded)
-    merged.pop("files", None)
-    finish_run(out_dir, merged, report.render(merged), foreign)
+    # everything is merged and checked before the output folder is touched: a merge that
+    # raises leaves --out as it was
+    pooled = {d: _merge_dataset(d, loaded, methods) for d in base["datasets"]}
+    out_dir = prepare_out_dir(out, force=True)
+    foreign = begin_run(out_dir)
+    try:
+        for src, r in zip(sources, loaded, strict=True):  # the figures the sources wrote
+            for name in r.get("files", []):
+                if name != RESULTS and name != "report.md" and (Path(src) / name).is_file():
+                    shutil.copyfile(Path(src) / name, register_output(out_dir, name))
+        for dataset, new in pooled.items():
+            new["figures"] = figures.dataset_figures(out_dir, dataset, new)
+            merged["datasets"][dataset] = new
+        merged["seconds"] = sum(r["seconds"] for r in loaded)
+        merged.pop("files", None)
+        finish_run(out_dir, merged, report.render(merged), foreign)
+    except BaseException:
+        abandon_run(out_dir)  # --out as it was
+        raise
     return merged
+
+
+def _merge_dataset(
+    dataset: str, loaded: list[dict[str, Any]], methods: list[str]
+) -> dict[str, Any]:
+    """One dataset's runs of every source, merged and pooled (no figures yet)."""
+    base = loaded[0]
+    block = base["datasets"][dataset]
+    runs = {_key(run): json.loads(json.dumps(run)) for run in block["runs"]}
+    for r in loaded[1:]:
+        other = {_key(run): run for run in r["datasets"][dataset]["runs"]}
+        for key, run in other.items():
+            if key not in runs:  # a run of other seeds: joins as it is
+                runs[key] = json.loads(json.dumps(run))
+                continue
+            mine = runs[key]
+            for m, row in run["methods"].items():
+                if m in mine["methods"]:
+                    if without_times(mine["methods"][m]) != without_times(row):
+                        raise ValueError(
+                            f"method {m!r} differs between the sources on {dataset} pair "
+                            f"{key[0]} seed {key[1]}: not the same settings or code"
+                        )
+                else:
+                    mine["methods"][m] = row
+            if not mine["ensemble_curve"]:
+                mine["ensemble_curve"] = run["ensemble_curve"]
+            mine["first_run"] = {**run.get("first_run", {}), **mine.get("first_run", {})}
+    pair_order = {tuple(p): i for i, p in enumerate(base["pairs"])}
+    ordered = [runs[k] for k in sorted(runs, key=lambda k: (pair_order.get(k[0], 1 << 30), k))]
+    for run in ordered:
+        missing = [m for m in methods if m not in run["methods"]]
+        if missing:
+            raise ValueError(
+                f"every run must have every method; {dataset} pair {run['pair']} seed "
+                f"{run['seed']} lacks {missing} (a study of new seeds must run the methods "
+                "of the studies it joins)"
+            )
+    new = pool(ordered, methods)
+    new["model"] = block["model"]
+    new["seconds"] = sum(r["datasets"][dataset]["seconds"] for r in loaded)
+    return new

@@ -4,6 +4,7 @@ t-intervals and paired differences (:mod:`~bayesattn.study.stats`)."""
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 from dataclasses import asdict
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .._study_io import begin_run, finish_run, prepare_out_dir
+from .._study_io import abandon_run, begin_run, die_with_parent, finish_run, prepare_out_dir
 from .config import StudyConfig
 from .methods import ensemble_of, get_method
 from .metrics import SCALARS, evaluate, get, primary_score
@@ -32,7 +33,16 @@ def _jsonable(v: Any) -> Any:
 
 def run_study(cfg: StudyConfig) -> dict[str, Any]:
     """Fit, score and write every method on every run; returns the results dict (also written
-    as ``results.json``, with ``report.md`` and the figures, to ``cfg.out``)."""
+    as ``results.json``, with ``report.md`` and the figures, to ``cfg.out``). A run that raises
+    leaves ``cfg.out`` as it was (:func:`~bayesattn._study_io.abandon_run`)."""
+    try:
+        return _run_study(cfg)
+    except BaseException:
+        abandon_run(getattr(cfg, "out", None))
+        raise
+
+
+def _run_study(cfg: StudyConfig) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from . import figures, report
@@ -105,7 +115,8 @@ def _parallel_runs(cfg: StudyConfig, out: Path, dataset: str,
 
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     threads = torch.get_num_threads()
-    with ProcessPoolExecutor(max_workers=cfg.jobs, mp_context=ctx) as pool_:
+    with ProcessPoolExecutor(max_workers=cfg.jobs, mp_context=ctx, initializer=die_with_parent,
+                             initargs=(os.getpid(),)) as pool_:  # fmt: skip
         futures = {pool_.submit(_run_job, cfg, out, dataset, key, i == 0, threads): i
                    for i, key in enumerate(keys)}  # fmt: skip
         done: dict[int, dict[str, Any]] = {}

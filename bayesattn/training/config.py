@@ -148,6 +148,7 @@ class TrainConfig:
             torch.device(self.device)
         except (RuntimeError, TypeError) as e:
             raise ValueError(f"TrainConfig.device is not a valid device: {self.device!r}") from e
+        check_device_available("TrainConfig.device", torch.device(self.device))
         if isinstance(self.device, torch.device):
             self.device = str(self.device)
 
@@ -200,3 +201,21 @@ def resolve_config(config: TrainConfig | dict | None, overrides: dict[str, Any])
             )
         config = dataclasses.replace(config, **overrides)
     return config
+
+
+def check_device_available(name: str, device: torch.device) -> None:
+    """A ``ValueError`` naming ``name`` when ``device`` is a CUDA/MPS device this build of torch
+    or this machine does not have (instead of torch's assertion deep inside the first move)."""
+    if device.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ValueError(
+                f"{name} is {str(device)!r} but CUDA is not available (torch {torch.__version__}, "
+                f"CUDA build: {torch.version.cuda or 'no'}); use 'cpu'"
+            )
+        if device.index is not None and device.index >= n:
+            raise ValueError(f"{name} is {str(device)!r} but this machine has {n} CUDA device(s)")
+    if device.type == "mps" and not (
+        hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+    ):
+        raise ValueError(f"{name} is {str(device)!r} but MPS is not available; use 'cpu'")

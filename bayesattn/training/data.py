@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import warnings
 from collections.abc import Iterator, Sized
 from typing import Any
 
@@ -40,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data._utils.collate import default_collate as _torch_collate
 
 from .._validation import check_int, torch_generator
 
@@ -73,6 +74,28 @@ def fork_rng() -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------
 # tensors (the in-memory forms fit has always taken)
 # ---------------------------------------------------------------------------------------------
+
+
+def default_collate(items: list[Any]) -> Any:
+    """torch's ``default_collate``, with a ``ValueError`` naming the shapes when the items cannot
+    be stacked (ragged sequences need padding or a ``DataLoader`` with a ``collate_fn``)."""
+    try:
+        return _torch_collate(items)
+    except RuntimeError as e:
+        shapes = sorted(
+            {
+                tuple(t.shape)
+                for it in items
+                for t in (it if isinstance(it, (tuple, list)) else (it,))
+                if isinstance(t, Tensor)
+            }
+        )
+        raise ValueError(
+            f"the items of a batch cannot be stacked by the default collate (tensor shapes "
+            f"{shapes[:6]}{' ...' if len(shapes) > 6 else ''}: ragged sequences?); pad them to "
+            "one length (with the network's padding index) or pass a DataLoader with its own "
+            f"collate_fn (torch: {e})"
+        ) from e
 
 
 def as_tensors(data: Any, name: str) -> tuple[Tensor, Tensor | None]:
@@ -400,6 +423,7 @@ class StreamSource(DataSource):
             )
         self.num_data = n
         self.drop_last = bool(getattr(self.loader, "drop_last", drop_last))
+        self.warned_short = False
 
     def batches_per_epoch(self) -> int | None:
         n = _sized(self.loader) if _sized(self.loader.dataset) is not None else None
@@ -452,6 +476,17 @@ class StreamSource(DataSource):
                 )
             yield b
             k += 1
+        dropped = self.batch_size if self.drop_last and self.batch_size else 1  # a remainder
+        if start == 0 and self.num_data - seen >= dropped and not self.warned_short:
+            self.warned_short = True  # once per fit: a subsample per epoch is legitimate
+            warnings.warn(
+                f"{self.name}: the stream yielded {seen} examples in one epoch but num_data="
+                f"{self.num_data}: the ELBO is scaled to {self.num_data} training examples. If "
+                "each pass is the whole training set, pass num_data equal to its size; a stream "
+                "that subsamples a larger set of num_data examples is fine",
+                UserWarning,
+                stacklevel=2,
+            )
 
 
 def as_train_data(

@@ -329,6 +329,15 @@ class BayesianLightningModule(L.LightningModule):
         meta = checkpoint.get("bayesattn")
         if meta is None:
             raise ValueError("not a BayesianLightningModule checkpoint (no 'bayesattn' entry)")
+        missing = [
+            k for k in ("network_class", "config", "num_data") if not isinstance(meta, dict) or k not in meta
+        ]
+        if missing:
+            raise ValueError(
+                f"checkpoint's 'bayesattn' entry lacks {missing} (it must hold network_class, "
+                "config and num_data, as BayesianLightningModule.on_save_checkpoint writes): not "
+                "a BayesianLightningModule checkpoint, or a damaged one"
+            )
         if meta["network_class"] != type(self.network).__name__:
             raise ValueError(
                 f"checkpoint holds a {meta['network_class']}; this module wraps a "

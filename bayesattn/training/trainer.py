@@ -81,6 +81,11 @@ class Trainer:
             )
         self.network = network
         self.config = resolve_config(config, overrides)
+        self._reset()
+
+    def _reset(self) -> None:
+        """The state of a trainer that has not trained yet."""
+        network = self.network
         self.device = torch.device(self.config.device)
         self.history = History()
         self.step = 0
@@ -282,9 +287,44 @@ class Trainer:
         src = as_train_data(train_data, "train_data", c.batch_size, c.drop_last, num_data)
         set_up_n = None if self.optimisation is None else self.num_data
         check_fit_data(self.network, c, src, val_data, set_up_n)
-        self._begin(src, checkpoint_path, resume)
-        train_epochs(self, src, val_data, checkpoint_path)
-        return self._end(val_data, checkpoint_path)
+        undo = self._snapshot()
+        try:
+            self._begin(src, checkpoint_path, resume)
+            train_epochs(self, src, val_data, checkpoint_path)
+            return self._end(val_data, checkpoint_path)
+        except Exception as e:
+            # a fit that raises leaves the network, the Pyro param store and the trainer as they
+            # were before it; a diverged step keeps its last finite parameters (documented)
+            if not (isinstance(e, FloatingPointError) and "training diverged" in str(e)):
+                undo()
+            raise
+
+    def _snapshot(self) -> Any:
+        """A function that puts the network (parameters, buffers, train/eval flags, device),
+        the Pyro param store's names and this trainer back as they are now."""
+        net = self.network
+        weights = {k: v.detach().clone() for k, v in net.state_dict(keep_vars=True).items()}
+        flags = [(m, m.training) for m in net.modules()]
+        ref = next(iter(net.parameters()), None)
+        device = None if ref is None else ref.device
+        store = pyro.get_param_store()
+        names = set(store.keys())
+        trainer = None if self.optimisation is None else copy.deepcopy(self.state_dict())
+
+        def undo() -> None:
+            for name in set(store.keys()) - names:
+                del store[name]
+            if device is not None:
+                net.to(device)
+            net.load_state_dict(weights, strict=False)
+            for m, flag in flags:
+                m.training = flag
+            if trainer is None:
+                self._reset()
+            else:
+                self.load_state_dict(trainer)
+
+        return undo
 
     def _begin(self, src: DataSource, checkpoint_path: Path | None, resume: bool) -> None:
         """Take ``src`` as the training data, set up on first use (seeding a fresh run) and, when

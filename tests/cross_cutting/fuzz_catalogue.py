@@ -49,6 +49,8 @@ class Case:
 
 def _finite(x: Any) -> bool:
     if isinstance(x, torch.Tensor):
+        if x.device.type == "meta":
+            return True  # no values
         return not x.is_floating_point() or bool(torch.isfinite(x).all())
     if isinstance(x, float):
         return math.isfinite(x)
@@ -819,6 +821,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
     add("cli/threads 0", lambda: cli_case("study", "--out", str(Path(tmpdir) / "s3"), "--threads",
                                           "-2", "--epochs", "0"))
     _new_surfaces(add, tmpdir)
+    _round4_surfaces(add, tmpdir)
     return cases
 
 
@@ -1080,6 +1083,331 @@ def _new_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
                 and bool(torch.allclose(o[0].float().sum(-1), torch.ones(()), atol=1e-2)))
 
 
+def _round4_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
+    """Round 4 (issue 33): the surfaces added since 0.4 — the reduced key supports (local +
+    global, cluster top-k, tiled, low-rank), the registries, ``posterior_kl``, the post-hoc GP
+    read and the GP maths, the predictive engine, and ``study --merge``/``--jobs``/``--seeds``;
+    with silent-correctness checks where an exact answer exists. Names start with ``r4 ``."""
+    import json
+    import shutil
+
+    import bayesattn as ba
+    from bayesattn.functional import gaussian_process as G
+    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+    from bayesattn.nn import supports as NS
+    from bayesattn.predictive import Predictive
+
+    nan, inf = float("nan"), float("inf")
+    M = ba.BayesianMultiheadAttention
+
+    def r4(name, fn, expect="error", check=None, finite=True):
+        add(f"r4 {name}", fn, expect, check, finite)
+
+    # ---- reduced key supports through the layer -------------------------------------------
+    def pair(kernel, family=None, E=8, H=2):
+        torch.manual_seed(0)
+        dense = M(E, H, batch_first=True, family=family)
+        m = M(E, H, batch_first=True, family=family, kernel=kernel)
+        m.load_state_dict(dense.state_dict(), strict=False)
+        return dense, m
+
+    def equal_dense(kernel, T=6, mask=None, **kw):
+        def run():
+            dense, m = pair(kernel)
+            x = torch.randn(2, T, 8)
+            with ba.attention_mode("mean"), torch.no_grad():
+                return m(x, x, x, key_padding_mask=mask, **kw)[0], dense(
+                    x, x, x, key_padding_mask=mask, **kw)[0]  # fmt: skip
+        return run
+
+    def close(o):
+        return bool(torch.allclose(o[0], o[1], atol=1e-5))
+
+    r4("local_global/window >= T equals dense",
+       equal_dense(NS.LocalGlobalKernel(window=8, global_tokens=(0, 2))), "ok", close)
+    r4("local_global/T=1 equals dense", equal_dense(NS.LocalGlobalKernel(window=1), T=1), "ok",
+       close)
+    r4("tiled/equals dense", equal_dense(NS.TiledKernel(tile=4), T=9), "ok", close)
+    r4("tiled/tile > T equals dense", equal_dense(NS.TiledKernel(tile=64), T=3), "ok", close)
+    r4("topk/k > T equals dense", equal_dense(NS.TopKKernel(k=50), T=5), "ok", close)
+    r4("local/window >= T equals dense", equal_dense(NS.LocalKernel(window=10), T=5), "ok",
+       close)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, 4:] = True
+    r4("local_global/padding, window >= T equals dense",
+       equal_dense(NS.LocalGlobalKernel(window=8), mask=pad), "ok", close)
+    r4("tiled/padding equals dense", equal_dense(NS.TiledKernel(tile=4), mask=pad), "ok", close)
+    full = torch.zeros(2, 6, dtype=torch.bool)
+    full[1] = True
+    for kname, kern in (("local_global", NS.LocalGlobalKernel(window=2)),
+                        ("tiled", NS.TiledKernel(tile=4)), ("topk", NS.TopKKernel(k=3)),
+                        ("cluster_topk", NS.ClusterTopKKernel(k=3, num_clusters=2)),
+                        ("lowrank", NS.LowRankKernel(rank=3, max_len=8))):  # fmt: skip
+        r4(f"{kname}/fully padded row reads nothing", equal_dense(kern, mask=full), "ok",
+           lambda o: bool(torch.allclose(o[0][1], o[1][1], atol=1e-5)))
+        for dt in (torch.float16, torch.bfloat16):
+            def half(kern=kern, dt=dt):
+                m = M(8, 2, batch_first=True, kernel=kern).to(dt)
+                x = torch.randn(2, 6, 8, dtype=dt)
+                with ba.attention_mode("mean"):
+                    return m(x, x, x)[0]
+            r4(f"{kname}/{dt} input", half, "either", lambda o: o.dtype in (torch.float16,
+                                                                         torch.bfloat16))
+        r4(f"{kname}/int input", lambda kern=kern: M(8, 2, batch_first=True, kernel=kern)(
+            *(torch.ones(2, 6, 8, dtype=torch.long),) * 3))
+        r4(f"{kname}/nan query", lambda kern=kern: M(8, 2, batch_first=True, kernel=kern)(
+            *(torch.full((2, 6, 8), nan),) * 3))
+        r4(f"{kname}/inf key", lambda kern=kern: M(8, 2, batch_first=True, kernel=kern)(
+            torch.randn(2, 6, 8), torch.full((2, 6, 8), inf), torch.randn(2, 6, 8)))
+        r4(f"{kname}/meta input, cpu layer", lambda kern=kern: M(
+            8, 2, batch_first=True, kernel=kern)(*(torch.randn(2, 6, 8, device="meta"),) * 3))
+        r4(f"{kname}/meta input, meta layer", lambda kern=kern: M(
+            8, 2, batch_first=True, kernel=kern, device="meta")(
+            *(torch.randn(2, 6, 8, device="meta"),) * 3), "either")
+
+        def sampled(kern=kern):
+            m = M(8, 2, batch_first=True, kernel=kern, family="dirichlet")
+            x = torch.randn(2, 6, 8)
+            _, w = m(x, x, x, key_padding_mask=pad)
+            rows = w.weights if w.index is None else w.to_dense()
+            return rows[0]
+        r4(f"{kname}/drawn weights sum to one", sampled, "ok",
+           lambda w: bool(torch.allclose(w.sum(-1), torch.ones(()), atol=1e-4)))
+    r4("dense/meta input, meta layer", lambda: M(8, 2, batch_first=True, device="meta")(
+        *(torch.randn(2, 6, 8, device="meta"),) * 3)[0], "either",
+       lambda o: o.shape == (2, 6, 8) and o.device.type == "meta")
+    for name, kw in (("global_tokens None", dict(global_tokens=None)),
+                     ("global_tokens str", dict(global_tokens="0")),
+                     ("global_tokens negative", dict(global_tokens=(-1,))),
+                     ("global_tokens float", dict(global_tokens=(1.5,))),
+                     ("global_tokens repeated", dict(global_tokens=(2, 2))),
+                     ("window negative", dict(window=-1)),
+                     ("window float", dict(window=2.5))):  # fmt: skip
+        r4(f"local_global/{name}", lambda kw=kw: NS.LocalGlobalKernel(**kw))
+    r4("local_global/global token >= T", lambda: M(8, 2, batch_first=True,
+       kernel=NS.LocalGlobalKernel(window=2, global_tokens=(50,)))(*(torch.randn(1, 10, 8),) * 3))
+    r4("local_global/global tokens ()", equal_dense(NS.LocalGlobalKernel(window=8,
+                                                                       global_tokens=())),
+       "ok", close)
+    for name, kw in (("k 0", dict(k=0)), ("k float", dict(k=2.5)), ("clusters 0",
+                     dict(num_clusters=0)), ("probes 0", dict(probes=0)), ("iters -1",
+                     dict(iters=-1))):  # fmt: skip
+        r4(f"cluster_topk/{name}", lambda kw=kw: NS.ClusterTopKKernel(**kw))
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(6)
+    r4("cluster_topk/causal + padding", equal_dense(
+        NS.ClusterTopKKernel(k=6, num_clusters=1, probes=1), mask=pad, attn_mask=causal,
+        is_causal=True), "ok", close)
+    r4("cluster_topk/attn_mask without is_causal", lambda: M(
+        8, 2, batch_first=True, kernel=NS.ClusterTopKKernel(k=3))(
+        *(torch.randn(2, 6, 8),) * 3, attn_mask=causal))
+    r4("lowrank/float padding mask", lambda: M(8, 2, batch_first=True,
+       kernel=NS.LowRankKernel(rank=3, max_len=8))(*(torch.randn(2, 6, 8),) * 3,
+       key_padding_mask=torch.zeros(2, 6).masked_fill(pad, -inf)), "ok")
+    r4("lowrank/soft float padding mask", lambda: M(8, 2, batch_first=True,
+       kernel=NS.LowRankKernel(rank=3, max_len=8))(*(torch.randn(2, 6, 8),) * 3,
+       key_padding_mask=torch.full((2, 6), -0.5)))
+    r4("lowrank/T > max_len", lambda: M(8, 2, batch_first=True,
+       kernel=NS.LowRankKernel(rank=3, max_len=4))(*(torch.randn(2, 6, 8),) * 3))
+    r4("lowrank/is_causal", lambda: M(8, 2, batch_first=True,
+       kernel=NS.LowRankKernel(rank=3, max_len=8))(*(torch.randn(2, 6, 8),) * 3,
+       attn_mask=causal, is_causal=True))
+    r4("tiled/tile 0", lambda: NS.TiledKernel(tile=0))
+    r4("topk/k 0", lambda: NS.TopKKernel(k=0))
+
+    # ---- registries ---------------------------------------------------------------------------
+    r4("register_support/dense", lambda: ba.register_support("dense", NS.LocalKernel))
+    r4("register_support/dense override", lambda: ba.register_support(
+        "dense", NS.LocalKernel, override=True))
+    r4("register_support/duplicate", lambda: ba.register_support("local", NS.LocalKernel))
+    r4("register_support/not a kernel", lambda: ba.register_support("r4_bad", torch.nn.Linear))
+    r4("register_support/an instance", lambda: ba.register_support("r4_bad",
+                                                                    NS.LocalKernel()))
+    r4("register_support/bad name", lambda: ba.register_support("not a name", NS.LocalKernel))
+    r4("register_support/int name", lambda: ba.register_support(3, NS.LocalKernel))
+    r4("register_family/duplicate", lambda: ba.register_family(
+        "dirichlet", ba.families.DirichletWeights))
+    r4("register_family/not a family", lambda: ba.register_family("r4_bad", torch.nn.Linear))
+    r4("register_prior/duplicate", lambda: ba.register_prior("causal", ba.CausalPrior))
+    r4("register_prior/not a prior", lambda: ba.register_prior("r4_bad", dict))
+
+    def factory_builds_wrong():
+        from bayesattn.nn.supports import SUPPORTS
+
+        SUPPORTS.register("r4_wrong", lambda **kw: torch.nn.Linear(2, 2))
+        try:
+            return NS.get_kernel("r4_wrong")
+        finally:
+            SUPPORTS.unregister("r4_wrong")
+    r4("register_support/factory returns a non-kernel", factory_builds_wrong)
+    r4("get_kernel/unknown", lambda: NS.get_kernel("nope"))
+    r4("get_kernel/dense with options", lambda: NS.get_kernel("dense", window=3))
+
+    # ---- posterior_kl ---------------------------------------------------------------------------
+    small = dict(d_model=8, nhead=2, num_layers=1, dim_feedforward=16)
+    TC = ba.TransformerClassifier
+    kl_net = TC(2, vocab_size=6, attention="dirichlet", **small)
+    xt = torch.randint(1, 6, (4, 5))
+    r4("posterior_kl/ok", lambda: kl_net.posterior_kl(xt), "ok",
+       lambda o: bool((o[0] >= 0).all()) and o[1] >= 0)
+    r4("posterior_kl/recommended >= 0", lambda: TC(2, vocab_size=6,
+       attention=ba.AttentionConfig.recommended(), **small).posterior_kl(xt), "ok",
+       lambda o: bool((o[0] >= 0).all()) and o[1] >= 0)
+    r4("posterior_kl/empty", lambda: kl_net.posterior_kl(xt[:0]))
+    r4("posterior_kl/T=1", lambda: kl_net.posterior_kl(xt[:, :1]), "ok",
+       lambda o: bool((o[0] >= 0).all()))
+    r4("posterior_kl/batch_size 0", lambda: kl_net.posterior_kl(xt, batch_size=0))
+    r4("posterior_kl/num_samples 0", lambda: kl_net.posterior_kl(xt, num_samples=0))
+    r4("posterior_kl/float x", lambda: kl_net.posterior_kl(xt.float()))
+    r4("posterior_kl/token out of range", lambda: kl_net.posterior_kl(xt + 10))
+    r4("posterior_kl/no latents float zeros", lambda: TC(2, vocab_size=6, **small).posterior_kl(
+        xt), "ok", lambda o: o[0].is_floating_point() and o[1] == 0.0)
+
+    # ---- the predictive engine --------------------------------------------------------------
+    r4("Predictive/probs sum to one", lambda: Predictive(kl_net, 3, batch_size=2)(xt).probs,
+       "ok", lambda p: bool(torch.allclose(p.sum(-1), torch.ones(()), atol=1e-5)))
+    r4("Predictive/num_samples 0", lambda: Predictive(kl_net, 0))
+    r4("Predictive/batch_size 0", lambda: Predictive(kl_net, 2, batch_size=0))
+    r4("Predictive/empty x", lambda: Predictive(kl_net, 2)(xt[:0]))
+    r4("Predictive/too many draws", lambda: Predictive(kl_net, 10**15, batch_size=1)(xt))
+    r4("Predictive/mode bad", lambda: Predictive(kl_net, 2, mode="posterior"))
+    for name, y in (("short", torch.tensor([0, 1])), ("out of range", torch.tensor([0, 1, 2, 0])),
+                    ("negative", torch.tensor([0, -1, 1, 0])), ("float", torch.zeros(4)),
+                    ("2-D", torch.zeros(4, 1, dtype=torch.long))):  # fmt: skip
+        r4(f"probs_and_targets/labels {name}", lambda y=y: Predictive(kl_net, 2)
+           .probs_and_targets(xt, y))
+    r4("probs_and_targets/ok", lambda: Predictive(kl_net, 2).probs_and_targets(
+        xt, torch.tensor([0, 1, 1, 0])), "ok",
+        lambda o: bool(torch.allclose(o[0].sum(-1), torch.ones(()), atol=1e-5)))
+
+    # ---- the post-hoc GP read and the GP maths ----------------------------------------------
+    class Feat(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(4, 3)
+            with torch.no_grad():
+                self.head.weight.mul_(4)
+
+        def forward(self, x):
+            return self.head(x)
+
+    gm = Feat()
+    gx = torch.randn(32, 4)
+    gy = gm(gx).argmax(-1).detach()
+    gy[::4] = (gy[::4] + 1) % 3
+    read = fit_posthoc_gp(gm, gx, gy, gm.head, num_features=64)
+    r4("gp/probs sum to one", lambda: read.probs(torch.randn(5, 4)), "ok",
+       lambda p: bool(torch.allclose(p.sum(-1), torch.ones(()), atol=1e-5)))
+    r4("gp/sample_probs sum to one", lambda: read.sample_probs(torch.randn(5, 4), 4, seed=0),
+       "ok", lambda p: p.shape == (4, 5, 3) and bool(torch.allclose(p.sum(-1), torch.ones(()),
+                                                                       atol=1e-5)))
+    r4("gp/variance >= 0, smallest near calibration", lambda: (
+        read.variance(gx[:8]), read.variance(gx[:8] * 0 + 50)), "ok",
+        lambda o: bool((o[0] >= 0).all()) and float(o[0].max()) < float(o[1].min()))
+    r4("gp/deterministic probs", lambda: torch.equal(read.probs(gx[:4]), read.probs(gx[:4])),
+       "ok", lambda o: o is True)
+    for name, kw in (("identical features", dict(x_cal=gx[:1].expand(16, 4), y_cal=gy[:16])),
+                     ("all-zero features", dict(x_cal=torch.zeros(16, 4), y_cal=gy[:16])),
+                     ("one example", dict(x_cal=gx[:1], y_cal=gy[:1])),
+                     ("two examples", dict(x_cal=gx[:2], y_cal=gy[:2]))):  # fmt: skip
+        r4(f"gp/{name}", lambda kw=kw: fit_posthoc_gp(gm, head=gm.head, num_features=16,
+                                                      **kw).probs(gx[:3]), "ok",
+           lambda p: bool(torch.allclose(p.sum(-1), torch.ones(()), atol=1e-5)))
+    for name, kw in (("empty", dict(x_cal=gx[:0], y_cal=gy[:0])),
+                     ("labels float", dict(x_cal=gx, y_cal=gy.float())),
+                     ("labels short", dict(x_cal=gx, y_cal=gy[:3])),
+                     ("labels out of range", dict(x_cal=gx, y_cal=gy + 3)),
+                     ("labels 2-D", dict(x_cal=gx, y_cal=gy[:, None])),
+                     ("labels list", dict(x_cal=gx, y_cal=gy.tolist())),
+                     ("outputscales ()", dict(x_cal=gx, y_cal=gy, outputscales=())),
+                     ("outputscales negative", dict(x_cal=gx, y_cal=gy, outputscales=(-1.0,))),
+                     ("outputscales nan", dict(x_cal=gx, y_cal=gy, outputscales=(nan,))),
+                     ("outputscales str", dict(x_cal=gx, y_cal=gy, outputscales="1")),
+                     ("num_features 0", dict(x_cal=gx, y_cal=gy, num_features=0)),
+                     ("seed negative", dict(x_cal=gx, y_cal=gy, seed=-1)),
+                     ("batch_size 0", dict(x_cal=gx, y_cal=gy, batch_size=0)),
+                     ("nan x", dict(x_cal=torch.full_like(gx, nan), y_cal=gy))):  # fmt: skip
+        r4(f"gp/{name}", lambda kw=kw: fit_posthoc_gp(gm, head=gm.head, **kw))
+    r4("gp/head not in the model", lambda: fit_posthoc_gp(gm, gx, gy, torch.nn.Linear(4, 3)))
+    r4("gp/head not a module", lambda: fit_posthoc_gp(gm, gx, gy, "head"))
+    r4("gp/int32 labels", lambda: fit_posthoc_gp(gm, gx, gy.int(), gm.head,
+                                                 num_features=16).temperature, "ok")
+    r4("gp/probs of no inputs", lambda: read.probs(gx[:0]))
+    r4("gp/variance nan x", lambda: read.variance(torch.full((2, 4), nan)))
+    r4("gp/probs inf x", lambda: read.probs(torch.full((2, 4), inf)))
+    r4("gp/half_variance nan phi", lambda: read.half_variance(torch.full((2, 64), nan)))
+    r4("gp/half_variance wrong shape", lambda: read.half_variance(torch.zeros(2, 5)))
+    r4("gp/sample_probs num_samples 0", lambda: read.sample_probs(gx[:2], 0))
+    t = torch.tensor
+    xg, zg = torch.randn(1, 3, 2), torch.randn(1, 4, 2)
+    for ls in (0.0, -1.0, nan, inf):
+        r4(f"gp maths/lengthscale {ls}", lambda ls=ls: G.rbf_covariance(xg[0], zg[0], t(ls),
+                                                                        t(1.0)))
+    r4("gp maths/outputscale -1", lambda: G.matern52_covariance(xg[0], zg[0], t(1.0), t(-1.0)))
+    r4("gp maths/jitter -1", lambda: G.whitened_projection(xg, zg, t([1.0]), t([1.0]),
+                                                           jitter=-1.0))
+    r4("gp maths/non-triangular factor", lambda: G.whitened_kl(torch.zeros(1, 1, 4),
+                                                               torch.ones(1, 4, 4)))
+    r4("gp maths/KL >= 0", lambda: float(G.whitened_kl(torch.randn(1, 2, 4),
+                                                       torch.eye(4)[None] * 0.3)), "ok",
+       lambda v: v >= 0)
+    r4("gp maths/variance >= 0", lambda: G.sparse_gp_marginals(
+        *G.whitened_projection(xg, zg, t([1.0]), t([1.0])), torch.zeros(1, 2, 4),
+        torch.eye(4)[None])[1], "ok", lambda v: bool((v >= 0).all()))
+
+    # ---- the study's command line: --merge, --jobs, --seeds ----------------------------------
+    from bayesattn.cli import main
+
+    def cli(*args):
+        import contextlib
+        import io
+
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                rc = main(list(args))
+            except SystemExit as e:
+                rc = e.code
+        if rc == 0:
+            return "ran"
+        raise CleanExit(f"bayesattn exited {rc}: {err.getvalue().strip()}")
+
+    base = Path(tmpdir) / "r4"
+    base.mkdir(exist_ok=True)
+    r4("cli/--jobs 0", lambda: cli("study", "--out", str(base / "j0"), "--jobs", "0",
+                                   "--epochs", "1"))
+    r4("cli/--jobs -1", lambda: cli("study", "--out", str(base / "j1"), "--jobs", "-1",
+                                    "--epochs", "1"))
+    r4("cli/--seeds 0", lambda: cli("study", "--out", str(base / "s0"), "--seeds", "0",
+                                    "--epochs", "1"))
+    notstudy = base / "notstudy"
+    notstudy.mkdir(exist_ok=True)
+    (notstudy / "results.json").write_text(json.dumps({"accuracy": 1.0}))
+    empty = base / "empty"
+    empty.mkdir(exist_ok=True)
+    fake = base / "fake"  # a study folder whose results.json lists a file that is gone
+    fake.mkdir(exist_ok=True)
+    (fake / "results.json").write_text(json.dumps({
+        "config": {}, "datasets": {}, "methods": [], "seeds": [0], "pairs": [], "seconds": 0,
+        "files": ["gone.png", "results.json"]}))
+    r4("merge/one source", lambda: cli("study", "--merge", str(fake), "--out", str(base / "m1")))
+    r4("merge/not a study", lambda: cli("study", "--merge", str(notstudy), str(fake),
+                                        "--out", str(base / "m2")))
+    r4("merge/no results.json", lambda: cli("study", "--merge", str(empty), str(fake),
+                                            "--out", str(base / "m3")))
+    copy = base / "fake2"
+    if not copy.exists():
+        shutil.copytree(fake, copy)
+    r4("merge/missing listed file", lambda: cli("study", "--merge", str(fake), str(copy),
+                                                "--out", str(base / "m4")))
+    r4("merge/same folder twice", lambda: cli("study", "--merge", str(fake), str(fake),
+                                              "--out", str(base / "m5")))
+    r4("merge/into a source", lambda: cli("study", "--merge", str(fake), str(copy), "--out",
+                                          str(copy), "--force"))
+    r4("merge_studies/str sources", lambda: __import__(
+        "bayesattn.study.merge", fromlist=["merge_studies"]).merge_studies(str(fake),
+                                                                           base / "m6"))
+
+
 def _with_samples(S, fn):
     import bayesattn
 
@@ -1094,11 +1422,14 @@ def _in_mode(mode, fn):
         return fn()
 
 
-def run(verbose: bool = True) -> dict[str, list[tuple[str, str]]]:
-    """Classify every case; returns ``{outcome: [(name, detail), ...]}``."""
+def run(verbose: bool = True, prefix: str = "") -> dict[str, list[tuple[str, str]]]:
+    """Classify every case (whose name starts with ``prefix``); returns ``{outcome: [(name,
+    detail), ...]}``."""
     torch.set_num_threads(1)
     out: dict[str, list[tuple[str, str]]] = {"clear": [], "ok": [], "obscure": [], "silent": []}
     for case in _cases():
+        if not case.name.startswith(prefix):
+            continue
         torch.manual_seed(0)
         outcome, detail = classify(case)
         out[outcome].append((case.name, detail))
@@ -1114,6 +1445,21 @@ def run(verbose: bool = True) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
+def by_surface(out: dict[str, list[tuple[str, str]]]) -> dict[str, dict[str, int]]:
+    """Counts per outcome for each surface (a case name up to its first ``/``)."""
+    table: dict[str, dict[str, int]] = {}
+    for outcome, rows in out.items():
+        for name, _ in rows:
+            row = table.setdefault(name.split("/")[0], dict.fromkeys(out, 0))
+            row[outcome] += 1
+    return table
+
+
 if __name__ == "__main__":
+    import sys
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    run()
+    result = run(prefix=sys.argv[1] if len(sys.argv) > 1 else "")
+    if len(sys.argv) > 1:
+        for surface, row in sorted(by_surface(result).items()):
+            print(f"{surface:40s} " + " ".join(f"{k} {v}" for k, v in row.items()))

@@ -131,3 +131,135 @@ def test_killed_study_is_complete_or_clearly_incomplete(tmp_path):
         _kill_after(_study_forever, (str(out),), rng.uniform(lo, hi), wait and out / wait)
         seen.append(_check_study_folder(out))
     assert seen.count("missing") < len(seen), f"no kill landed after the run started: {seen}"
+
+
+# ---- issue 33: --jobs 2, --merge, reruns, workers that die with the study -----------------------
+def _tiny_cfg(out, jobs: int):
+    from bayesattn.study import StudyConfig
+
+    return StudyConfig(out=str(out), methods=("deterministic",), epochs=1, seeds=2, jobs=jobs,
+                       num_samples=2, ensemble_size=1, d_model=8, nhead=2, num_layers=1,
+                       dim_feedforward=8, severities=(3,), arviz_examples=2, figures=False,
+                       progress=False)  # fmt: skip
+
+
+def _study_once(out: str, jobs: int) -> None:
+    from bayesattn.study import run_study
+
+    run_study(_tiny_cfg(out, jobs))
+
+
+def _merge_once(sources: list[str], out: str) -> None:
+    from bayesattn.study.merge import merge_studies
+
+    merge_studies(sources, out)
+
+
+def _children(pid: int) -> set[int]:
+    """Processes whose parent is ``pid`` (Linux ``/proc``)."""
+    kids = set()
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                fields = open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                kids.add(int(stat))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")  # a zombie has died (its parent has not reaped it yet)
+
+
+def _same_results(a, b) -> bool:
+    from bayesattn.study.merge import without_times
+
+    def text(folder):
+        res = json.loads((folder / RESULTS).read_text())
+        res.pop("files", None)
+        for k in ("config", "merged_from"):
+            res.pop(k, None)
+        return json.dumps(without_times(res), sort_keys=True)
+
+    return text(a) == text(b)
+
+
+def _warm_study_imports():
+    import matplotlib.pyplot  # noqa: F401 - warm the imports the child inherits
+
+    from bayesattn import plots  # noqa: F401
+    from bayesattn.data import load_digits_data
+
+    load_digits_data(seed=0)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_killed_study_rerun_gives_the_uninterrupted_results(tmp_path, jobs):
+    """SIGKILL of the study's (main) process during its runs and during its figures/report:
+    the folder is complete or says INCOMPLETE, its workers die with it, and a rerun gives the
+    results.json of an uninterrupted run (times aside)."""
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("needs /proc to find the worker processes")
+    _warm_study_imports()
+    ref = tmp_path / "ref"
+    _study_once(str(ref), jobs)
+    rng = random.Random(jobs)
+    out = tmp_path / "study"
+    had_workers = 0
+    # a random moment while the runs train (with jobs=2: once the workers are there), and one
+    # in the figures and report at the end
+    for wait, lo, hi in (("workers", 0.0, 1.0), ("corruptions_digits.png", 0.0, 0.3)):
+        p = _CTX.Process(target=_study_once, args=(str(out), jobs))  # may have workers
+        p.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if wait == "workers" and (jobs == 1 or _children(p.pid)):
+                break
+            if wait != "workers" and (out / wait).exists():
+                break
+            time.sleep(0.01)
+        time.sleep(rng.uniform(lo, hi))
+        workers = _children(p.pid)
+        p.kill()
+        p.join(10)
+        had_workers += bool(workers)
+        gone = time.monotonic() + 5
+        while any(_alive(w) for w in workers) and time.monotonic() < gone:
+            time.sleep(0.05)
+        left = [w for w in workers if _alive(w)]
+        for w in left:  # never leave them behind, even when the test fails
+            os.kill(w, 9)
+        assert not left, f"workers {left} outlived the study"
+        _check_study_folder(out)
+    assert jobs == 1 or had_workers, "no kill landed while the workers ran"
+    _study_once(str(out), jobs)  # the rerun over what the kills left
+    assert study_status(out) == "complete" and not (out / INCOMPLETE).exists()
+    assert _same_results(out, ref)
+
+
+def test_a_killed_merge_rerun_gives_the_uninterrupted_merge(tmp_path):
+    import shutil
+
+    _warm_study_imports()
+    a = tmp_path / "a"
+    _study_once(str(a), 1)
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    ref = tmp_path / "ref"
+    _merge_once([str(a), str(b)], str(ref))
+    rng = random.Random(3)
+    out = tmp_path / "merged"
+    seen = []
+    for wait, lo, hi in ((None, 0.0, 0.6), (INCOMPLETE, 0.0, 0.3), (RESULTS, 0.0, 0.3)):
+        _kill_after(_merge_once, ([str(a), str(b)], str(out)), rng.uniform(lo, hi),
+                    wait and out / wait)  # fmt: skip
+        seen.append(_check_study_folder(out))
+        assert study_status(a) == study_status(b) == "complete"  # sources untouched
+    _merge_once([str(a), str(b)], str(out))
+    assert study_status(out) == "complete" and _same_results(out, ref)

@@ -559,3 +559,109 @@ def test_fit_posthoc_charges_a_gp_reads_global_kl_once_per_data_set():
     assert cal.history[0] == pytest.approx(float(expected), rel=1e-5)
     assert cal.history[0] - float((nll + col.total()).mean()) == pytest.approx(glob / n, rel=1e-4)
     assert any(p is gp.q_mean for p in family_parameters(model))  # the read is fitted too
+
+
+# ---- issue 33: round 4 ------------------------------------------------------------------------
+def test_gp_maths_refuse_non_positive_scales_negative_jitter_and_non_triangular_factors():
+    from bayesattn.functional import gaussian_process as G
+
+    x, z = torch.randn(1, 3, 2), torch.randn(1, 4, 2)
+    one, t = torch.ones(1), torch.tensor
+    for ls in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="lengthscale must be finite and > 0"):
+            G.rbf_covariance(x[0], z[0], t(ls), t(1.0))
+        with pytest.raises(ValueError, match="lengthscale"):
+            G.whitened_projection(x, z, t([ls]), one)
+        with pytest.raises(ValueError, match="lengthscale"):
+            G.random_fourier_features(x[0], torch.randn(5, 2), torch.rand(5), t(ls), t(1.0))
+    with pytest.raises(ValueError, match="outputscale must be finite and > 0"):
+        G.matern52_covariance(x[0], z[0], t(1.0), t(-1.0))
+    with pytest.raises(ValueError, match="outputscale"):
+        G.random_fourier_features(x[0], torch.randn(5, 2), torch.rand(5), t(1.0), t(-1.0))
+    with pytest.raises(ValueError, match="jitter must be a number >= 0"):
+        G.whitened_projection(x, z, one, one, jitter=-1.0)
+    full = torch.ones(1, 4, 4)  # not a Cholesky factor
+    with pytest.raises(ValueError, match="lower-triangular"):
+        G.whitened_kl(torch.zeros(1, 2, 4), full)
+    a, r = G.whitened_projection(x, z, one, one)
+    with pytest.raises(ValueError, match="lower-triangular"):
+        G.sparse_gp_marginals(a, r, torch.zeros(1, 2, 4), full)
+    # the valid calls: variance >= 0 everywhere, KL >= 0
+    _, var = G.sparse_gp_marginals(a, r, torch.zeros(1, 2, 4), torch.eye(4)[None] * 0.5)
+    assert bool((var >= 0).all())
+    assert float(G.whitened_kl(torch.randn(1, 2, 4), torch.eye(4)[None] * 0.5)) >= 0
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self, zero: bool = False) -> None:
+        super().__init__()
+        self.zero = zero
+        self.emb = torch.nn.Embedding(6, 8)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.emb(x).mean(-2)
+        return self.head(0 * h if self.zero else h)
+
+
+def test_posthoc_gp_edge_inputs_get_clear_errors_or_finite_reads():
+    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+
+    torch.manual_seed(0)
+    m = _Tiny()
+    x, y = torch.randint(0, 6, (16, 4)), torch.randint(0, 3, (16,))
+    # identical features (every input the same) and all-zero features: a finite read
+    for model, xs in ((m, torch.zeros(16, 4, dtype=torch.long)), (_Tiny(zero=True), x)):
+        read = fit_posthoc_gp(model, xs, y, model.head, num_features=16)
+        p = read.probs(x)
+        assert bool(torch.isfinite(p).all()) and bool((read.variance(x) >= 0).all())
+        torch.testing.assert_close(p.sum(-1), torch.ones(16))
+    with pytest.raises(ValueError, match="head .* is not a module of the model"):
+        fit_posthoc_gp(m, x, y, torch.nn.Linear(8, 3))
+    with pytest.raises(ValueError, match="calibration split is empty"):
+        fit_posthoc_gp(m, x[:0], y[:0], m.head)
+    for scales in ((), (-1.0, 1.0), (0.0,), (float("nan"),)):
+        with pytest.raises(ValueError, match="outputscales must be a non-empty sequence"):
+            fit_posthoc_gp(m, x, y, m.head, outputscales=scales)
+    with pytest.raises(ValueError, match="y_cal must be a 1-D label tensor of length 16"):
+        fit_posthoc_gp(m, x, y[:5], m.head)
+    with pytest.raises(TypeError, match="y_cal must hold integer class labels"):
+        fit_posthoc_gp(m, x, y.float(), m.head)
+    with pytest.raises(ValueError, match=r"y_cal must hold labels in \[0, 3\)"):
+        fit_posthoc_gp(m, x, y + 3, m.head)
+    read = fit_posthoc_gp(m, x, y.int(), m.head, num_features=16)  # int32 labels are fine
+    with pytest.raises(ValueError, match="at least one example"):
+        read.probs(x[:0])
+    with pytest.raises(ValueError, match="phi must be finite"):
+        read.half_variance(torch.full((2, 16), float("nan")))
+
+
+def test_posthoc_gp_refuses_non_finite_inputs_and_is_smallest_near_calibration_points():
+    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+
+    torch.manual_seed(0)
+
+    class Feat(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(x)
+
+    m = Feat()
+    with torch.no_grad():  # logits 2·x0 against -2·x0, labels from a noisy x0
+        m.head.weight.copy_(torch.tensor([[2.0, 0, 0, 0], [-2.0, 0, 0, 0]]))
+        m.head.bias.zero_()
+    x = torch.randn(64, 4)
+    y = (x[:, 0] + torch.randn(64) < 0).long()
+    read = fit_posthoc_gp(m, x, y, m.head, num_features=128)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="not finite"):
+            read.probs(torch.full((2, 4), bad))
+        with pytest.raises(ValueError, match="not finite"):
+            read.variance(torch.full((2, 4), bad))
+        with pytest.raises(ValueError, match="not finite"):
+            read.sample_probs(torch.full((2, 4), bad), 3)
+    near, far = read.variance(x[:8]), read.variance(x[:8] * 0 + 40.0)
+    assert bool((near >= 0).all()) and float(near.max()) < float(far.min())

@@ -586,3 +586,61 @@ def test_zero_length_and_fully_padded_inputs_behave_like_dense(kernel):
     assert float(w.weights[1].abs().max()) == 0.0  # no weight anywhere, as in dense attention
     rows = w.weights[0] if w.index is None else w.to_dense()[0]
     torch.testing.assert_close(rows.sum(-1), torch.ones(rows.shape[:-1]))
+
+
+# ---- issue 33: round 4 ------------------------------------------------------------------------
+def test_local_global_global_tokens_are_checked_against_the_sequence():
+    with pytest.raises(TypeError, match="global_tokens must be a tuple or list"):
+        LocalGlobalKernel(global_tokens=None)
+    with pytest.raises(ValueError, match="global_tokens must not repeat"):
+        LocalGlobalKernel(global_tokens=(1, 1))
+    m = BayesianMultiheadAttention(8, 2, batch_first=True,
+                                   kernel=LocalGlobalKernel(window=2, global_tokens=(50,)))
+    x = torch.randn(1, 10, 8)
+    for mode, need in (("mean", False), ("mean", True), ("guide", True)):
+        with attention_mode(mode), pytest.raises(ValueError, match=r"global_tokens .*T = 10"):
+            m(x, x, x, need_weights=need)
+
+
+@pytest.mark.parametrize("family", [None, "dirichlet"])
+def test_local_global_with_window_at_least_t_equals_dense(family):
+    torch.manual_seed(0)
+    dense = BayesianMultiheadAttention(8, 2, batch_first=True, family=family)
+    m = BayesianMultiheadAttention(8, 2, batch_first=True, family=family,
+                                   kernel=LocalGlobalKernel(window=9, global_tokens=(0, 3)))
+    m.load_state_dict(dense.state_dict(), strict=False)
+    x = torch.randn(2, 6, 8)
+    with attention_mode("mean"), torch.no_grad():
+        torch.testing.assert_close(m(x, x, x)[0], dense(x, x, x)[0], atol=1e-5, rtol=0)
+
+
+def test_cluster_topk_takes_causal_masking_with_padding():
+    """The docs say it takes is_causal and a key_padding_mask: together they were refused. With
+    k >= T and one cluster it is dense attention under both masks."""
+    torch.manual_seed(0)
+    dense = BayesianMultiheadAttention(8, 2, batch_first=True)
+    m = BayesianMultiheadAttention(8, 2, batch_first=True,
+                                   kernel=ClusterTopKKernel(k=12, num_clusters=1, probes=1))
+    m.load_state_dict(dense.state_dict(), strict=False)
+    x = torch.randn(2, 12, 8)
+    kpm = torch.zeros(2, 12, dtype=torch.bool)
+    kpm[1, 9:] = True
+    causal = nn.Transformer.generate_square_subsequent_mask(12)
+    with attention_mode("mean"), torch.no_grad():
+        y, _ = m(x, x, x, key_padding_mask=kpm, attn_mask=causal, is_causal=True)
+        want, _ = dense(x, x, x, key_padding_mask=kpm, attn_mask=causal)
+    torch.testing.assert_close(y, want, atol=1e-5, rtol=0)
+
+
+def test_lowrank_takes_a_float_padding_mask_like_the_others():
+    torch.manual_seed(0)
+    m = BayesianMultiheadAttention(8, 2, batch_first=True, kernel=LowRankKernel(rank=4, max_len=12))
+    x = torch.randn(2, 12, 8)
+    kpm = torch.zeros(2, 12, dtype=torch.bool)
+    kpm[1, 9:] = True
+    as_float = torch.zeros(2, 12).masked_fill(kpm, float("-inf"))
+    with attention_mode("mean"), torch.no_grad():
+        torch.testing.assert_close(m(x, x, x, key_padding_mask=as_float)[0],
+                                   m(x, x, x, key_padding_mask=kpm)[0])  # fmt: skip
+        with pytest.raises(ValueError, match="0 \\(keep\\) and -inf \\(padded\\) only"):
+            m(x, x, x, key_padding_mask=torch.full((2, 12), -0.5))

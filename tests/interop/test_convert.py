@@ -12,7 +12,7 @@ from torch import nn
 
 import bayesattn
 from bayesattn import BayesianMultiheadAttention, attention_mode
-from bayesattn.families import DirichletWeights
+from bayesattn.families import DirichletWeights, get_family
 from bayesattn.interop import bayesian_attention_modules, convert, unconvert
 from bayesattn.priors import DistanceDecayPrior
 
@@ -251,3 +251,48 @@ def test_to_torch_returns_torchs_class_after_the_drop_in_swap(monkeypatch):
     x = torch.randn(2, 3, E)
     scripted = torch.jit.script(layer)
     torch.testing.assert_close(scripted(x, x, x)[0], layer(x, x, x)[0], atol=1e-6, rtol=0)
+
+
+# ---- issue 33: round 4 ------------------------------------------------------------------------
+def _encoder(layers=2):
+    return nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16), layers,
+                                 enable_nested_tensor=False)  # fmt: skip
+
+
+def test_convert_that_converts_nothing_is_refused():
+    with pytest.raises(ValueError, match=r"layers=\[\] selected none"):
+        convert(_encoder(), family="dirichlet", layers=[])
+    with pytest.raises(ValueError, match="selected none"):
+        convert(_encoder(), family="dirichlet", layers=lambda path, m: False)
+
+    class Own(nn.MultiheadAttention):
+        def forward(self, *a, **k):  # type: ignore[override]
+            return super().forward(*a, **k)
+
+    only = nn.ModuleDict({"lin": nn.Linear(8, 8), "attn": Own(8, 2)})
+    with pytest.raises(ValueError, match=r"only attention modules are subclasses.*attn \(.*Own\)"):
+        convert(only, family="dirichlet")
+
+
+def test_a_convert_that_raises_leaves_the_model_as_it_was():
+    enc = _encoder(3)
+    before = {k: v.clone() for k, v in enc.state_dict().items()}
+    calls = []
+
+    def family(path, mha):  # fails on the second layer
+        calls.append(path)
+        if len(calls) == 2:
+            raise RuntimeError("no family for this layer")
+        return get_family("dirichlet", num_heads=2)
+
+    with pytest.raises(RuntimeError, match="no family"):
+        convert(enc, family=family)
+    assert all(type(layer.self_attn) is nn.MultiheadAttention for layer in enc.layers)
+    assert all(torch.equal(before[k], v) for k, v in enc.state_dict().items())
+    # a re-conversion of Bayesian layers that fails keeps their families too
+    convert(enc, family="dirichlet")
+    fams = [layer.self_attn.family for layer in enc.layers]
+    calls.clear()
+    with pytest.raises(RuntimeError, match="no family"):
+        convert(enc, family=family)
+    assert [layer.self_attn.family for layer in enc.layers] == fams

@@ -310,3 +310,92 @@ def test_convert_hf_default_family_in_half_precision(dtype):
         kl = col.total()
     assert out.dtype == dtype
     assert bool(torch.isfinite(out).all()) and bool(torch.isfinite(kl).all())
+
+
+# ---- issue 33: round 4 ------------------------------------------------------------------------
+class _TwoModels(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = _bert()[0], _bert()[0]
+
+
+def test_a_convert_hf_that_fails_on_a_wrapper_leaves_the_model_as_it_was(monkeypatch):
+    wrapped = _TwoModels()
+    names = [n for n, _ in wrapped.named_parameters()]
+    sd = {k: v.clone() for k, v in wrapped.state_dict().items()}
+
+    def refuse(*a, **k):
+        raise ValueError("this model does not support the attention interface")
+
+    monkeypatch.setattr(wrapped.b, "set_attn_implementation", refuse)
+    with pytest.raises(ValueError, match="does not support"):
+        convert_hf(wrapped, family="dirichlet")
+    assert not any(hasattr(m, "bayesattn_family") for m in wrapped.modules())
+    assert not any(hasattr(m, "_bayesattn_site") for m in wrapped.modules())
+    assert wrapped.a.config._attn_implementation == "eager"
+    assert wrapped.b.config._attn_implementation == "eager"
+    assert [n for n, _ in wrapped.named_parameters()] == names
+    assert wrapped.state_dict().keys() == sd.keys()
+    monkeypatch.undo()
+    convert_hf(wrapped, family="dirichlet")  # and it converts once the cause is gone
+    assert wrapped.a.config._attn_implementation == ATTN_NAME
+
+
+def _small_gpt2(cls, **kw):
+    cfg = transformers.GPT2Config(n_embd=16, n_layer=2, n_head=2, vocab_size=30, n_positions=32,
+                                  attn_implementation="eager", pad_token_id=0, bos_token_id=1,
+                                  eos_token_id=2, **kw)  # fmt: skip
+    return cls(cfg).eval()
+
+
+def test_gpt2_generate_with_left_padding_under_sampling():
+    """Left padding changes nothing: greedy decoding in the mean mode gives the unpadded
+    sequence's tokens, and drawn attention puts exactly no weight on the padding."""
+    model = convert_hf(_small_gpt2(transformers.GPT2LMHeadModel), family="dirichlet")
+    ids = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    with torch.no_grad():
+        with attention_mode("mean"):
+            padded = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+            alone = model.generate(ids[1:, 2:], max_new_tokens=4, do_sample=False)
+        assert padded[1, 4:].tolist() == alone[0, 2:].tolist()
+        sampled = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=True)
+        assert sampled.shape == (2, 8) and bool((sampled[:, :4] == ids).all())
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        out = model(ids, attention_mask=mask, position_ids=pos, output_attentions=True)
+    for w in out.attentions:  # (B, H, T, T) drawn weights
+        assert float(w[1, :, 2:, :2].abs().max()) == 0.0
+        torch.testing.assert_close(w[1, :, 2:].sum(-1), torch.ones(2, 2))
+
+
+def test_posthoc_gp_reads_the_position_a_gpt2_classifier_pools():
+    """GPT-2's sequence classifier applies its head to every token and keeps the last one: the
+    read's variance must depend on the tokens after the first (it read token 0 before)."""
+    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+
+    model = _small_gpt2(transformers.GPT2ForSequenceClassification, num_labels=3)
+    x, y = torch.randint(1, 30, (24, 6)), torch.randint(0, 3, (24,))
+    read = fit_posthoc_gp(model, x, y, model.score, forward=lambda m, i: m(input_ids=i).logits,
+                          num_features=32)  # fmt: skip
+    other = x[:4].clone()
+    other[:, 1:] = torch.randint(1, 30, (4, 5))
+    v, v_other = read.variance(x[:4]), read.variance(other)
+    assert not torch.allclose(v, v_other, rtol=1e-3, atol=0)
+    # the features are those of the last token: the last token alone decides them
+    same_last = x[:4].clone()
+    same_last[:, :-1] = torch.randint(1, 30, (4, 5))
+    assert not torch.allclose(read.variance(same_last), v, rtol=1e-6, atol=0)  # causal context
+
+
+def test_posthoc_gp_read_of_a_converted_bert_is_deterministic():
+    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+
+    cfg = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, vocab_size=30, num_labels=3,
+                                  attn_implementation="eager")  # fmt: skip
+    model = convert_hf(transformers.BertForSequenceClassification(cfg).eval(), family="dirichlet")
+    x, y = torch.randint(1, 30, (24, 6)), torch.randint(0, 3, (24,))
+    read = fit_posthoc_gp(model, x, y, model.classifier,
+                          forward=lambda m, i: m(input_ids=i).logits, num_features=32)  # fmt: skip
+    assert torch.equal(read.probs(x[:5]), read.probs(x[:5]))
+    assert torch.equal(read.variance(x[:5]), read.variance(x[:5]))

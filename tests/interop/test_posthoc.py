@@ -150,3 +150,43 @@ def test_fit_refuses_nan_logits_and_bad_labels_and_keeps_parameters_finite():
         posthoc.fit_posthoc(model, x, y, steps=1, seed=-1)
     with pytest.raises(ValueError, match="logits"):
         posthoc.fit_posthoc(model, x, y, steps=1, forward=lambda m, xb: m(xb)[0])
+
+
+# ---- issue 33: round 4 ------------------------------------------------------------------------
+def test_evaluate_refuses_ood_probabilities_of_another_class_count():
+    p_in = torch.softmax(torch.randn(4, 6, 3), -1)
+    p_ood = torch.softmax(torch.randn(4, 5, 2), -1)
+    with pytest.raises(ValueError, match="probs_ood must have the same class count C as probs"):
+        posthoc.evaluate(p_in, torch.randint(0, 3, (6,)), p_ood)
+
+
+def test_fit_posthoc_takes_int32_labels():
+    x, y = _data(16)
+    model = bayesattn.convert(Classifier(), family="dirichlet")
+    cal = posthoc.fit_posthoc(model, x, y.int(), steps=2, batch_size=8)
+    assert len(cal.history) == 2
+
+
+class _NoSampleDim(nn.Module):
+    """A model that reshapes with the batch size it was given: it cannot broadcast samples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, E)
+        self.encoder = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(E, H, 32, 0.0, batch_first=True), 1,
+            enable_nested_tensor=False,
+        )  # fmt: skip
+        self.w = nn.Parameter(torch.randn(E, K))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(self.embed(x))
+        return h.reshape(x.shape[0], x.shape[1], E).mean(1) @ self.w
+
+
+def test_vectorised_sampling_of_a_model_without_a_sample_dim_is_a_clear_error():
+    model = bayesattn.convert(_NoSampleDim(), family="dirichlet")
+    x, _ = _data(4)
+    with pytest.raises(ValueError, match="does not broadcast the samples.*method='repeat'"):
+        posthoc.sample_probs(model, x, 4, method="vectorised")
+    assert posthoc.sample_probs(model, x, 4).shape == (4, 4, K)  # batched repetition works

@@ -398,3 +398,19 @@ def test_spectral_norm_option_bounds_every_trunk_projection_and_keeps_training()
         VisionTransformer(3, d_model=16, nhead=2, num_layers=1, spectral_norm=0.0)
     with pytest.raises(ValueError, match="matches targets"):
         spectral_normalize(torch.nn.Linear(2, 2), 1.0, targets=("nothing*",))
+
+
+def test_posterior_kl_of_no_inputs_is_a_clear_error_and_zeros_are_float():
+    """issue 33: posterior_kl(x[:0]) was a bare torch.cat error; a network without latents gave
+    integer zeros for token inputs."""
+    net = TransformerClassifier(2, vocab_size=6, d_model=8, nhead=2, num_layers=1,
+                                dim_feedforward=16, attention="dirichlet")  # fmt: skip
+    x = torch.randint(1, 6, (3, 4))
+    with pytest.raises(ValueError, match="at least one input"):
+        net.posterior_kl(x[:0])
+    local, glob = net.posterior_kl(x)
+    assert local.shape == (3,) and bool((local >= 0).all()) and glob >= 0
+    plain = TransformerClassifier(2, vocab_size=6, d_model=8, nhead=2, num_layers=1,
+                                  dim_feedforward=16)  # fmt: skip
+    local, glob = plain.posterior_kl(x)
+    assert local.is_floating_point() and float(local.abs().max()) == 0.0 and glob == 0.0

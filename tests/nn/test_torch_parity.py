@@ -419,3 +419,43 @@ def test_decoder_layer_positional_parity(args):
     kw = dict(tgt_mask=cm, tgt_is_causal=True, memory_key_padding_mask=mkpm)
     torch.testing.assert_close(ours(tgt, mem, **kw), ref(tgt, mem, **kw), atol=1e-5, rtol=0)
     torch.testing.assert_close(ours(tgt, mem), ref(tgt, mem), atol=1e-5, rtol=0)
+
+
+# ---- issue 33: torch's own message phrases -------------------------------------------------------
+def _invalid_shape_cases(mha, fast: bool):
+    """PyTorch's ``test_multihead_attn_invalid_shape`` / ``..._fast_path_invalid_shape`` cases:
+    (call, torch's message)."""
+    q3, q2 = torch.randn(4, 4, 4), torch.randn(4, 4)
+    kw = {"need_weights": False} if fast else {}
+    bad_k = torch.randn(3, 3) if fast else torch.randn(4, 4)
+    m1 = torch.tensor([False, True, True] if fast else [False, False, True, True])
+    return [
+        (lambda: mha(q3, bad_k, q3, **kw),
+         "expected `key` and `value` to be 3-D but found 2-D and 3-D tensors respectively"),
+        (lambda: mha(q3, q3, bad_k, **kw),
+         "expected `key` and `value` to be 3-D but found 3-D and 2-D tensors respectively"),
+        (lambda: mha(q3, q3, q3, key_padding_mask=m1, **kw),
+         "expected `key_padding_mask` to be `None` or 2-D but found 1-D tensor instead"),
+        (lambda: mha(q3, q3, q3, attn_mask=m1, **kw),
+         "expected `attn_mask` to be `None`, 2-D or 3-D but found 1-D tensor instead"),
+        (lambda: mha(q2, torch.randn(4, 4, 4), q2),
+         "expected `key` and `value` to be 2-D but found 3-D and 2-D tensors respectively"),
+        (lambda: mha(q2, q2, torch.randn(4, 4, 4)),
+         "expected `key` and `value` to be 2-D but found 2-D and 3-D tensors respectively"),
+        (lambda: mha(q2, q2, q2, key_padding_mask=torch.tensor([[False, False, True, True] * 2])),
+         "expected `key_padding_mask` to be `None` or 1-D but found 2-D tensor instead"),
+        (lambda: mha(q2, q2, q2, attn_mask=torch.tensor([False, False, True, True])),
+         "expected `attn_mask` to be `None`, 2-D or 3-D but found 1-D tensor instead"),
+        (lambda: mha(q2, q2, q2, attn_mask=torch.randn(5, 4, 4).bernoulli_().to(torch.bool)),
+         r"Expected `attn_mask` shape to be \(4, 4, 4\)"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_torch_invalid_shape_messages_are_kept_in_our_errors(fast):
+    """Code that matches torch's AssertionError messages keeps working; our text comes first."""
+    mha = BMHA(4, 4, batch_first=fast).eval()
+    for call, msg in _invalid_shape_cases(mha, fast):
+        with torch.no_grad(), pytest.raises(AssertionError, match=msg) as err:
+            call()
+        assert isinstance(err.value, ValueError) and str(err.value).index(msg[:8]) > 0

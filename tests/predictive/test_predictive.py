@@ -249,3 +249,47 @@ def test_engine_errors_name_the_argument():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert "num_samples=2" in repr(Predictive(net, 2))
+
+
+# ---- issue 33: round 4 ------------------------------------------------------------------------
+def _tiny_classifier():
+    torch.manual_seed(0)
+    return TransformerClassifier(3, vocab_size=6, d_model=8, nhead=2, num_layers=1,
+                                 dim_feedforward=16, attention="dirichlet")  # fmt: skip
+
+
+def test_probs_and_targets_checks_a_classifiers_labels():
+    net = _tiny_classifier()
+    x = torch.randint(1, 6, (5, 4))
+    engine = Predictive(net, 2)
+    for y, err, msg in (
+        (torch.tensor([0, 1, 2]), ValueError, r"y must be \(B,\) = \(5,\)"),
+        (torch.tensor([0, 1, 2, 3, 0]), ValueError, r"labels y must be in \[0, 3\)"),
+        (torch.tensor([0, 1, -1, 2, 0]), ValueError, r"labels y must be in \[0, 3\)"),
+        (torch.zeros(5), TypeError, "integer labels"),
+        (torch.zeros(5, 1, dtype=torch.long), ValueError, r"y must be \(B,\)"),
+    ):
+        with pytest.raises(err, match=msg):
+            engine.probs_and_targets(x, y)
+    probs, targets = engine.probs_and_targets(x, torch.tensor([0, 1, 2, 0, 1]))
+    torch.testing.assert_close(probs.sum(-1), torch.ones(5))
+
+
+def test_more_draws_than_memory_is_a_clear_error_not_an_allocation_attempt(monkeypatch):
+    """batch_size bounds the inputs per pass, not the samples: Predictive(net, 10**9,
+    batch_size=1) tried to allocate 160 GB. The result alone is checked against the machine's
+    memory, and a pass that cannot allocate says which argument to lower."""
+    from bayesattn.predictive import network as N
+
+    net = _tiny_classifier()
+    x = torch.randint(1, 6, (3, 4))
+    monkeypatch.setattr(N, "_memory_bytes", lambda: 2**30)  # a 1 GiB machine
+    with pytest.raises(ValueError, match=r"num_samples=100000000 draws .* more than this"):
+        Predictive(net, 10**8, batch_size=1)(x)
+
+    def no_memory(*a, **k):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate")
+
+    monkeypatch.setattr(N, "_run_pass", no_memory)
+    with pytest.raises(ValueError, match=r"num_samples=4 samples .* do not fit in memory"):
+        Predictive(net, 4, batch_size=1)(x)

@@ -9,6 +9,7 @@ import pytest
 
 from bayesattn._study_io import (
     INCOMPLETE,
+    PREVIOUS,
     begin_run,
     check_out_path,
     finish_run,
@@ -162,8 +163,11 @@ def test_force_removes_only_what_a_study_wrote(tmp_path):
     (out / "notes.png").write_text("added by the user later")  # not listed: kept
     prepare_out_dir(out, force=True)
     foreign = begin_run(out)
-    assert sorted(p.name for p in out.iterdir()) == [INCOMPLETE, "notes.png"]
+    # the replaced run's files wait in .previous-run until the new run finishes (issue 33)
+    assert sorted(p.name for p in out.iterdir() if p.name != PREVIOUS) == [INCOMPLETE, "notes.png"]
     assert foreign == {"notes.png"}
+    finish_run(out, {"methods": ["b"]}, "# r", foreign)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.png", "report.md", "results.json"]
 
 
 def test_an_interrupted_runs_files_are_known_from_its_incomplete_manifest(tmp_path):
@@ -175,7 +179,7 @@ def test_an_interrupted_runs_files_are_known_from_its_incomplete_manifest(tmp_pa
     assert manifest(out) == {"half.png"}
     prepare_out_dir(out, force=True)
     begin_run(out)
-    assert sorted(p.name for p in out.iterdir()) == [INCOMPLETE, "other.txt"]
+    assert sorted(p.name for p in out.iterdir() if p.name != PREVIOUS) == [INCOMPLETE, "other.txt"]
     with pytest.raises(ValueError, match="plain file names"):
         register_output(out, "../escape.png")
     (out / INCOMPLETE).write_text("header\n../../etc/passwd\nok.png\n")

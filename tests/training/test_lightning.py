@@ -334,3 +334,15 @@ def test_module_errors_name_the_problem():
         _trainer(max_steps=1).fit(module, DataLoader(_Stream(), batch_size=8))
     module = BayesianLightningModule(weight_net(), lr_decay="none", num_data=16)
     _trainer(max_steps=1).fit(module, DataLoader(_Stream(), batch_size=8))  # a stream trains
+
+
+def test_a_checkpoint_without_network_class_is_a_clear_error():
+    """issue 33: a checkpoint whose 'bayesattn' entry lacks a field (KeyError before)."""
+    module = BayesianLightningModule(weight_net(), lr_decay="none", num_data=16)
+    ckpt: dict = {}
+    module.on_save_checkpoint(ckpt)
+    for field in ("network_class", "config", "num_data"):
+        damaged = {"bayesattn": {k: v for k, v in ckpt["bayesattn"].items() if k != field}}
+        with pytest.raises(ValueError, match=f"lacks \\['{field}'\\]"):
+            module.on_load_checkpoint(damaged)
+    module.on_load_checkpoint(ckpt)  # the whole entry loads

@@ -418,3 +418,84 @@ def test_val_samples_zero_is_the_deterministic_predictive():
     assert m["nll"] == pytest.approx(m["loss"], rel=1e-5)  # the deterministic NLL, twice
     with pytest.raises(ValueError, match="val_samples"):
         TrainConfig(val_samples=-1)
+
+
+# ---- issue 33: round 4 ------------------------------------------------------------------------
+_SMALL = dict(d_model=8, nhead=2, num_layers=1, dim_feedforward=16)
+
+
+class _Short(IterableDataset):
+    """``n`` examples per pass, no ``__len__``; ``bad_epoch``: a bad label in that pass."""
+
+    def __init__(self, n: int, bad_pass: int | None = None) -> None:
+        self.n, self.bad_pass, self.passes = n, bad_pass, 0
+
+    def __iter__(self):
+        self.passes += 1
+        g = torch.Generator().manual_seed(0)
+        for i in range(self.n):
+            y = torch.randint(0, 2, (), generator=g)
+            if self.passes == self.bad_pass and i == self.n - 1:
+                y = torch.tensor(7)
+            yield torch.randint(1, 6, (4,), generator=g), y
+
+
+def test_a_stream_shorter_than_num_data_is_said_at_the_end_of_the_epoch():
+    net = TransformerClassifier(2, vocab_size=6, **_SMALL)
+    with pytest.warns(UserWarning, match=r"yielded 24 examples in one epoch but num_data=1000"):
+        fit(net, _Short(24), num_data=1000, epochs=2, batch_size=8, progress=False)
+    with warnings.catch_warnings():  # a stream of num_data examples (drop_last remainder): none
+        warnings.simplefilter("error")
+        fit(TransformerClassifier(2, vocab_size=6, **_SMALL), _Short(24), num_data=24,
+            epochs=1, batch_size=8, progress=False)  # fmt: skip
+        fit(TransformerClassifier(2, vocab_size=6, **_SMALL), _Short(26), num_data=26,
+            epochs=1, batch_size=8, drop_last=True, progress=False)  # fmt: skip
+
+
+class _Ragged(Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i):
+        return torch.randint(1, 6, (3 + i,)), torch.tensor(i % 2)
+
+
+def test_ragged_sequences_through_the_default_collate_are_a_clear_error():
+    net = TransformerClassifier(2, vocab_size=6, **_SMALL)
+    with pytest.raises(ValueError, match=r"cannot be stacked .*ragged sequences\?.*collate_fn"):
+        fit(net, _Ragged(), epochs=1, batch_size=3, progress=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_an_unavailable_device_is_a_clear_error():
+    net = TransformerClassifier(2, vocab_size=6, **_SMALL)
+    x, y = torch.randint(1, 6, (8, 4)), torch.randint(0, 2, (8,))
+    with pytest.raises(ValueError, match="TrainConfig.device is 'cuda' but CUDA is not available"):
+        fit(net, (x, y), epochs=1, device="cuda", progress=False)
+    with pytest.raises(ValueError, match="device"):
+        TrainConfig(device="cuda:1")
+
+
+@pytest.mark.parametrize("method", ["hybrid", "svi"])
+def test_a_fit_that_raises_leaves_the_network_and_param_store_as_they_were(method):
+    import pyro
+
+    pyro.clear_param_store()
+    net = TransformerClassifier(2, vocab_size=6, attention="dirichlet", **_SMALL)
+    net.train()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    loader = DataLoader(_Short(16, bad_pass=4), batch_size=4)  # after steps were taken
+    with pytest.raises(ValueError, match=r"epoch \d, batch 3\): labels y must be in"):
+        fit(net, loader, num_data=16, epochs=3, method=method, decay_steps=12, progress=False)
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    assert net.training and not list(pyro.get_param_store().keys())
+    # a trainer already set up is put back too: its step, history and weights
+    tr = Trainer(net, epochs=1, method=method, decay_steps=12, progress=False)
+    tr.fit(DataLoader(_Short(16), batch_size=4), num_data=16)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    step, epochs = tr.step, len(tr.history.train_loss)
+    tr.config.epochs = 3
+    with pytest.raises(ValueError, match="labels y must be in"):
+        tr.fit(DataLoader(_Short(16, bad_pass=2), batch_size=4), num_data=16)
+    assert tr.step == step and len(tr.history.train_loss) == epochs
+    assert all(torch.equal(state[k], v) for k, v in net.state_dict().items())
