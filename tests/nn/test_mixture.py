@@ -252,3 +252,10 @@ def test_linear_with_one_weight_per_sample_is_a_batched_gemm():
     x, W, b = torch.randn(3, 4, 5, 6, generator=g), torch.randn(3, 7, 6, generator=g), torch.randn(7)
     ref = torch.stack([torch.nn.functional.linear(x[s], W[s], b) for s in range(3)])
     torch.testing.assert_close(linear(x, W, b), ref)
+
+
+def test_rank1_mixture_refuses_a_spectrally_normalised_trunk():
+    net = VisionTransformer(3, d_model=16, nhead=2, num_layers=1, dim_feedforward=16,
+                            spectral_norm=0.95)
+    with pytest.raises(ValueError, match="does not combine with spectral_norm=0.95"):
+        rank1_mixture(net, 2)
