@@ -252,3 +252,18 @@ def test_linear_with_one_weight_per_sample_is_a_batched_gemm():
     x, W, b = torch.randn(3, 4, 5, 6, generator=g), torch.randn(3, 7, 6, generator=g), torch.randn(7)
     ref = torch.stack([torch.nn.functional.linear(x[s], W[s], b) for s in range(3)])
     torch.testing.assert_close(linear(x, W, b), ref)
+
+
+def test_fused_attention_with_sample_dims_equals_per_sample():
+    from bayesattn.nn.attention import BayesianMultiheadAttention
+
+    torch.manual_seed(0)
+    mha = BayesianMultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(3, 4, 5, 8)  # (S, B, T, E)
+    pad = torch.zeros(4, 5, dtype=torch.bool)
+    pad[1, 3:] = True
+    with torch.no_grad():
+        out = mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+        ref = torch.stack([mha(x[s], x[s], x[s], key_padding_mask=pad, need_weights=False)[0]
+                           for s in range(3)])  # fmt: skip
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
