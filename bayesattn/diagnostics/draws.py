@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..predictive import NetworkDraws, PredictionResult, Predictive
-from .arviz_io import _token_coords, to_arviz
+from .arviz_io import to_arviz
 
 __all__ = ["NetworkDraws", "network_draws", "predictive_to_arviz"]
 
@@ -101,10 +101,11 @@ def _mixture_result_to_arviz(
         kw["log_likelihood"] = {"obs": ll.reshape(lead + ll.shape[1:])}
         kw["observed_data"] = {"obs": y}
     coords: dict[str, list] = {"component": list(range(K))}
-    toks = _token_coords(tokens)
-    for a in att.values():
-        if toks is not None and a.shape[-1] == len(toks) and a.shape[-2] == len(toks):
-            coords["query"] = coords["key"] = list(toks)
+    if tokens is not None:  # token labels on query/key, repeated tokens made unique as to_arviz
+        toks = list(tokens)
+        toks = toks if len(set(toks)) == len(toks) else [f"{i}:{t}" for i, t in enumerate(toks)]
+        if any(a.shape[-1] == a.shape[-2] == len(toks) for a in att.values()):
+            coords["query"] = coords["key"] = toks
     return to_arviz(posterior, dims=dims, coords=coords, **kw)
 
 

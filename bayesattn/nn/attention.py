@@ -86,7 +86,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         # one weight per sample: a batched GEMM (S, B·T, In) @ (S, In, Out), about 10x faster
         # on CPU than matmul broadcasting (S, B, T, In) against (S, 1, In, Out)
         S, B, T, In = x.shape
-        out = torch.bmm(x.reshape(S, B * T, In), weight.transpose(-1, -2)).reshape(S, B, T, -1)
+        x3, wt = x.reshape(S, B * T, In), weight.transpose(-1, -2)
+        if bias is not None and bias.dim() == 1:  # the bias in the same kernel
+            return torch.baddbmm(bias.to(x.dtype), x3, wt).reshape(S, B, T, -1)
+        out = torch.bmm(x3, wt).reshape(S, B, T, -1)
     else:
         w = weight.reshape(weight.shape[:-2] + (1,) * (nb - (weight.dim() - 2)) + weight.shape[-2:])
         out = torch.matmul(x, w.transpose(-1, -2))  # (*S, B, T, Out)
@@ -904,7 +907,20 @@ class BayesianMultiheadAttention(PyroModule):
                 log_prior = log_prior.masked_fill(dead, 0.0)
             else:
                 dead = None
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=log_prior, dropout_p=p)
+        lead = q.shape[:-3]  # (…, B)
+        if len(lead) > 1 and k.shape[:-2] == q.shape[:-2] and v.shape[:-2] == q.shape[:-2]:
+            # torch's CPU flash kernel takes 4-D inputs only (5-D falls back to the math path,
+            # several times slower): fold the sample dims into the batch
+            def fold(t: Tensor) -> Tensor:
+                return t.reshape((-1,) + t.shape[-3:])
+
+            lp = None if log_prior is None else fold(log_prior.expand(lead + log_prior.shape[-3:]))
+            out = F.scaled_dot_product_attention(
+                fold(q), fold(k), fold(v), attn_mask=lp, dropout_p=p
+            )
+            out = out.reshape(q.shape[:-1] + v.shape[-1:])
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=log_prior, dropout_p=p)
         if dead is not None:
             out = out.masked_fill(dead, 0.0)
         return out

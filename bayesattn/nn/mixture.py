@@ -141,7 +141,7 @@ def swapped_parameters(values: Mapping[tuple[nn.Module, str], Tensor]) -> Any:
                 m._buffers[n] = v
             yield
         finally:
-            for (m, n) in values:
+            for m, n in values:
                 m._buffers.pop(n, None)
             for m, params in saved.items():
                 m._parameters.clear()

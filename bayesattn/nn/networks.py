@@ -657,8 +657,10 @@ class TransformerClassifier(BayesianNetwork):
     def _first_random(self) -> tuple[int, bool]:
         """``(first_stochastic_layer, whether that layer's randomness is its attention alone)``."""
         n = len(self.encoder.layers)
-        if self.weight_guide is not None or "trunk_mixture" in self._modules or any(
-            isinstance(m, nn.Dropout) and m.training and m.p > 0 for m in self.modules()
+        if (
+            self.weight_guide is not None
+            or "trunk_mixture" in self._modules
+            or any(isinstance(m, nn.Dropout) and m.training and m.p > 0 for m in self.modules())
         ):
             return 0, False
         if current_mode() == "mean":

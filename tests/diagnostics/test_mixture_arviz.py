@@ -50,3 +50,11 @@ def test_mixture_export_splits_chains_and_refuses_a_bad_split():
     assert post["probs"].shape[:3] == (2, 2, 2)
     with pytest.raises(ValueError, match="num_chains=3 must divide the 4 draws per component"):
         predictive_to_arviz(r, num_chains=3)
+
+
+def test_mixture_export_labels_tokens():
+    net, x, _ = _fitted()
+    r = predict(net, x, 2, keep_attention=True)
+    labels = ["cls", "a", "b", "c", "a"]  # a repeated token becomes "i:token"
+    post = _posterior(predictive_to_arviz(r, tokens=labels))
+    assert list(post["query"].values) == ["0:cls", "1:a", "2:b", "3:c", "4:a"]

@@ -259,3 +259,18 @@ def test_rank1_mixture_refuses_a_spectrally_normalised_trunk():
                             spectral_norm=0.95)
     with pytest.raises(ValueError, match="does not combine with spectral_norm=0.95"):
         rank1_mixture(net, 2)
+
+
+def test_fused_attention_with_sample_dims_equals_per_sample():
+    from bayesattn.nn.attention import BayesianMultiheadAttention
+
+    torch.manual_seed(0)
+    mha = BayesianMultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(3, 4, 5, 8)  # (S, B, T, E)
+    pad = torch.zeros(4, 5, dtype=torch.bool)
+    pad[1, 3:] = True
+    with torch.no_grad():
+        out = mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+        ref = torch.stack([mha(x[s], x[s], x[s], key_padding_mask=pad, need_weights=False)[0]
+                           for s in range(3)])  # fmt: skip
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
