@@ -104,7 +104,7 @@ def check_labels(y: Any, n: int, name: str = "y") -> None:
         raise ValueError("the calibration split is empty (x and y hold 0 examples)")
 
 
-def _check_logits_labels(logits: Any, y: Tensor, step: int) -> None:
+def check_logits_labels(logits: Any, y: Tensor, step: int) -> None:
     """The forward's logits ``(B, C)`` are finite and the labels lie in ``[0, C)``."""
     if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != y.shape[0]:
         got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
@@ -122,7 +122,7 @@ def _check_logits_labels(logits: Any, y: Tensor, step: int) -> None:
         )
 
 
-def _check_step(loss: Tensor, params: list[Tensor], step: int) -> None:
+def check_step(loss: Tensor, params: list[Tensor], step: int) -> None:
     """The loss and every gradient are finite (as ``fit`` checks): a step is never taken on a
     NaN, so the family parameters and ``T`` stay at their last finite values."""
     bad = not bool(torch.isfinite(loss))
@@ -205,14 +205,14 @@ def fit_posthoc(
             with collect_kl() as col:
                 logits = fwd(model, xb)  # (B, C)
                 kl = col.total()  # (B,) or 0.0
-            _check_logits_labels(logits, yb, step)
+            check_logits_labels(logits, yb, step)
             nll = nn.functional.cross_entropy(logits / log_t.exp(), yb, reduction="none")  # (B,)
             # the negative ELBO per example: local KLs per example, a global latent's KL (a GP
             # read's inducing values) once per data set, i.e. 1/n of it per example
             loss = (nll + kl).mean() + col.global_total() / n
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            _check_step(loss, params + [log_t], step)  # before the step: parameters stay finite
+            check_step(loss, params + [log_t], step)  # before the step: parameters stay finite
             opt.step()
             history.append(float(loss.detach()))
     finally:

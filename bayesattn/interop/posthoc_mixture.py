@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from .._validation import check_bool, check_int, check_real, check_seed, torch_generator
 from ..functional.mixture import mixture_kl_bound, stratified_draws
 from ..predictive.foreign import Inputs, default_forward, input_batch_size, take_rows
-from .posthoc import _check_labels, _check_logits_labels, _check_step
+from .posthoc import check_labels, check_logits_labels, check_step
 from .rank1_hooks import Rank1Site, apply_factors, rank1_sites
 
 __all__ = ["PosthocMixture", "fit_posthoc_mixture", "factor_logits"]
@@ -232,7 +232,7 @@ def fit_posthoc_mixture(
     gen = torch_generator(check_seed(seed))
     fwd = forward or default_forward
     n = input_batch_size(x_cal)
-    _check_labels(y_cal, n)
+    check_labels(y_cal, n, "y_cal")
     sites = rank1_sites(model)
     D = sites[-1].offset + sites[-1].size
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
@@ -255,11 +255,11 @@ def fit_posthoc_mixture(
             xb, yb = take_rows(x_cal, idx), y_cal[idx]
             theta = stratified_draws(mean, nn.functional.softplus(rho), draws_per_component, gen)
             logits = factor_logits(model, fwd, xb, sites, theta)  # (mK, B, C)
-            _check_logits_labels(logits[0], yb, step)
+            check_logits_labels(logits[0], yb, step)
             loss = _negative_elbo(logits, yb, log_t, mean, rho, prior_std, n)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            _check_step(loss, params, step)
+            check_step(loss, params, step)
             opt.step()
             history.append(float(loss.detach()))
     finally:
