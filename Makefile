@@ -82,7 +82,7 @@ study: $(VENV)/.study-installed
 
 # every benchmark writes benchmarks/results/<name>.json, rendered in docs/benchmarks.md;
 # BENCH_ARGS=--quick for a smoke run
-BENCHMARKS := attention_speed training_speed interop_speed predictive_speed long_sequence long_task
+BENCHMARKS := attention_speed training_speed interop_speed predictive_speed long_sequence long_task uncertainty_cost
 bench: $(VENV)/.installed
 	for b in $(BENCHMARKS); do $(PY) benchmarks/$$b.py $(BENCH_ARGS) || exit 1; done
 

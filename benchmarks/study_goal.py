@@ -23,6 +23,8 @@ from bayesattn.study.stats import paired_interval
 
 
 def _vals(runs: list[dict[str, Any]], m: str, path: tuple[str, ...]) -> list[float] | None:
+    if any(m not in r["methods"] for r in runs):
+        return None
     out = [get(r["methods"][m], path) for r in runs]
     return None if any(v is None for v in out) else [float(v) for v in out if v is not None]
 
