@@ -177,22 +177,22 @@ def niw_sample(
     if not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be an int >= 1; got {num_samples!r}")
     D, S = post.dim, num_samples
-    dd = dict(dtype=torch.float64, device=post.mean.device)
+    dt, dev = torch.float64, post.mean.device
     # Bartlett: Λ = (C A)(C A)ᵀ with C Cᵀ = Ψ⁻¹, A lower, A_ii² ~ χ²(ν - i + 1), A_ij ~ N(0, 1)
     psi_inv = torch.cholesky_inverse(torch.linalg.cholesky(post.scale.double()))
     Cl = torch.linalg.cholesky(psi_inv)  # (D, D)
-    chi2_df = torch.tensor([post.df - i for i in range(D)], **dd)  # (D,)
+    chi2_df = torch.tensor([post.df - i for i in range(D)], dtype=dt, device=dev)  # (D,)
     gamma = torch.distributions.Gamma(chi2_df / 2, torch.full_like(chi2_df, 0.5))
     diag = gamma.sample((S,)).sqrt() if generator is None else _gamma_with(gamma, S, generator)
-    A = torch.tril(torch.randn((S, D, D), generator=generator, **dd), -1)
+    A = torch.tril(torch.randn((S, D, D), generator=generator, dtype=dt, device=dev), -1)
     A = A + torch.diag_embed(diag)  # (S, D, D)
     prec_tril = Cl @ A  # Λ_s = prec_tril prec_trilᵀ, (S, D, D)
     # Σ_s = Λ_s⁻¹: a lower factor of Σ from the upper-triangular inverse of prec_trilᵀ
-    eye = torch.eye(D, **dd).expand(S, D, D)
+    eye = torch.eye(D, dtype=dt, device=dev).expand(S, D, D)
     inv_t = torch.linalg.solve_triangular(prec_tril.transpose(-1, -2), eye, upper=True)
     sigma = inv_t @ inv_t.transpose(-1, -2)
     tril = torch.linalg.cholesky(0.5 * (sigma + sigma.transpose(-1, -2)))
-    eps = torch.randn((S, D, 1), generator=generator, **dd)
+    eps = torch.randn((S, D, 1), generator=generator, dtype=dt, device=dev)
     mean = post.mean.double() + (tril @ eps).squeeze(-1) / math.sqrt(post.kappa)
     return mean, tril
 

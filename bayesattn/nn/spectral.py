@@ -49,6 +49,9 @@ class SpectralBound(nn.Module):
         with torch.no_grad():
             self._power(weight.detach(), 15)
 
+    u: Tensor
+    v: Tensor
+
     @torch.no_grad()
     def _power(self, W: Tensor, steps: int) -> None:
         for _ in range(steps):
