@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--quick", action="store_true", help="a smoke run of a minute or two")
     s.add_argument("--protocol", choices=["default", "full"], default="default",
-                   help="full: both datasets, 5 held-out pairs, 5 seeds, 2 jobs (about 1.5 h on 2 cores; "
+                   help="full: both datasets, 5 held-out pairs, 5 seeds, 2 jobs (about 2 h on 2 cores; "
                    "docs/which-attention.md)")
     s.add_argument("--dataset", default=None, choices=list(DATASETS),
                    help="dataset (default digits; --protocol full runs both)")

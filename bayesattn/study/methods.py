@@ -122,10 +122,10 @@ DEFAULT_METHODS: Sequence[str] = _Names(lambda: list(_DEFAULT))
 #: the methods the full protocol runs (:meth:`StudyConfig.full`, ``--protocol full``): the
 #: defaults plus the global, distance-aware posteriors of issue 17 that earned their place and
 #: the distance-aware reads and trunks of issue 30 (:mod:`.density_methods`)
-#: (the mixture methods of :mod:`.mixture_methods` are run by name: a K = 4 mixture trains K
-#: sub-trunks per step, about an hour more on the full protocol for a method that lost)
+#: with the mixture posterior and its ablations (:mod:`.mixture_methods`; ``mixture_k2`` by name)
 _FULL_EXTRA = ("posthoc_gp", "posthoc_gp_mf", "sgpa", "density", "density_cls", "density_gda",
-               "spectral", "spectral_density", "spectral_gp")  # fmt: skip
+               "spectral", "spectral_density", "spectral_gp", "mixture", "mixture_point",
+               "mixture_k1", "mixture_wide")  # fmt: skip
 FULL_METHODS: Sequence[str] = _Names(
     lambda: [*_DEFAULT, *(m for m in _FULL_EXTRA if m in _REGISTRY and m not in _DEFAULT)]
 )
