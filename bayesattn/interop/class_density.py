@@ -325,9 +325,7 @@ class NetworkDensityRead:
     views: tuple[str, ...]
 
     def _views(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
-        logits, cls, tok = state_views(self.net, x)
-        by = {"cls": cls, "tokens": tok}
-        return logits, [by[v] for v in self.views]
+        return _network_views(self.net, x, self.views)
 
     def __call__(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(probs (B, C), score (B,))`` of inputs ``x`` (as the network takes them)."""
@@ -355,10 +353,18 @@ def fit_network_density(
     views = tuple(views)
     if not views or any(v not in ("cls", "tokens") for v in views) or len(set(views)) != len(views):
         raise ValueError(f"views must be distinct names from ('cls', 'tokens'); got {views}")
-    out = NetworkDensityRead(net, None, views)  # type: ignore[arg-type]
     (xt, yt), (xv, yv) = train, val
-    _, train_views = out._views(xt)
-    val_logits, val_views = out._views(xv)
-    out.read = fit_class_density(train_views, yt, val_views, yv, net.num_classes,
-                                 val_logits=val_logits)  # fmt: skip
-    return out
+    _, train_views = _network_views(net, xt, views)
+    val_logits, val_views = _network_views(net, xv, views)
+    read = fit_class_density(train_views, yt, val_views, yv, net.num_classes,
+                             val_logits=val_logits)  # fmt: skip
+    return NetworkDensityRead(net, read, views)
+
+
+def _network_views(
+    net: TransformerClassifier, x: Tensor, views: tuple[str, ...]
+) -> tuple[Tensor, list[Tensor]]:
+    """The logits and the named views (``"cls"``, ``"tokens"``) of one :func:`state_views` pass."""
+    logits, cls, tok = state_views(net, x)
+    by = {"cls": cls, "tokens": tok}
+    return logits, [by[v] for v in views]
