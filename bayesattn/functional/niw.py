@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["NIW", "niw_posterior", "student_t_log_prob", "niw_log_predictive", "niw_kl",
+__all__ = ["NIW", "niw_posterior", "student_t_log_prob", "niw_predictive", "niw_log_predictive",
+           "niw_kl",
            "niw_sample"]  # fmt: skip
 
 
@@ -104,7 +105,10 @@ def student_t_log_prob(x: Tensor, loc: Tensor, scale_tril: Tensor, df: float) ->
     )  # fmt: skip
 
 
-def _predictive(post: NIW) -> tuple[Tensor, Tensor, float]:
+def niw_predictive(post: NIW) -> tuple[Tensor, Tensor, float]:
+    """The Student-t posterior predictive's ``(loc (D,), scale_tril (D, D), df)``: location
+    :math:`\\mu_n`, a Cholesky factor of :math:`\\Psi_n(\\kappa_n + 1)/(\\kappa_n(\nu_n - D + 1))`
+    and :math:`\nu_n - D + 1` degrees of freedom."""
     D = post.dim
     df = post.df - D + 1
     shape = post.scale * (post.kappa + 1) / (post.kappa * df)
@@ -119,7 +123,7 @@ def niw_log_predictive(x: Tensor, post: NIW) -> Tensor:
     """
     if x.dim() != 2 or x.shape[1] != post.dim:
         raise ValueError(f"x must be (B, {post.dim}); got {tuple(x.shape)}")
-    loc, tril, df = _predictive(post)
+    loc, tril, df = niw_predictive(post)
     return student_t_log_prob(x, loc, tril, df)
 
 

@@ -36,13 +36,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from .._validation import check_int
-from ..functional.niw import NIW, niw_kl, niw_log_predictive, niw_posterior, niw_sample
+from ..functional.niw import (
+    NIW,
+    niw_kl,
+    niw_log_predictive,
+    niw_posterior,
+    niw_predictive,
+    niw_sample,
+)
 from ..nn.networks import TransformerClassifier
 
 __all__ = ["ClassDensityRead", "fit_class_density", "fit_density_temperature", "state_views",
@@ -64,6 +71,10 @@ class ClassDensityRead:
     strengths: list[float]
     temperature: float = 1.0  # T of the density-aware temperature sqrt(T² + b·u)
     scale: float = 0.0  # b
+    #: the class predictives stacked per view (:meth:`_predictives`; derived, cached)
+    _stacked: list[tuple[Tensor, Tensor, Tensor]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @property
     def num_views(self) -> int:
@@ -92,13 +103,34 @@ class ClassDensityRead:
             raise ValueError(f"views differ in batch size: {[tuple(h.shape) for h in out]}")
         return out
 
+    def _predictives(self) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """Per view the class predictives stacked: loc ``(C, D)``, scale_tril ``(C, D, D)``,
+        df ``(C,)`` (computed once: the posteriors do not change after the fit)."""
+        if self._stacked is None:
+            self._stacked = []
+            for posts in self.posteriors:
+                parts = [niw_predictive(p) for p in posts]
+                self._stacked.append((torch.stack([p[0] for p in parts]),
+                                      torch.stack([p[1] for p in parts]),
+                                      torch.tensor([p[2] for p in parts], dtype=torch.float64)))  # fmt: skip
+        return self._stacked
+
     def class_log_likelihood(self, views: Sequence[Tensor]) -> Tensor:
-        r""":math:`\log t_{vc}(h_v)` of every view and class ``(V, B, C)``."""
+        r""":math:`\log t_{vc}(h_v)` of every view and class ``(V, B, C)``: the Student-t of
+        :func:`~bayesattn.functional.niw.student_t_log_prob`, batched over the classes."""
         hs = self._check_views(views)
-        return torch.stack([
-            torch.stack([niw_log_predictive(h, post) for post in posts], -1)
-            for h, posts in zip(hs, self.posteriors, strict=True)
-        ])  # fmt: skip
+        out = []
+        for h, (loc, tril, df) in zip(hs, self._predictives(), strict=True):
+            D = loc.shape[-1]
+            diff = (h.unsqueeze(0) - loc.unsqueeze(1)).transpose(-1, -2)  # (C, D, B)
+            z = torch.linalg.solve_triangular(tril, diff, upper=False)  # (C, D, B)
+            maha = (z * z).sum(-2)  # (C, B)
+            logdet = torch.log(torch.diagonal(tril, dim1=-2, dim2=-1)).sum(-1)  # (C,)
+            const = (torch.lgamma((df + D) / 2) - torch.lgamma(df / 2)
+                     - 0.5 * D * torch.log(df * math.pi) - logdet)  # (C,)  # fmt: skip
+            lp = const[:, None] - 0.5 * (df + D)[:, None] * torch.log1p(maha / df[:, None])
+            out.append(lp.T)  # (B, C)
+        return torch.stack(out)  # (V, B, C)
 
     def log_density(self, views: Sequence[Tensor]) -> Tensor:
         r""":math:`\log p_v(h_v)` of each view ``(V, B)`` (the class mixture)."""

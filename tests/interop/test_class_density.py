@@ -139,3 +139,14 @@ def test_fit_network_density_reads_one_pass_of_a_cls_network():
         fit_network_density(torch.nn.Linear(2, 2), (x, y), (x, y))
     with pytest.raises(ValueError, match="views must be distinct"):
         fit_network_density(net, (x, y), (x, y), views=("cls", "cls"))
+
+
+def test_batched_class_likelihood_is_each_class_students_t():
+    """The classes' Student-t log densities, batched, equal niw_log_predictive class by class."""
+    from bayesattn.functional.niw import niw_log_predictive
+
+    read, _, _ = _read()
+    x, _ = _blobs(17, 9, shift=0.7)
+    got = read.class_log_likelihood([x])[0]  # (B, C)
+    want = torch.stack([niw_log_predictive(x.double(), p) for p in read.posteriors[0]], -1)
+    torch.testing.assert_close(got, want)
