@@ -45,6 +45,12 @@ PAGES: list[tuple[str, dict[str, Any]]] = [
         {"images": 3, "screenshot": "notebook-02.png", "scroll_to": ".jupyter-wrapper img"},
     ),
     ("notebooks/04_arviz_diagnostics/", {"maths": True, "images": 2}),
+    ("notebooks/07_mixture_posterior/", {"images": 2}),
+    (
+        "which-attention/",
+        {"screenshot": "which-attention.png",
+         "scroll_to": "#a-global-posterior-over-what-attention-writes"},
+    ),
     ("api/functional/", {"maths": True}),
 ]
 CHROMIUM_FLAGS = [
