@@ -271,8 +271,7 @@ def _probe_chunks(
         logits.append(lg.gather(-1, pos))
         lps.append(lp.gather(-1, pos))
         idxs.append(cidx.gather(-1, pos))
-    cat = torch.cat
-    return cat(logits, 1), cat(lps, 1), cat(idxs, 1), cat(bounds, 1)
+    return torch.cat(logits, 1), torch.cat(lps, 1), torch.cat(idxs, 1), torch.cat(bounds, 1)
 
 
 def cluster_topk_support(

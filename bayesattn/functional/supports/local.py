@@ -155,8 +155,8 @@ def local_attention(
     log-prior. Rows with no allowed key give zeros (as everywhere in bayesattn).
 
     With ``global_keys`` (positions ``(G,)``) it is local + global attention, the read of
-    :func:`~bayesattn.functional.supports.local_global_support`: every chunk also reads the global keys, and the global queries'
-    rows read every key.
+    :func:`~bayesattn.functional.supports.local_global_support`: every chunk also reads the
+    global keys, and the global queries' rows read every key.
 
     Shape:
         q ``(…, Tq, D)``, k ``(…, Tk, D)``, v ``(…, Tk, Dv)`` → ``(…, Tq, Dv)``.
