@@ -1,0 +1,72 @@
+r"""Reading the values for weights on a support, :math:`y_i = \sum_m w_{im}\, v_{j(i, m)}`, with
+any leading sample dims: block by block (local), gathered per query chunk (top-k), one matmul
+(dense, low rank), never as a ``(Tq, Tk)`` matrix.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import gather_attend
+from .local import local_attend
+from .results import ReducedSupport
+
+__all__ = ["support_attend"]
+
+
+def support_attend(
+    weights: Tensor,
+    support: ReducedSupport,
+    v: Tensor,
+    *,
+    chunk_size: int | None = None,
+    global_weights: Tensor | None = None,
+) -> Tensor:
+    r"""Posterior read :math:`y_i = \sum_{m} w_{im}\, v_{j(i, m)}` for weights on a support.
+
+    ``v`` are the values (for low rank: the projected values :math:`FV`, ``(…, r, Dv)``).
+    ``weights`` may carry leading sample dims ``(*S, …, Tq, K)``. Values are read block by
+    block (local) or gathered per query chunk (top-k), never as a ``(Tq, Tk)`` matrix. For a
+    local + global support the global queries' rows read ``global_weights`` ``(*S, …, Gq, Tk)``
+    (default: the exact posterior of ``support.global_support``).
+
+    Shape:
+        weights ``(*S, …, Tq, K)``, v ``(…, Tk, Dv)`` → ``(*S, …, Tq, Dv)``.
+    """
+    if weights.shape[-1] != support.size:
+        raise ValueError(
+            f"weights last dim must be the support size {support.size}; got {tuple(weights.shape)}"
+        )
+    if support.kind == "lowrank" or support.index is None:
+        return torch.matmul(weights, v)
+    if v.shape[-2] != support.num_keys:
+        raise ValueError(f"v must have Tk={support.num_keys} rows; got shape {tuple(v.shape)}")
+    if weights.shape[-2] == 0:
+        return weights.new_zeros(weights.shape[:-1] + (v.shape[-1],))  # no query rows
+    if support.kind == "dense":
+        return torch.matmul(weights, v)
+    if support.kind in ("local", "local_global"):
+        if support.window is None:
+            raise ValueError(f"a {support.kind!r} support needs its window; got window=None")
+        Kb = 2 * support.window + 1
+        out = local_attend(weights[..., :Kb], v, support.window, chunk_size)
+        if support.global_keys is not None:
+            vg = v.index_select(-2, support.global_keys)  # (…, G, Dv)
+            out = out + torch.matmul(weights[..., Kb:], vg)
+        return _global_rows_read(out, support, v, global_weights)
+    return gather_attend(weights, support.index, v, chunk_size or 256)
+
+
+def _global_rows_read(
+    out: Tensor, support: ReducedSupport, v: Tensor, global_weights: Tensor | None
+) -> Tensor:
+    """Write the dense read of the global queries' rows into ``out`` ``(*S, …, Tq, Dv)``."""
+    g, rows = support.global_support, support.global_rows
+    if g is None or rows is None:
+        return out
+    gw = global_weights if global_weights is not None else g.posterior_weights()
+    read = torch.matmul(gw, v)  # (*S, …, Gq, Dv)
+    lead = torch.broadcast_shapes(out.shape[:-2], read.shape[:-2])
+    out = out.expand(lead + out.shape[-2:])
+    return out.index_copy(-2, rows, read.expand(lead + read.shape[-2:]))
