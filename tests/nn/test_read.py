@@ -1,5 +1,5 @@
-"""The Bayesian read (:mod:`bayesattn.functional.bayesian_read`): one draw function that the dense
-layer, the reduced-support kernels and the Hugging Face interop all call.
+"""The attention read (:mod:`bayesattn.nn.read`): one read object, and its one draw function, that
+the dense layer, the reduced supports and the Hugging Face interop all call.
 
 Each path is checked two ways: it calls :func:`sample_attention_weights` (a spy), and under the
 same seed it returns the draw of a direct call of that function on logits computed here from the
@@ -14,15 +14,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import bayesattn.functional.bayesian_read as BR
 import bayesattn.interop.hf as hf
-import bayesattn.nn.supports as NK
+import bayesattn.nn.read as BR
 from bayesattn.families import get_family
-from bayesattn.functional.bayesian_read import add_key_prior, sample_attention_weights
 from bayesattn.nn.attention import BayesianMultiheadAttention
 from bayesattn.nn.modes import attention_mode, collect_kl
-from bayesattn.nn.supports import TiledKernel, TopKKernel
-from bayesattn.priors import ContextualPrior, DistanceDecayPrior
+from bayesattn.nn.read import sample_attention_weights
+from bayesattn.nn.supports import TiledSupport, TopKSupport
+from bayesattn.priors import ContextualPrior, DistanceDecayPrior, add_key_prior
 
 E, H, T, B = 8, 2, 5, 3
 Dh = E // H
@@ -64,8 +63,7 @@ def calls(monkeypatch):
         seen.append((mode, kwargs["site"]))
         return real(family, mode, *args, **kwargs)
 
-    monkeypatch.setattr(NK, "sample_attention_weights", spy)
-    monkeypatch.setattr(hf, "sample_attention_weights", spy)
+    monkeypatch.setattr(BR, "sample_attention_weights", spy)
     return seen
 
 
@@ -83,12 +81,12 @@ def test_dense_layer_draw_is_the_direct_call(layer_and_input, calls, mode):
     assert calls == [(mode, "latent")]
 
 
-def test_kernel_paths_draw_the_dense_draw(layer_and_input, calls):
-    """A tiled kernel reads every key: its support draw (with weights) and its tile-by-tile draw
+def test_support_paths_draw_the_dense_draw(layer_and_input, calls):
+    """A tiled support reads every key: its support draw (with weights) and its tile-by-tile draw
     (without) equal the dense layer's, through the same function."""
     m, x = layer_and_input
     dense_y, dense_w = _seeded(lambda: m(x, x.clone(), x.clone(), average_attn_weights=False))
-    m.kernel = TiledKernel(tile=T)  # one tile: one site, the same rows in the same order
+    m.support = TiledSupport(tile=T)  # one tile: one site, the same rows in the same order
     _, sw = _seeded(lambda: m(x, x.clone(), x.clone(), average_attn_weights=False))
     torch.testing.assert_close(sw.to_dense(), dense_w)
     y, _ = _seeded(lambda: m(x, x.clone(), x.clone(), need_weights=False))
@@ -155,7 +153,7 @@ def test_add_key_prior_folds_sample_dims():
 def test_topk_support_draw_is_on_the_support(calls):
     """A reduced support (top-k): the draw is over ``K`` keys per query, at the layer's site."""
     torch.manual_seed(0)
-    m = BayesianMultiheadAttention(E, H, batch_first=True, family="dirichlet", kernel=TopKKernel(2))
+    m = BayesianMultiheadAttention(E, H, batch_first=True, family="dirichlet", support=TopKSupport(2))
     x = torch.randn(B, T, E)
     _, sw = m(x, x, x, average_attn_weights=False)
     assert sw.weights.shape == (B, H, T, 2)
