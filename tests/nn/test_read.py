@@ -7,6 +7,7 @@ layer's own projections."""
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pyro
@@ -158,3 +159,69 @@ def test_topk_support_draw_is_on_the_support(calls):
     _, sw = m(x, x, x, average_attn_weights=False)
     assert sw.weights.shape == (B, H, T, 2)
     assert calls == [("guide", "latent")]
+
+
+@pytest.mark.parametrize("support", ["dense", "local", "local_global", "topk", "cluster_topk",
+                                     "tiled", "lowrank"])  # fmt: skip
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_every_support_reads_through_one_attention_read(monkeypatch, support, need_weights):
+    """The layer makes one :class:`AttentionRead` per call, whatever its support; the support
+    gets tensors and the read's drawer, never the layer."""
+    from bayesattn.nn.read import AttentionRead
+    from bayesattn.nn.supports import SUPPORTS, AttentionSupport, DenseSupport
+
+    reads, seen = [], []
+    real_call = AttentionRead.__call__
+
+    def spy_call(self, sup, *args, **kwargs):
+        reads.append(type(sup).__name__)
+        return real_call(self, sup, *args, **kwargs)
+
+    def spy_sample(self, draw, *args, **kwargs):
+        seen.append(draw)
+        return real_sample[type(self)](self, draw, *args, **kwargs)
+
+    classes = (DenseSupport, *(SUPPORTS.get(n) for n in SUPPORTS))
+    real_sample = {c: c.sample_output for c in classes}
+    for c in real_sample:
+        monkeypatch.setattr(c, "sample_output", spy_sample)
+    monkeypatch.setattr(AttentionRead, "__call__", spy_call)
+    torch.manual_seed(0)
+    kw = {"max_len": 16} if support == "lowrank" else {}
+    from bayesattn.nn.supports import get_support
+
+    m = BayesianMultiheadAttention(E, H, batch_first=True, family="dirichlet",
+                                   support=get_support(support, **kw))  # fmt: skip
+    x = torch.randn(B, T, E)
+    with attention_mode("guide"):
+        m(x, x, x, need_weights=need_weights)
+    assert len(reads) == 1
+    assert reads[0] == ("DenseSupport" if support == "dense" else type(m.support).__name__)
+    for d in seen:  # the drawer, a bound method of the read: no layer in sight
+        assert getattr(d, "__self__", None).__class__ is AttentionRead
+        assert not isinstance(d, torch.nn.Module)
+    for name in ("reduce", "mean_output", "sample_output", "log_prior"):
+        params = inspect.signature(getattr(AttentionSupport, name)).parameters
+        assert "layer" not in params
+
+
+def test_hf_interface_reads_through_the_attention_read(monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    from bayesattn.nn.read import AttentionRead
+
+    calls = []
+    real = AttentionRead.from_logits
+
+    def spy(self, *args, **kwargs):
+        calls.append(self.mode)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(AttentionRead, "from_logits", spy)
+    cfg = transformers.BertConfig(hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=16, vocab_size=20, attn_implementation="eager")  # fmt: skip
+    bert = hf.convert_hf(transformers.BertModel(cfg).eval(), family="dirichlet")
+    ids = torch.randint(0, 20, (2, 4))
+    for mode in ("mean", "guide"):
+        with attention_mode(mode):
+            bert(input_ids=ids)
+    assert calls == ["mean", "mean", "guide", "guide"]  # two layers, each call through the read
