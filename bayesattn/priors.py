@@ -42,6 +42,7 @@ __all__ = [
     "list_priors",
     "build_prior",
     "prior_arguments",
+    "add_key_prior",
 ]
 
 
@@ -320,3 +321,29 @@ def build_prior(name: str, num_heads: int, head_dim: int, **kwargs: Any) -> KeyR
 def list_priors() -> tuple[str, ...]:
     """The registered prior names (built-in and user), in registration order."""
     return PRIORS.names()
+
+
+def add_key_prior(
+    prior: KeyRelevancePrior,
+    log_prior: Tensor | None,
+    query: Tensor,
+    key: Tensor,
+    q_pos: Tensor | None = None,
+    k_pos: Tensor | None = None,
+) -> Tensor:
+    r"""``log_prior + prior(query, key, q_pos, k_pos)``: a key-relevance prior added to a
+    log-prior (``None``: just the prior's). Leading sample dims of ``query``/``key`` are folded
+    into the batch for the prior (priors see ``(N, H, T, Dh)``) and unfolded after.
+
+    Shape:
+        query ``(…, B, H, Tq, Dh)``, key ``(…, B, H, Tk, Dh)``, log_prior broadcastable to
+        ``(…, B, H, Tq, Tk)`` → ``(…, B, H|1, Tq|1, Tk)`` (or the prior's ``(1, H|1, Tq|1, Tk)``
+        when it does not depend on the batch).
+    """
+    lead = torch.broadcast_shapes(query.shape[:-3], key.shape[:-3])  # (…, B)
+    pq = query.expand(lead + query.shape[-3:]).reshape((-1,) + query.shape[-3:])  # (N, H, Tq, Dh)
+    pk = key.expand(lead + key.shape[-3:]).reshape((-1,) + key.shape[-3:])  # (N, H, Tk, Dh)
+    lp = prior(pq, pk, q_pos, k_pos)  # (N|1, H|1, Tq|1, Tk)
+    if lp.shape[0] != 1:
+        lp = lp.reshape(lead + lp.shape[1:])  # (…, B, H|1, Tq|1, Tk)
+    return lp if log_prior is None else log_prior + lp

@@ -68,7 +68,7 @@ def make_call(method: str, path: str, T: int, E: int, H: int):
 
     from bayesattn.nn.attention import BayesianMultiheadAttention
     from bayesattn.nn.modes import attention_mode
-    from bayesattn.nn.supports import get_kernel
+    from bayesattn.nn.supports import get_support
 
     torch.manual_seed(0)
     x = torch.randn(1, T, E)
@@ -83,9 +83,9 @@ def make_call(method: str, path: str, T: int, E: int, H: int):
     opts = dict(KERNELS[method] or {})
     if method == "lowrank":
         opts["max_len"] = T
-    kernel = get_kernel(method, **opts) if method != "dense" else None
+    kernel = get_support(method, **opts) if method != "dense" else None
     fam = FAMILY if path == "S=8" else None
-    m = BayesianMultiheadAttention(E, H, batch_first=True, family=fam, kernel=kernel).eval()
+    m = BayesianMultiheadAttention(E, H, batch_first=True, family=fam, support=kernel).eval()
 
     def call():
         with torch.no_grad(), attention_mode("guide" if fam else "mean"):

@@ -58,7 +58,7 @@ def build(kind: str, task, family: str | None, seed: int):
     kw = dict(KINDS[kind] or {})
     if kind == "lowrank":
         kw["max_len"] = task.x.shape[1] + 1  # + the CLS token
-    cfg = AttentionConfig(family=family, kernel=None if kind == "dense" else kind, kernel_kwargs=kw)
+    cfg = AttentionConfig(family=family, support=None if kind == "dense" else kind, support_kwargs=kw)
     torch.manual_seed(seed)
     return TransformerClassifier(
         task.num_classes,

@@ -29,7 +29,7 @@ from bayesattn import (
 from bayesattn import priors as P
 from bayesattn.families import FAMILIES, FamilyName, get_family
 from bayesattn.nn.blocks import PriorName
-from bayesattn.nn.supports import SUPPORTS, KernelName, LocalKernel, get_kernel
+from bayesattn.nn.supports import SUPPORTS, LocalSupport, SupportName, get_support
 from bayesattn.registry import Registry
 from bayesattn.study import methods as study_methods
 from bayesattn.training import fit
@@ -138,7 +138,7 @@ def test_builtin_names_are_the_literal_types():
     # the built-in names come first (test_docs may have registered the docs' family already)
     assert FAMILIES.names()[:4] == get_args(FamilyName)
     assert P.PRIORS.names()[:6] == get_args(PriorName)
-    assert ("dense", *SUPPORTS.names()[:6]) == get_args(KernelName)
+    assert ("dense", *SUPPORTS.names()[:6]) == get_args(SupportName)
     assert bayesattn.list_families() == FAMILIES.names()
     assert bayesattn.list_priors() == P.PRIORS.names()
     assert bayesattn.list_supports() == SUPPORTS.names()
@@ -204,9 +204,9 @@ def test_prior_kwargs_are_checked_against_the_factory():
     [
         (lambda: AttentionConfig(family="gaussian"), "family", FAMILIES),
         (lambda: AttentionConfig(prior="gaussian"), "prior", P.PRIORS),
-        (lambda: AttentionConfig(kernel="gaussian"), "kernel", SUPPORTS),
+        (lambda: AttentionConfig(support="gaussian"), "support", SUPPORTS),
         (lambda: BayesianMultiheadAttention(8, 2, family="gaussian"), "family", FAMILIES),
-        (lambda: get_kernel("gaussian"), "kernel", SUPPORTS),
+        (lambda: get_support("gaussian"), "support", SUPPORTS),
         (lambda: study_methods.get_method("gaussian"), "method", study_methods._REGISTRY),
     ],
 )
@@ -340,20 +340,20 @@ def test_user_prior_by_name_gets_the_layer_arguments_it_names(scratch_registries
 
 
 def test_user_support_by_name_reads_like_the_class_it_builds(scratch_registries):
-    bayesattn.register_support("narrow", functools.partial(LocalKernel, window=1))
+    bayesattn.register_support("narrow", functools.partial(LocalSupport, window=1))
     torch.manual_seed(0)
-    named = BayesianMultiheadAttention(8, 2, batch_first=True, kernel="narrow")
-    direct = BayesianMultiheadAttention(8, 2, batch_first=True, kernel=LocalKernel(1))
+    named = BayesianMultiheadAttention(8, 2, batch_first=True, support="narrow")
+    direct = BayesianMultiheadAttention(8, 2, batch_first=True, support=LocalSupport(1))
     direct.load_state_dict(named.state_dict())
     x = torch.randn(2, 7, 8)
     with bayesattn.attention_mode("mean"):
         torch.testing.assert_close(named(x, x, x)[0], direct(x, x, x)[0])
-    cfg = AttentionConfig(kernel="narrow")
+    cfg = AttentionConfig(support="narrow")
     layer = cfg.build(8, 2, index=0, num_layers=1, kind="self")
-    assert isinstance(layer.kernel, LocalKernel) and layer.kernel.window == 1
+    assert isinstance(layer.support, LocalSupport) and layer.support.window == 1
     with pytest.raises(TypeError, match="built a"):
         bayesattn.register_support("broken", lambda: nn.Identity())
-        get_kernel("broken")
+        get_support("broken")
 
 
 def test_a_user_family_name_is_refused_once_taken(scratch_registries):
@@ -372,5 +372,5 @@ def test_the_built_in_dense_support_cannot_be_registered_over():
     """issue 33: register_support("dense", ...) replaced nothing visible and said nothing."""
     for override in (False, True):
         with pytest.raises(ValueError, match="'dense' is built in"):
-            bayesattn.register_support("dense", LocalKernel, override=override)
-    assert "dense" not in SUPPORTS and get_kernel("dense") is None
+            bayesattn.register_support("dense", LocalSupport, override=override)
+    assert "dense" not in SUPPORTS and get_support("dense") is None

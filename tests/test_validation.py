@@ -16,7 +16,7 @@ from bayesattn.data import corrupt_images
 from bayesattn.data.long import make_retrieval_task
 from bayesattn.functional import check_finite as public_check_finite
 from bayesattn.functional.supports import local_attention
-from bayesattn.nn.supports import TopKKernel
+from bayesattn.nn.supports import TopKSupport
 from bayesattn.training.config import TrainConfig
 
 # ---------------------------------------------------------------------------------------------
@@ -234,7 +234,7 @@ def test_torch_generator_is_seeded_and_leaves_the_global_rng_alone():
             ValueError,
             "severity must be an int in [1, 5]; got 6",
         ),
-        (lambda: TopKKernel(k=0), ValueError, "k must be a positive int; got 0"),
+        (lambda: TopKSupport(k=0), ValueError, "k must be a positive int; got 0"),
         (
             lambda: local_attention(
                 torch.zeros(1, 4, 2), torch.zeros(1, 4, 2), torch.zeros(1, 4, 2), window=-1

@@ -5,8 +5,6 @@ module and network of the package (it imports only torch, Pyro and :mod:`bayesat
   :math:`\bar p_{ij} = \operatorname{softmax}_j(\log\pi_{ij} + q_i\cdot k_j/\sqrt d)`, the read
   :math:`y_i = \sum_j \bar p_{ij} v_j`, entropy and the uncertainty decomposition. Its public
   functions are re-exported here (``bayesattn.functional.posterior_weights`` etc.).
-* :mod:`~bayesattn.functional.bayesian_read`: the one Bayesian read, a family's draw of attention
-  weights at its Pyro sites and its KL (``sample_attention_weights``, ``add_key_prior``).
 * :mod:`~bayesattn.functional.supports`: reduced key supports (block-local, top-k, cluster top-k,
   low-rank) and tiled exact attention in :math:`O(T)` memory.
 * :mod:`~bayesattn.functional.gaussian_process`: covariance functions, the sparse-GP posterior and
@@ -19,7 +17,7 @@ module and network of the package (it imports only torch, Pyro and :mod:`bayesat
 
 from __future__ import annotations
 
-from . import bayesian_read, gaussian_process, mixture, niw, posterior, supports
+from . import gaussian_process, mixture, niw, posterior, supports
 from .posterior import (
     allowed_keys,
     attend,
@@ -49,7 +47,6 @@ __all__ = [
     "entropy",
     "uncertainty_decomposition",
     "posterior",
-    "bayesian_read",
     "supports",
     "gaussian_process",
     "mixture",

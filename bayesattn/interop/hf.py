@@ -52,8 +52,8 @@ from torch import Tensor, nn
 
 from .._deprecation import renamed_submodule_hook
 from ..families import AttentionFamily, FamilyName, get_family
-from ..functional.bayesian_read import sample_attention_weights
-from ..nn.modes import AttentionMode, context_mode, current_kl_collector
+from ..nn.modes import AttentionMode, context_mode
+from ..nn.read import AttentionRead
 from ..nn.sampling import context_num_samples, current_num_samples, num_samples
 
 __all__ = [
@@ -173,14 +173,8 @@ def bayesian_attention_forward(
     logits = _scores(logits, position_bias, softcap)
     fam = getattr(module, _FAMILY_ATTR, None)
     mode = _mode(fam)
-    if mode == "mean" or fam is None:  # transformers' eager attention, operation for operation
-        if attention_mask is not None:
-            if attention_mask.dtype == torch.bool:
-                logits = logits.masked_fill(~attention_mask, torch.finfo(logits.dtype).min)
-            else:
-                logits = logits + attention_mask
-        w = nn.functional.softmax(logits, dim=-1).type(value.dtype)
-    else:
+    lp = None
+    if mode != "mean":
         S = context_num_samples()
         if S is not None:
             raise ValueError(
@@ -192,20 +186,21 @@ def bayesian_attention_forward(
             )
         lp = _as_log_prior(attention_mask, logits.dtype)
         logits, lp = _dead_rows_uniform(logits, lp)
-        site = getattr(module, _SITE_ATTR, "latent")
-        w = sample_attention_weights(  # (B, H, Tq, Tk): the draw of the torch layer
-            fam,
-            mode,
-            logits,
-            lp,
-            query,
-            key,
-            site=site,
-            weights_site=site.rsplit(".", 1)[0] + ".weights",
-            kl_sink=current_kl_collector(),
-        )
-    w = nn.functional.dropout(w, p=dropout, training=module.training)
-    out = torch.matmul(w, value)  # (B, H, Tq, D)
+    site = getattr(module, _SITE_ATTR, "latent")
+    read = AttentionRead(
+        fam, mode, site, site.rsplit(".", 1)[0] + ".weights",
+        dropout_p=dropout if module.training else 0.0,
+    )  # fmt: skip
+
+    def eager(scores: Tensor) -> Tensor:  # transformers' eager attention, operation for operation
+        if attention_mask is not None:
+            if attention_mask.dtype == torch.bool:
+                scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+            else:
+                scores = scores + attention_mask
+        return nn.functional.softmax(scores, dim=-1).type(value.dtype)
+
+    out, w = read.from_logits(logits, lp, query, key, value, eager)  # (B, H, Tq, D)
     return out.transpose(1, 2).contiguous(), w  # (B, Tq, H, D)
 
 

@@ -27,11 +27,11 @@ from .._validation import check_int, check_real
 from ..families import FamilyName, get_family
 from .attention import BayesianMultiheadAttention, linear
 from .gp_read import SparseGP
-from .supports import KernelName, get_kernel
+from .supports import SupportName, get_support
 
 if TYPE_CHECKING:
     from ..families import AttentionFamily
-    from .supports import AttentionKernel
+    from .supports import AttentionSupport
 
 __all__ = ["AttentionConfig", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder"]
 
@@ -80,10 +80,10 @@ class AttentionConfig:
             ``(num_heads, head_dim) -> KeyRelevancePrior``.
         layers: ``"all"``, ``"last"`` or a list of layer indices that get the family.
         which: attentions that get it in decoder layers: ``("self", "cross")`` or a subset.
-        kernel: ``None`` (dense) or a registered reduced key support for every *self*-attention
+        support: ``None`` (dense) or a registered reduced key support for every *self*-attention
             layer: ``"local"`` (``window``), ``"topk"`` (``k``), ``"lowrank"`` (``rank``,
             ``max_len``), … or one added with :func:`~bayesattn.nn.supports.register_support`,
-            options in ``kernel_kwargs``; see :mod:`bayesattn.nn.supports`.
+            options in ``support_kwargs``; see :mod:`bayesattn.nn.supports`.
         read: ``"softmax"`` or ``"sparse_gp"``: the selected layers (``layers``/``which``) add a
             sparse-GP read per head with global inducing keys
             (:class:`~bayesattn.nn.gp_read.SparseGP`; options such as ``num_inducing`` in
@@ -105,15 +105,15 @@ class AttentionConfig:
     which: AttentionKind | Sequence[AttentionKind] = ("self", "cross")
     family_kwargs: dict = field(default_factory=dict)
     prior_kwargs: dict = field(default_factory=dict)
-    kernel: KernelName | str | None = None
-    kernel_kwargs: dict = field(default_factory=dict)
+    support: SupportName | str | None = None
+    support_kwargs: dict = field(default_factory=dict)
     read: ReadName = "softmax"
     read_kwargs: dict = field(default_factory=dict)
     readout: ReadoutName = "linear"
     readout_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        get_kernel(self.kernel, **self.kernel_kwargs)  # validates the name and options
+        get_support(self.support, **self.support_kwargs)  # validates the name and options
         self._check_gp_options()
         if self.family is not None and not isinstance(self.family, str):
             raise TypeError(f"family must be a family name or None; got {self.family!r}")
@@ -185,10 +185,10 @@ class AttentionConfig:
                 )
         if self.read == "sparse_gp":
             SparseGP(1, 1, 1, **self.read_kwargs)  # validates the values
-        if self.read == "sparse_gp" and self.kernel is not None:
+        if self.read == "sparse_gp" and self.support is not None:
             raise ValueError(
                 f"read='sparse_gp' reads over every key; it does not combine with "
-                f"kernel={self.kernel!r}"
+                f"support={self.support!r}"
             )
 
     @property
@@ -272,14 +272,14 @@ class AttentionConfig:
             else None
         )
         prior = self.build_prior(num_heads, head_dim) if kind == "self" else P.UniformPrior()
-        kernel = get_kernel(self.kernel, **self.kernel_kwargs) if kind == "self" else None
+        support = get_support(self.support, **self.support_kwargs) if kind == "self" else None
         gp = (
             SparseGP(num_heads, head_dim, head_dim, **self.read_kwargs)
             if bayes and self.read == "sparse_gp"
             else None
         )
         return BayesianMultiheadAttention(
-            embed_dim, num_heads, batch_first=True, prior=prior, family=family, kernel=kernel,
+            embed_dim, num_heads, batch_first=True, prior=prior, family=family, support=support,
             gp_read=gp, **mha_kwargs,
         )  # fmt: skip
 
@@ -398,7 +398,7 @@ class EncoderLayer(_FeedForward):
         attn_dropout: float | None = None,
         prior: P.KeyRelevancePrior | None = None,
         family: AttentionFamily | FamilyName | None = None,
-        kernel: AttentionKernel | KernelName | None = None,
+        support: AttentionSupport | SupportName | None = None,
         gp_read: SparseGP | None = None,
     ) -> None:
         _check_block_args(d_model, nhead, dim_feedforward, dropout)
@@ -412,7 +412,7 @@ class EncoderLayer(_FeedForward):
             batch_first=batch_first,
             prior=prior,
             family=family,
-            kernel=kernel,
+            support=support,
             gp_read=gp_read,
             **fk,
         )
@@ -514,7 +514,7 @@ class DecoderLayer(_FeedForward):
         self_family: AttentionFamily | FamilyName | None = None,
         cross_prior: P.KeyRelevancePrior | None = None,
         cross_family: AttentionFamily | FamilyName | None = None,
-        self_kernel: AttentionKernel | KernelName | None = None,
+        self_support: AttentionSupport | SupportName | None = None,
     ) -> None:
         _check_block_args(d_model, nhead, dim_feedforward, dropout)
         super().__init__()
@@ -528,7 +528,7 @@ class DecoderLayer(_FeedForward):
             batch_first=batch_first,
             prior=self_prior,
             family=self_family,
-            kernel=self_kernel,
+            support=self_support,
             **fk,
         )
         self.multihead_attn = BayesianMultiheadAttention(
@@ -618,7 +618,7 @@ def _self_attention_layer(
     builds (batch-first, as every block of ours)."""
     a = cfg.build(d_model, nhead, i, num_layers, "self")
     return EncoderLayer(
-        d_model, nhead, batch_first=True, prior=a.prior, family=a.family, kernel=a.kernel,
+        d_model, nhead, batch_first=True, prior=a.prior, family=a.family, support=a.support,
         gp_read=a.gp_read, **kw,
     )  # fmt: skip
 
@@ -707,7 +707,7 @@ class Decoder(PyroModule):
                         self_family=sa.family,
                         cross_prior=ca.prior,
                         cross_family=ca.family,
-                        self_kernel=sa.kernel,
+                        self_support=sa.support,
                         **kw,
                     )
                 )

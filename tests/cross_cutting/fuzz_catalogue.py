@@ -1107,7 +1107,7 @@ def _round4_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
     def pair(kernel, family=None, E=8, H=2):
         torch.manual_seed(0)
         dense = M(E, H, batch_first=True, family=family)
-        m = M(E, H, batch_first=True, family=family, kernel=kernel)
+        m = M(E, H, batch_first=True, family=family, support=kernel)
         m.load_state_dict(dense.state_dict(), strict=False)
         return dense, m
 
@@ -1124,49 +1124,49 @@ def _round4_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
         return bool(torch.allclose(o[0], o[1], atol=1e-5))
 
     r4("local_global/window >= T equals dense",
-       equal_dense(NS.LocalGlobalKernel(window=8, global_tokens=(0, 2))), "ok", close)
-    r4("local_global/T=1 equals dense", equal_dense(NS.LocalGlobalKernel(window=1), T=1), "ok",
+       equal_dense(NS.LocalGlobalSupport(window=8, global_tokens=(0, 2))), "ok", close)
+    r4("local_global/T=1 equals dense", equal_dense(NS.LocalGlobalSupport(window=1), T=1), "ok",
        close)
-    r4("tiled/equals dense", equal_dense(NS.TiledKernel(tile=4), T=9), "ok", close)
-    r4("tiled/tile > T equals dense", equal_dense(NS.TiledKernel(tile=64), T=3), "ok", close)
-    r4("topk/k > T equals dense", equal_dense(NS.TopKKernel(k=50), T=5), "ok", close)
-    r4("local/window >= T equals dense", equal_dense(NS.LocalKernel(window=10), T=5), "ok",
+    r4("tiled/equals dense", equal_dense(NS.TiledSupport(tile=4), T=9), "ok", close)
+    r4("tiled/tile > T equals dense", equal_dense(NS.TiledSupport(tile=64), T=3), "ok", close)
+    r4("topk/k > T equals dense", equal_dense(NS.TopKSupport(k=50), T=5), "ok", close)
+    r4("local/window >= T equals dense", equal_dense(NS.LocalSupport(window=10), T=5), "ok",
        close)
     pad = torch.zeros(2, 6, dtype=torch.bool)
     pad[1, 4:] = True
     r4("local_global/padding, window >= T equals dense",
-       equal_dense(NS.LocalGlobalKernel(window=8), mask=pad), "ok", close)
-    r4("tiled/padding equals dense", equal_dense(NS.TiledKernel(tile=4), mask=pad), "ok", close)
+       equal_dense(NS.LocalGlobalSupport(window=8), mask=pad), "ok", close)
+    r4("tiled/padding equals dense", equal_dense(NS.TiledSupport(tile=4), mask=pad), "ok", close)
     full = torch.zeros(2, 6, dtype=torch.bool)
     full[1] = True
-    for kname, kern in (("local_global", NS.LocalGlobalKernel(window=2)),
-                        ("tiled", NS.TiledKernel(tile=4)), ("topk", NS.TopKKernel(k=3)),
-                        ("cluster_topk", NS.ClusterTopKKernel(k=3, num_clusters=2)),
-                        ("lowrank", NS.LowRankKernel(rank=3, max_len=8))):  # fmt: skip
+    for kname, kern in (("local_global", NS.LocalGlobalSupport(window=2)),
+                        ("tiled", NS.TiledSupport(tile=4)), ("topk", NS.TopKSupport(k=3)),
+                        ("cluster_topk", NS.ClusterTopKSupport(k=3, num_clusters=2)),
+                        ("lowrank", NS.LowRankSupport(rank=3, max_len=8))):  # fmt: skip
         r4(f"{kname}/fully padded row reads nothing", equal_dense(kern, mask=full), "ok",
            lambda o: bool(torch.allclose(o[0][1], o[1][1], atol=1e-5)))
         for dt in (torch.float16, torch.bfloat16):
             def half(kern=kern, dt=dt):
-                m = M(8, 2, batch_first=True, kernel=kern).to(dt)
+                m = M(8, 2, batch_first=True, support=kern).to(dt)
                 x = torch.randn(2, 6, 8, dtype=dt)
                 with ba.attention_mode("mean"):
                     return m(x, x, x)[0]
             r4(f"{kname}/{dt} input", half, "either", lambda o: o.dtype in (torch.float16,
                                                                          torch.bfloat16))
-        r4(f"{kname}/int input", lambda kern=kern: M(8, 2, batch_first=True, kernel=kern)(
+        r4(f"{kname}/int input", lambda kern=kern: M(8, 2, batch_first=True, support=kern)(
             *(torch.ones(2, 6, 8, dtype=torch.long),) * 3))
-        r4(f"{kname}/nan query", lambda kern=kern: M(8, 2, batch_first=True, kernel=kern)(
+        r4(f"{kname}/nan query", lambda kern=kern: M(8, 2, batch_first=True, support=kern)(
             *(torch.full((2, 6, 8), nan),) * 3))
-        r4(f"{kname}/inf key", lambda kern=kern: M(8, 2, batch_first=True, kernel=kern)(
+        r4(f"{kname}/inf key", lambda kern=kern: M(8, 2, batch_first=True, support=kern)(
             torch.randn(2, 6, 8), torch.full((2, 6, 8), inf), torch.randn(2, 6, 8)))
         r4(f"{kname}/meta input, cpu layer", lambda kern=kern: M(
-            8, 2, batch_first=True, kernel=kern)(*(torch.randn(2, 6, 8, device="meta"),) * 3))
+            8, 2, batch_first=True, support=kern)(*(torch.randn(2, 6, 8, device="meta"),) * 3))
         r4(f"{kname}/meta input, meta layer", lambda kern=kern: M(
-            8, 2, batch_first=True, kernel=kern, device="meta")(
+            8, 2, batch_first=True, support=kern, device="meta")(
             *(torch.randn(2, 6, 8, device="meta"),) * 3), "either")
 
         def sampled(kern=kern):
-            m = M(8, 2, batch_first=True, kernel=kern, family="dirichlet")
+            m = M(8, 2, batch_first=True, support=kern, family="dirichlet")
             x = torch.randn(2, 6, 8)
             _, w = m(x, x, x, key_padding_mask=pad)
             rows = w.weights if w.index is None else w.to_dense()
@@ -1183,47 +1183,47 @@ def _round4_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
                      ("global_tokens repeated", dict(global_tokens=(2, 2))),
                      ("window negative", dict(window=-1)),
                      ("window float", dict(window=2.5))):  # fmt: skip
-        r4(f"local_global/{name}", lambda kw=kw: NS.LocalGlobalKernel(**kw))
+        r4(f"local_global/{name}", lambda kw=kw: NS.LocalGlobalSupport(**kw))
     r4("local_global/global token >= T", lambda: M(8, 2, batch_first=True,
-       kernel=NS.LocalGlobalKernel(window=2, global_tokens=(50,)))(*(torch.randn(1, 10, 8),) * 3))
-    r4("local_global/global tokens ()", equal_dense(NS.LocalGlobalKernel(window=8,
+       support=NS.LocalGlobalSupport(window=2, global_tokens=(50,)))(*(torch.randn(1, 10, 8),) * 3))
+    r4("local_global/global tokens ()", equal_dense(NS.LocalGlobalSupport(window=8,
                                                                        global_tokens=())),
        "ok", close)
     for name, kw in (("k 0", dict(k=0)), ("k float", dict(k=2.5)), ("clusters 0",
                      dict(num_clusters=0)), ("probes 0", dict(probes=0)), ("iters -1",
                      dict(iters=-1))):  # fmt: skip
-        r4(f"cluster_topk/{name}", lambda kw=kw: NS.ClusterTopKKernel(**kw))
+        r4(f"cluster_topk/{name}", lambda kw=kw: NS.ClusterTopKSupport(**kw))
     causal = torch.nn.Transformer.generate_square_subsequent_mask(6)
     r4("cluster_topk/causal + padding", equal_dense(
-        NS.ClusterTopKKernel(k=6, num_clusters=1, probes=1), mask=pad, attn_mask=causal,
+        NS.ClusterTopKSupport(k=6, num_clusters=1, probes=1), mask=pad, attn_mask=causal,
         is_causal=True), "ok", close)
     r4("cluster_topk/attn_mask without is_causal", lambda: M(
-        8, 2, batch_first=True, kernel=NS.ClusterTopKKernel(k=3))(
+        8, 2, batch_first=True, support=NS.ClusterTopKSupport(k=3))(
         *(torch.randn(2, 6, 8),) * 3, attn_mask=causal))
     r4("lowrank/float padding mask", lambda: M(8, 2, batch_first=True,
-       kernel=NS.LowRankKernel(rank=3, max_len=8))(*(torch.randn(2, 6, 8),) * 3,
+       support=NS.LowRankSupport(rank=3, max_len=8))(*(torch.randn(2, 6, 8),) * 3,
        key_padding_mask=torch.zeros(2, 6).masked_fill(pad, -inf)), "ok")
     r4("lowrank/soft float padding mask", lambda: M(8, 2, batch_first=True,
-       kernel=NS.LowRankKernel(rank=3, max_len=8))(*(torch.randn(2, 6, 8),) * 3,
+       support=NS.LowRankSupport(rank=3, max_len=8))(*(torch.randn(2, 6, 8),) * 3,
        key_padding_mask=torch.full((2, 6), -0.5)))
     r4("lowrank/T > max_len", lambda: M(8, 2, batch_first=True,
-       kernel=NS.LowRankKernel(rank=3, max_len=4))(*(torch.randn(2, 6, 8),) * 3))
+       support=NS.LowRankSupport(rank=3, max_len=4))(*(torch.randn(2, 6, 8),) * 3))
     r4("lowrank/is_causal", lambda: M(8, 2, batch_first=True,
-       kernel=NS.LowRankKernel(rank=3, max_len=8))(*(torch.randn(2, 6, 8),) * 3,
+       support=NS.LowRankSupport(rank=3, max_len=8))(*(torch.randn(2, 6, 8),) * 3,
        attn_mask=causal, is_causal=True))
-    r4("tiled/tile 0", lambda: NS.TiledKernel(tile=0))
-    r4("topk/k 0", lambda: NS.TopKKernel(k=0))
+    r4("tiled/tile 0", lambda: NS.TiledSupport(tile=0))
+    r4("topk/k 0", lambda: NS.TopKSupport(k=0))
 
     # ---- registries ---------------------------------------------------------------------------
-    r4("register_support/dense", lambda: ba.register_support("dense", NS.LocalKernel))
+    r4("register_support/dense", lambda: ba.register_support("dense", NS.LocalSupport))
     r4("register_support/dense override", lambda: ba.register_support(
-        "dense", NS.LocalKernel, override=True))
-    r4("register_support/duplicate", lambda: ba.register_support("local", NS.LocalKernel))
+        "dense", NS.LocalSupport, override=True))
+    r4("register_support/duplicate", lambda: ba.register_support("local", NS.LocalSupport))
     r4("register_support/not a kernel", lambda: ba.register_support("r4_bad", torch.nn.Linear))
     r4("register_support/an instance", lambda: ba.register_support("r4_bad",
-                                                                    NS.LocalKernel()))
-    r4("register_support/bad name", lambda: ba.register_support("not a name", NS.LocalKernel))
-    r4("register_support/int name", lambda: ba.register_support(3, NS.LocalKernel))
+                                                                    NS.LocalSupport()))
+    r4("register_support/bad name", lambda: ba.register_support("not a name", NS.LocalSupport))
+    r4("register_support/int name", lambda: ba.register_support(3, NS.LocalSupport))
     r4("register_family/duplicate", lambda: ba.register_family(
         "dirichlet", ba.families.DirichletWeights))
     r4("register_family/not a family", lambda: ba.register_family("r4_bad", torch.nn.Linear))
@@ -1235,12 +1235,12 @@ def _round4_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
 
         SUPPORTS.register("r4_wrong", lambda **kw: torch.nn.Linear(2, 2))
         try:
-            return NS.get_kernel("r4_wrong")
+            return NS.get_support("r4_wrong")
         finally:
             SUPPORTS.unregister("r4_wrong")
     r4("register_support/factory returns a non-kernel", factory_builds_wrong)
-    r4("get_kernel/unknown", lambda: NS.get_kernel("nope"))
-    r4("get_kernel/dense with options", lambda: NS.get_kernel("dense", window=3))
+    r4("get_support/unknown", lambda: NS.get_support("nope"))
+    r4("get_support/dense with options", lambda: NS.get_support("dense", window=3))
 
     # ---- posterior_kl ---------------------------------------------------------------------------
     small = dict(d_model=8, nhead=2, num_layers=1, dim_feedforward=16)

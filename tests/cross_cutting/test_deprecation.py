@@ -408,3 +408,92 @@ def test_lightning_old_checkpoint_metadata():
     cfg["mode"] = "hybrid"
     with pytest.raises(ValueError, match="method 'hybrid'"):
         fresh.on_load_checkpoint(ckpt)
+
+
+# --- 0.6 (issue 32): "support", not "kernel" ---------------------------------------------------
+
+_OLD_SUPPORT_NAMES = {
+    "AttentionKernel": "AttentionSupport",
+    "LocalKernel": "LocalSupport",
+    "LocalGlobalKernel": "LocalGlobalSupport",
+    "TopKKernel": "TopKSupport",
+    "ClusterTopKKernel": "ClusterTopKSupport",
+    "TiledKernel": "TiledSupport",
+    "LowRankKernel": "LowRankSupport",
+}
+
+
+def test_kernel_keywords_are_gone():
+    with pytest.raises(TypeError, match="'kernel'"):
+        BayesianMultiheadAttention(8, 2, kernel="local")
+    with pytest.raises(TypeError, match="'kernel'"):
+        AttentionConfig(kernel="local")
+    with pytest.raises(TypeError, match="'kernel_kwargs'"):
+        AttentionConfig(kernel_kwargs={})
+    with pytest.raises(TypeError, match="'kernel'"):
+        EncoderLayer(8, 2, 16, kernel="local")
+    with pytest.raises(TypeError, match="'self_kernel'"):
+        DecoderLayer(8, 2, 16, self_kernel="local")
+    from bayesattn.nn import supports
+
+    for gone in ("get_kernel", "KernelName", "kernel_attention", "draw_attention_weights"):
+        assert not hasattr(supports, gone)
+    assert importlib.util.find_spec("bayesattn.functional.bayesian_read") is None
+
+
+@pytest.mark.parametrize("old, new", sorted(_OLD_SUPPORT_NAMES.items()))
+def test_old_support_class_names_resolve_only_for_old_pickles(old, new):
+    from bayesattn.nn import supports
+
+    assert old not in supports.__all__ and old not in dir(bayesattn)
+    with pytest.warns(DeprecationWarning, match=f"{old} was renamed {new}"):
+        cls = getattr(supports, old)
+    assert cls is getattr(supports, new)
+
+
+def test_layer_pickled_with_a_kernel_loads_with_its_support():
+    """A 0.5 layer held its support as ``kernel`` (attribute and class name): the pickle loads,
+    the support lands in ``support`` and the read is the same."""
+    import pickle
+
+    from bayesattn.nn.supports import LocalSupport
+
+    torch.manual_seed(0)
+    layer = BayesianMultiheadAttention(8, 2, batch_first=True, support=LocalSupport(window=1))
+    x = torch.randn(2, 5, 8)
+    want = layer(x, x, x)[0]
+    layer._modules["kernel"] = layer._modules.pop("support")  # the 0.5 layout
+    new_name = b"bayesattn.nn.supports.local\nLocalSupport\n"
+    data = pickle.dumps(layer, protocol=2)
+    assert new_name in data
+    data = data.replace(new_name, b"bayesattn.nn.supports\nLocalKernel\n")  # 0.5's class path
+    with pytest.warns(DeprecationWarning, match="LocalKernel was renamed LocalSupport"):
+        old = pickle.loads(data)
+    assert isinstance(old.support, LocalSupport) and "kernel" not in old._modules
+    torch.testing.assert_close(old(x, x, x)[0], want, rtol=0, atol=0)
+
+
+def test_state_dict_with_kernel_keys_loads_into_support():
+    """A 0.5 ``state_dict`` of a low-rank layer holds ``kernel.proj_k``/``kernel.proj_v``."""
+    torch.manual_seed(0)
+    a = BayesianMultiheadAttention(8, 2, batch_first=True, support="lowrank")
+    a.support.max_len  # noqa: B018 - the support is there
+    sd = {k.replace("support.", "kernel."): v for k, v in a.state_dict().items()}
+    assert "kernel.proj_k" in sd
+    torch.manual_seed(1)
+    b = BayesianMultiheadAttention(8, 2, batch_first=True, support="lowrank")
+    b.load_state_dict(sd)  # strict: every key found
+    assert torch.equal(b.support.proj_k, a.support.proj_k)
+    torch.manual_seed(2)
+    net = TransformerClassifier(3, vocab_size=7, num_layers=1, **SMALL,
+                                attention=AttentionConfig(support="lowrank",
+                                                          support_kwargs={"max_len": 8}))  # fmt: skip
+    sd = {k.replace(".support.", ".kernel."): v for k, v in net.state_dict().items()}
+    assert any(".kernel.proj_k" in k for k in sd)
+    torch.manual_seed(3)
+    net2 = TransformerClassifier(3, vocab_size=7, num_layers=1, **SMALL,
+                                 attention=AttentionConfig(support="lowrank",
+                                                           support_kwargs={"max_len": 8}))  # fmt: skip
+    net2.load_state_dict(sd)
+    for (k1, v1), (k2, v2) in zip(net.state_dict().items(), net2.state_dict().items(), strict=True):
+        assert k1 == k2 and torch.equal(v1, v2)

@@ -272,8 +272,8 @@ def test_attention_config_validates_gp_options():
         AttentionConfig(read_kwargs={"num_inducing": 3})
     with pytest.raises(ValueError, match="num_inducing"):
         AttentionConfig(read="sparse_gp", read_kwargs={"num_inducing": 0})
-    with pytest.raises(ValueError, match="kernel"):
-        AttentionConfig(read="sparse_gp", kernel="local")
+    with pytest.raises(ValueError, match="support"):
+        AttentionConfig(read="sparse_gp", support="local")
     cfg = AttentionConfig(read="sparse_gp", layers="last")
     net = TransformerClassifier(2, vocab_size=5, d_model=8, nhead=2, num_layers=2, attention=cfg)
     assert net.bayesian_layers == ["encoder.layers.1.self_attn"]

@@ -34,13 +34,13 @@ from bayesattn.functional.supports import (
 from bayesattn.nn.blocks import AttentionConfig
 from bayesattn.nn.networks import TransformerClassifier
 from bayesattn.nn.supports import (
-    ClusterTopKKernel,
-    LocalGlobalKernel,
-    LocalKernel,
-    LowRankKernel,
-    TiledKernel,
-    TopKKernel,
-    get_kernel,
+    ClusterTopKSupport,
+    LocalGlobalSupport,
+    LocalSupport,
+    LowRankSupport,
+    TiledSupport,
+    TopKSupport,
+    get_support,
 )
 from bayesattn.priors import DistanceDecayPrior
 
@@ -122,7 +122,7 @@ def test_layer_local_kernel_equals_dense_layer_with_window_prior():
     torch.manual_seed(0)
     x = torch.randn(2, 30, 16, dtype=torch.float64)
     dense = BayesianMultiheadAttention(16, 4, batch_first=True, prior=LocalWindowPrior(3)).double()
-    loc = BayesianMultiheadAttention(16, 4, batch_first=True, kernel=LocalKernel(3, 8)).double()
+    loc = BayesianMultiheadAttention(16, 4, batch_first=True, support=LocalSupport(3, 8)).double()
     loc.load_state_dict(dense.state_dict())
     y_d, w_d = dense(x, x, x, average_attn_weights=False)
     y_l, w_l = loc(x, x, x, average_attn_weights=False)
@@ -133,7 +133,7 @@ def test_layer_local_kernel_equals_dense_layer_with_window_prior():
     # a positional prior is applied within the band
     alibi = DistanceDecayPrior(4)
     d2 = BayesianMultiheadAttention(16, 4, batch_first=True, prior=LocalWindowPrior(3) + alibi)
-    l2 = BayesianMultiheadAttention(16, 4, batch_first=True, prior=alibi, kernel=LocalKernel(3, 8))
+    l2 = BayesianMultiheadAttention(16, 4, batch_first=True, prior=alibi, support=LocalSupport(3, 8))
     d2, l2 = d2.double(), l2.double()
     l2.load_state_dict(d2.state_dict(), strict=False)  # same alibi module in both
     torch.testing.assert_close(l2(x, x, x, is_causal=False)[0], d2(x, x, x)[0], atol=1e-6, rtol=0)
@@ -152,7 +152,7 @@ def test_topk_with_k_equal_T_is_dense():
     torch.manual_seed(1)
     x = torch.randn(25, 2, 16, dtype=torch.float64)
     d = BayesianMultiheadAttention(16, 4).double()
-    t = BayesianMultiheadAttention(16, 4, kernel=TopKKernel(25)).double()
+    t = BayesianMultiheadAttention(16, 4, support=TopKSupport(25)).double()
     t.load_state_dict(d.state_dict())
     torch.testing.assert_close(t(x, x, x)[0], d(x, x, x)[0], atol=1e-6, rtol=0)
     xu = x[:, 0]
@@ -188,12 +188,12 @@ def test_topk_is_the_exact_posterior_restricted_to_the_k_best_keys(causal):
 
 
 def test_topk_layer_reports_dropped_mass():
-    m = BayesianMultiheadAttention(16, 4, batch_first=True, kernel="topk")
-    m.kernel.k = 3
+    m = BayesianMultiheadAttention(16, 4, batch_first=True, support="topk")
+    m.support.k = 3
     x = torch.randn(2, 12, 16)
     _, w = m(x, x, x)
     assert w.dropped_mass.shape == (2, 4, 12)
-    assert torch.equal(m.kernel.last_dropped_mass, w.dropped_mass)
+    assert torch.equal(m.support.last_dropped_mass, w.dropped_mass)
 
 
 # -------------------------------------------------------------------------------- low rank
@@ -214,7 +214,7 @@ def test_lowrank_equals_dense_attention_over_projected_keys():
 
 
 def test_lowrank_layer_mean_paths_agree_and_reject_masks():
-    m = BayesianMultiheadAttention(16, 4, batch_first=True, kernel=LowRankKernel(6, 32))
+    m = BayesianMultiheadAttention(16, 4, batch_first=True, support=LowRankSupport(6, 32))
     x = torch.randn(2, 20, 16)
     y1, w = m(x, x, x)
     y2, _ = m(x, x, x, need_weights=False)
@@ -226,7 +226,7 @@ def test_lowrank_layer_mean_paths_agree_and_reject_masks():
     with pytest.raises(ValueError, match="attn_mask"):
         m(x, x, x, is_causal=True, attn_mask=torch.ones(20, 20).triu(1).bool())
     with pytest.raises(ValueError, match="LocalWindowPrior"):
-        BayesianMultiheadAttention(16, 4, prior=LocalWindowPrior(2), kernel="lowrank")(x, x, x)
+        BayesianMultiheadAttention(16, 4, prior=LocalWindowPrior(2), support="lowrank")(x, x, x)
 
 
 # ----------------------------------------------------------------- families on the support
@@ -302,8 +302,8 @@ def test_dirichlet_mean_on_support_is_the_exact_restricted_posterior():
 @pytest.mark.parametrize("kernel", ["local", "local_global", "topk", "cluster_topk", "lowrank"])
 def test_layer_samples_on_support_in_every_mode(family, kernel):
     torch.manual_seed(0)
-    kern = get_kernel(kernel, **({"max_len": 32} if kernel == "lowrank" else {}))
-    m = BayesianMultiheadAttention(16, 4, batch_first=True, family=family, kernel=kern)
+    kern = get_support(kernel, **({"max_len": 32} if kernel == "lowrank" else {}))
+    m = BayesianMultiheadAttention(16, 4, batch_first=True, family=family, support=kern)
     x = torch.randn(2, 20, 16)
     for mode in ("guide", "model"):
         with attention_mode(mode):
@@ -330,11 +330,11 @@ def test_network_trains_with_kernel_config():
         ("topk", {"k": 4}),
         ("lowrank", {"rank": 4, "max_len": 13}),
     ):
-        cfg = AttentionConfig(family="dirichlet", kernel=kernel, kernel_kwargs=kw)
+        cfg = AttentionConfig(family="dirichlet", support=kernel, support_kwargs=kw)
         net = TransformerClassifier(
             3, vocab_size=10, d_model=16, nhead=2, max_len=12, attention=cfg
         )
-        assert all(isinstance(m.self_attn.kernel, nn.Module) for m in net.encoder.layers)
+        assert all(isinstance(m.self_attn.support, nn.Module) for m in net.encoder.layers)
         x = torch.randint(1, 10, (4, 12))
         y = torch.randint(0, 3, (4,))
         loss, logits = net.elbo_loss(x, y, num_data=4)
@@ -346,18 +346,18 @@ def test_network_trains_with_kernel_config():
 
 def test_state_dict_of_torch_mha_loads_and_bad_options_raise():
     t = nn.MultiheadAttention(16, 4, batch_first=True)
-    m = BayesianMultiheadAttention(16, 4, batch_first=True, kernel=LowRankKernel(4, 16))
+    m = BayesianMultiheadAttention(16, 4, batch_first=True, support=LowRankSupport(4, 16))
     m.load_state_dict(t.state_dict())
     with pytest.raises(ValueError, match="window"):
-        LocalKernel(-1)
-    with pytest.raises(ValueError, match="kernel must be one of"):
-        get_kernel("flash")
-    with pytest.raises(ValueError, match="kernel must be one of"):
-        AttentionConfig(kernel="nope")
-    with pytest.raises(TypeError, match="kernel"):
-        BayesianMultiheadAttention(16, 4, kernel=3)
+        LocalSupport(-1)
+    with pytest.raises(ValueError, match="support must be one of"):
+        get_support("flash")
+    with pytest.raises(ValueError, match="support must be one of"):
+        AttentionConfig(support="nope")
+    with pytest.raises(TypeError, match="support"):
+        BayesianMultiheadAttention(16, 4, support=3)
     x = torch.randn(2, 5, 16)
-    b = BayesianMultiheadAttention(16, 4, batch_first=True, add_bias_kv=True, kernel="local")
+    b = BayesianMultiheadAttention(16, 4, batch_first=True, add_bias_kv=True, support="local")
     with pytest.raises(ValueError, match="add_bias_kv"):
         b(x, x, x)
 
@@ -402,7 +402,7 @@ def test_local_global_layer_equals_dense_layer_with_the_support_mask():
     mask = _local_global_mask(30, 2, [0, 17])
     dense = BayesianMultiheadAttention(16, 4, batch_first=True).double()
     lg = BayesianMultiheadAttention(
-        16, 4, batch_first=True, kernel=LocalGlobalKernel(2, (0, 17), chunk_size=8)
+        16, 4, batch_first=True, support=LocalGlobalSupport(2, (0, 17), chunk_size=8)
     ).double()
     lg.load_state_dict(dense.state_dict())
     y_d, w_d = dense(x, x, x, attn_mask=mask, average_attn_weights=False)
@@ -424,12 +424,12 @@ def test_local_global_layer_equals_dense_layer_with_the_support_mask():
     alibi = DistanceDecayPrior(4)
     d2 = BayesianMultiheadAttention(16, 4, batch_first=True, prior=alibi).double()
     l2 = BayesianMultiheadAttention(
-        16, 4, batch_first=True, prior=alibi, kernel=LocalGlobalKernel(2, (0, 17), chunk_size=8)
+        16, 4, batch_first=True, prior=alibi, support=LocalGlobalSupport(2, (0, 17), chunk_size=8)
     ).double()
     l2.load_state_dict(d2.state_dict(), strict=False)
     torch.testing.assert_close(l2(x, x, x)[0], d2(x, x, x, attn_mask=mask)[0], atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="global_tokens"):
-        LocalGlobalKernel(2, (-1,))
+        LocalGlobalSupport(2, (-1,))
     with pytest.raises(ValueError, match="global_keys"):
         local_global_support(x[None], x[None], 2, torch.tensor([0.5]))
 
@@ -493,8 +493,8 @@ def test_cluster_topk_recall_and_its_bound_holds(causal):
 
 def test_cluster_topk_layer_masks_and_refusals():
     torch.manual_seed(0)
-    m = BayesianMultiheadAttention(16, 4, batch_first=True, kernel=ClusterTopKKernel(4, 3, 100))
-    d = BayesianMultiheadAttention(16, 4, batch_first=True, kernel=TopKKernel(4))
+    m = BayesianMultiheadAttention(16, 4, batch_first=True, support=ClusterTopKSupport(4, 3, 100))
+    d = BayesianMultiheadAttention(16, 4, batch_first=True, support=TopKSupport(4))
     d.load_state_dict(m.state_dict())
     x = torch.randn(2, 24, 16)
     kpm = torch.zeros(2, 24, dtype=torch.bool)
@@ -509,7 +509,7 @@ def test_cluster_topk_layer_masks_and_refusals():
     torch.testing.assert_close(m(x, x, x, **kw)[0], d(x, x, x, **kw)[0], atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="attn_mask"):
         m(x, x, x, attn_mask=torch.zeros(24, 24))
-    p = BayesianMultiheadAttention(16, 4, prior=DistanceDecayPrior(4), kernel="cluster_topk")
+    p = BayesianMultiheadAttention(16, 4, prior=DistanceDecayPrior(4), support="cluster_topk")
     with pytest.raises(ValueError, match="DistanceDecayPrior"):
         p(x[0], x[0], x[0])
     with pytest.raises(ValueError, match="key_padding_mask"):
@@ -538,7 +538,7 @@ def test_tiled_layer_draws_are_the_dense_family_per_tile(family):
     torch.manual_seed(0)
     x = torch.randn(2, 21, 16, dtype=torch.float64)
     m = BayesianMultiheadAttention(
-        16, 4, batch_first=True, family=family, kernel=TiledKernel(tile=8)
+        16, 4, batch_first=True, family=family, support=TiledSupport(tile=8)
     ).double()
     with attention_mode("guide"):
         tr = pyro.poutine.trace(lambda: m(x, x, x, need_weights=False, num_samples=3)).get_trace()
@@ -568,7 +568,7 @@ def test_tiled_layer_draws_are_the_dense_family_per_tile(family):
 def test_zero_length_and_fully_padded_inputs_behave_like_dense(kernel):
     torch.manual_seed(0)
     dense = BayesianMultiheadAttention(16, 4, batch_first=True)
-    m = BayesianMultiheadAttention(16, 4, batch_first=True, kernel=kernel)
+    m = BayesianMultiheadAttention(16, 4, batch_first=True, support=kernel)
     m.load_state_dict(dense.state_dict(), strict=False)
     for tq, tk in ((0, 0), (0, 5), (3, 0)):
         q, kv = torch.randn(2, tq, 16), torch.randn(2, tk, 16)
@@ -591,11 +591,11 @@ def test_zero_length_and_fully_padded_inputs_behave_like_dense(kernel):
 # ---- issue 33: round 4 ------------------------------------------------------------------------
 def test_local_global_global_tokens_are_checked_against_the_sequence():
     with pytest.raises(TypeError, match="global_tokens must be a tuple or list"):
-        LocalGlobalKernel(global_tokens=None)
+        LocalGlobalSupport(global_tokens=None)
     with pytest.raises(ValueError, match="global_tokens must not repeat"):
-        LocalGlobalKernel(global_tokens=(1, 1))
+        LocalGlobalSupport(global_tokens=(1, 1))
     m = BayesianMultiheadAttention(8, 2, batch_first=True,
-                                   kernel=LocalGlobalKernel(window=2, global_tokens=(50,)))
+                                   support=LocalGlobalSupport(window=2, global_tokens=(50,)))
     x = torch.randn(1, 10, 8)
     for mode, need in (("mean", False), ("mean", True), ("guide", True)):
         with attention_mode(mode), pytest.raises(ValueError, match=r"global_tokens .*T = 10"):
@@ -607,7 +607,7 @@ def test_local_global_with_window_at_least_t_equals_dense(family):
     torch.manual_seed(0)
     dense = BayesianMultiheadAttention(8, 2, batch_first=True, family=family)
     m = BayesianMultiheadAttention(8, 2, batch_first=True, family=family,
-                                   kernel=LocalGlobalKernel(window=9, global_tokens=(0, 3)))
+                                   support=LocalGlobalSupport(window=9, global_tokens=(0, 3)))
     m.load_state_dict(dense.state_dict(), strict=False)
     x = torch.randn(2, 6, 8)
     with attention_mode("mean"), torch.no_grad():
@@ -620,7 +620,7 @@ def test_cluster_topk_takes_causal_masking_with_padding():
     torch.manual_seed(0)
     dense = BayesianMultiheadAttention(8, 2, batch_first=True)
     m = BayesianMultiheadAttention(8, 2, batch_first=True,
-                                   kernel=ClusterTopKKernel(k=12, num_clusters=1, probes=1))
+                                   support=ClusterTopKSupport(k=12, num_clusters=1, probes=1))
     m.load_state_dict(dense.state_dict(), strict=False)
     x = torch.randn(2, 12, 8)
     kpm = torch.zeros(2, 12, dtype=torch.bool)
@@ -634,7 +634,7 @@ def test_cluster_topk_takes_causal_masking_with_padding():
 
 def test_lowrank_takes_a_float_padding_mask_like_the_others():
     torch.manual_seed(0)
-    m = BayesianMultiheadAttention(8, 2, batch_first=True, kernel=LowRankKernel(rank=4, max_len=12))
+    m = BayesianMultiheadAttention(8, 2, batch_first=True, support=LowRankSupport(rank=4, max_len=12))
     x = torch.randn(2, 12, 8)
     kpm = torch.zeros(2, 12, dtype=torch.bool)
     kpm[1, 9:] = True

@@ -6,7 +6,7 @@ from pyro.infer import Predictive
 from pyro.nn import PyroModule
 from torch.distributions.relaxed_categorical import ExpRelaxedCategorical
 
-import bayesattn.nn.attention as attn_mod
+import bayesattn.nn.supports.dense as attn_mod
 from bayesattn.nn.attention import BayesianMultiheadAttention as BMHA
 from bayesattn.nn.modes import attention_mode, collect_kl
 from bayesattn.priors import CausalPrior, ContextualPrior, DistanceDecayPrior

@@ -1,5 +1,5 @@
-"""The Bayesian read (:mod:`bayesattn.functional.bayesian_read`): one draw function that the dense
-layer, the reduced-support kernels and the Hugging Face interop all call.
+"""The attention read (:mod:`bayesattn.nn.read`): one read object, and its one draw function, that
+the dense layer, the reduced supports and the Hugging Face interop all call.
 
 Each path is checked two ways: it calls :func:`sample_attention_weights` (a spy), and under the
 same seed it returns the draw of a direct call of that function on logits computed here from the
@@ -7,6 +7,7 @@ layer's own projections."""
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pyro
@@ -14,15 +15,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import bayesattn.functional.bayesian_read as BR
 import bayesattn.interop.hf as hf
-import bayesattn.nn.supports as NK
+import bayesattn.nn.read as BR
 from bayesattn.families import get_family
-from bayesattn.functional.bayesian_read import add_key_prior, sample_attention_weights
 from bayesattn.nn.attention import BayesianMultiheadAttention
 from bayesattn.nn.modes import attention_mode, collect_kl
-from bayesattn.nn.supports import TiledKernel, TopKKernel
-from bayesattn.priors import ContextualPrior, DistanceDecayPrior
+from bayesattn.nn.read import sample_attention_weights
+from bayesattn.nn.supports import TiledSupport, TopKSupport
+from bayesattn.priors import ContextualPrior, DistanceDecayPrior, add_key_prior
 
 E, H, T, B = 8, 2, 5, 3
 Dh = E // H
@@ -64,8 +64,7 @@ def calls(monkeypatch):
         seen.append((mode, kwargs["site"]))
         return real(family, mode, *args, **kwargs)
 
-    monkeypatch.setattr(NK, "sample_attention_weights", spy)
-    monkeypatch.setattr(hf, "sample_attention_weights", spy)
+    monkeypatch.setattr(BR, "sample_attention_weights", spy)
     return seen
 
 
@@ -83,12 +82,12 @@ def test_dense_layer_draw_is_the_direct_call(layer_and_input, calls, mode):
     assert calls == [(mode, "latent")]
 
 
-def test_kernel_paths_draw_the_dense_draw(layer_and_input, calls):
-    """A tiled kernel reads every key: its support draw (with weights) and its tile-by-tile draw
+def test_support_paths_draw_the_dense_draw(layer_and_input, calls):
+    """A tiled support reads every key: its support draw (with weights) and its tile-by-tile draw
     (without) equal the dense layer's, through the same function."""
     m, x = layer_and_input
     dense_y, dense_w = _seeded(lambda: m(x, x.clone(), x.clone(), average_attn_weights=False))
-    m.kernel = TiledKernel(tile=T)  # one tile: one site, the same rows in the same order
+    m.support = TiledSupport(tile=T)  # one tile: one site, the same rows in the same order
     _, sw = _seeded(lambda: m(x, x.clone(), x.clone(), average_attn_weights=False))
     torch.testing.assert_close(sw.to_dense(), dense_w)
     y, _ = _seeded(lambda: m(x, x.clone(), x.clone(), need_weights=False))
@@ -155,8 +154,74 @@ def test_add_key_prior_folds_sample_dims():
 def test_topk_support_draw_is_on_the_support(calls):
     """A reduced support (top-k): the draw is over ``K`` keys per query, at the layer's site."""
     torch.manual_seed(0)
-    m = BayesianMultiheadAttention(E, H, batch_first=True, family="dirichlet", kernel=TopKKernel(2))
+    m = BayesianMultiheadAttention(E, H, batch_first=True, family="dirichlet", support=TopKSupport(2))
     x = torch.randn(B, T, E)
     _, sw = m(x, x, x, average_attn_weights=False)
     assert sw.weights.shape == (B, H, T, 2)
     assert calls == [("guide", "latent")]
+
+
+@pytest.mark.parametrize("support", ["dense", "local", "local_global", "topk", "cluster_topk",
+                                     "tiled", "lowrank"])  # fmt: skip
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_every_support_reads_through_one_attention_read(monkeypatch, support, need_weights):
+    """The layer makes one :class:`AttentionRead` per call, whatever its support; the support
+    gets tensors and the read's drawer, never the layer."""
+    from bayesattn.nn.read import AttentionRead
+    from bayesattn.nn.supports import SUPPORTS, AttentionSupport, DenseSupport
+
+    reads, seen = [], []
+    real_call = AttentionRead.__call__
+
+    def spy_call(self, sup, *args, **kwargs):
+        reads.append(type(sup).__name__)
+        return real_call(self, sup, *args, **kwargs)
+
+    def spy_sample(self, draw, *args, **kwargs):
+        seen.append(draw)
+        return real_sample[type(self)](self, draw, *args, **kwargs)
+
+    classes = (DenseSupport, *(SUPPORTS.get(n) for n in SUPPORTS))
+    real_sample = {c: c.sample_output for c in classes}
+    for c in real_sample:
+        monkeypatch.setattr(c, "sample_output", spy_sample)
+    monkeypatch.setattr(AttentionRead, "__call__", spy_call)
+    torch.manual_seed(0)
+    kw = {"max_len": 16} if support == "lowrank" else {}
+    from bayesattn.nn.supports import get_support
+
+    m = BayesianMultiheadAttention(E, H, batch_first=True, family="dirichlet",
+                                   support=get_support(support, **kw))  # fmt: skip
+    x = torch.randn(B, T, E)
+    with attention_mode("guide"):
+        m(x, x, x, need_weights=need_weights)
+    assert len(reads) == 1
+    assert reads[0] == ("DenseSupport" if support == "dense" else type(m.support).__name__)
+    for d in seen:  # the drawer, a bound method of the read: no layer in sight
+        assert getattr(d, "__self__", None).__class__ is AttentionRead
+        assert not isinstance(d, torch.nn.Module)
+    for name in ("reduce", "mean_output", "sample_output", "log_prior"):
+        params = inspect.signature(getattr(AttentionSupport, name)).parameters
+        assert "layer" not in params
+
+
+def test_hf_interface_reads_through_the_attention_read(monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    from bayesattn.nn.read import AttentionRead
+
+    calls = []
+    real = AttentionRead.from_logits
+
+    def spy(self, *args, **kwargs):
+        calls.append(self.mode)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(AttentionRead, "from_logits", spy)
+    cfg = transformers.BertConfig(hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=16, vocab_size=20, attn_implementation="eager")  # fmt: skip
+    bert = hf.convert_hf(transformers.BertModel(cfg).eval(), family="dirichlet")
+    ids = torch.randint(0, 20, (2, 4))
+    for mode in ("mean", "guide"):
+        with attention_mode(mode):
+            bert(input_ids=ids)
+    assert calls == ["mean", "mean", "guide", "guide"]  # two layers, each call through the read
