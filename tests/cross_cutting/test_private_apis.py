@@ -2,7 +2,7 @@
 
 We keep two private torch functions for speed/memory (``benchmarks/private_apis.py`` measures
 what they buy): ``torch._softmax(x, dim, half_to_float, out=x)`` (in-place softmax in the
-inference paths of ``nn/attention.py`` and ``functional/supports/results.py``) and
+inference paths of ``nn/supports/dense.py`` and ``functional/supports/results.py``) and
 ``torch._standard_gamma`` (the reparameterised Gamma draws of
 ``distributions.MaskedDirichlet``/``MaskedGamma``). These tests call
 them exactly as the library does and compare with the public equivalents, so a torch release that
@@ -25,7 +25,7 @@ PKG = Path(bayesattn.__file__).parent
 
 #: every private attribute of a dependency the package may use: (module alias, name) -> where
 ALLOWED_PRIVATE = {
-    ("torch", "_softmax"): {"nn/attention.py", "functional/supports/results.py"},
+    ("torch", "_softmax"): {"nn/supports/dense.py", "functional/supports/results.py"},
     ("torch", "_standard_gamma"): {"distributions.py"},
     ("torch", "_assert_async"): {"_validation.py"},  # data checks inside torch.compile graphs
 }
