@@ -78,7 +78,7 @@ def _allow_missing_prior_family(module: nn.Module, incompatible: Any) -> None:
 _PRIOR_FAMILY_KEY = re.compile(r"(^|\.)(prior|family|support|kernel|gp_read)\.")
 #: state_dicts saved before 0.3 hold the family under ``posterior.*``
 _OLD_FAMILY_KEYS = renamed_submodule_hook("posterior", "family")
-#: state_dicts saved before 0.6 hold the support under ``kernel.*``
+#: state_dicts saved before 0.5 hold the support under ``kernel.*``
 _OLD_SUPPORT_KEYS = renamed_submodule_hook("kernel", "support")
 
 
@@ -175,7 +175,7 @@ class BayesianMultiheadAttention(PyroModule):
         gp_read: a :class:`~bayesattn.nn.gp_read.SparseGP` term added to the read (dense only).
 
     State_dicts saved before 0.3 with the family under ``posterior.*`` load as ``family.*``, and
-    those saved before 0.6 with the support under ``kernel.*`` as ``support.*``.
+    those saved before 0.5 with the support under ``kernel.*`` as ``support.*``.
 
     Shape:
         query ``(Tq, B, E)`` (``(B, Tq, E)`` if ``batch_first``; ``(Tq, E)`` unbatched; with
@@ -283,7 +283,7 @@ class BayesianMultiheadAttention(PyroModule):
             self._sync_fastpath_guard()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """Layers pickled before 0.6 hold their support as ``kernel``."""
+        """Layers pickled before 0.5 hold their support as ``kernel``."""
         mods = state.get("_modules", {})
         if "kernel" in mods:
             mods["support"] = mods.pop("kernel")

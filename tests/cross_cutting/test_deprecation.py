@@ -410,7 +410,7 @@ def test_lightning_old_checkpoint_metadata():
         fresh.on_load_checkpoint(ckpt)
 
 
-# --- 0.6 (issue 32): "support", not "kernel" ---------------------------------------------------
+# --- 0.5 (issue 32): "support", not "kernel" ---------------------------------------------------
 
 _OLD_SUPPORT_NAMES = {
     "AttentionKernel": "AttentionSupport",
@@ -452,7 +452,7 @@ def test_old_support_class_names_resolve_only_for_old_pickles(old, new):
 
 
 def test_layer_pickled_with_a_kernel_loads_with_its_support():
-    """A 0.5 layer held its support as ``kernel`` (attribute and class name): the pickle loads,
+    """A 0.4 layer held its support as ``kernel`` (attribute and class name): the pickle loads,
     the support lands in ``support`` and the read is the same."""
     import pickle
 
@@ -462,11 +462,11 @@ def test_layer_pickled_with_a_kernel_loads_with_its_support():
     layer = BayesianMultiheadAttention(8, 2, batch_first=True, support=LocalSupport(window=1))
     x = torch.randn(2, 5, 8)
     want = layer(x, x, x)[0]
-    layer._modules["kernel"] = layer._modules.pop("support")  # the 0.5 layout
+    layer._modules["kernel"] = layer._modules.pop("support")  # the 0.4 layout
     new_name = b"bayesattn.nn.supports.local\nLocalSupport\n"
     data = pickle.dumps(layer, protocol=2)
     assert new_name in data
-    data = data.replace(new_name, b"bayesattn.nn.supports\nLocalKernel\n")  # 0.5's class path
+    data = data.replace(new_name, b"bayesattn.nn.supports\nLocalKernel\n")  # 0.4's class path
     with pytest.warns(DeprecationWarning, match="LocalKernel was renamed LocalSupport"):
         old = pickle.loads(data)
     assert isinstance(old.support, LocalSupport) and "kernel" not in old._modules
@@ -474,7 +474,7 @@ def test_layer_pickled_with_a_kernel_loads_with_its_support():
 
 
 def test_state_dict_with_kernel_keys_loads_into_support():
-    """A 0.5 ``state_dict`` of a low-rank layer holds ``kernel.proj_k``/``kernel.proj_v``."""
+    """A 0.4 ``state_dict`` of a low-rank layer holds ``kernel.proj_k``/``kernel.proj_v``."""
     torch.manual_seed(0)
     a = BayesianMultiheadAttention(8, 2, batch_first=True, support="lowrank")
     a.support.max_len  # noqa: B018 - the support is there

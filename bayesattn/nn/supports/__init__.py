@@ -35,7 +35,7 @@ or ``attn_mask`` cannot be expressed on mixtures of keys) and at most ``max_len`
 cluster top-k support takes a ``key_padding_mask`` and ``is_causal`` only (its candidates are
 found per key).
 
-The ``*Kernel`` names of 0.5 were renamed ``*Support`` in 0.6 (``CHANGELOG.md`` has the table);
+The ``*Kernel`` names of 0.4 were renamed ``*Support`` in 0.5 (``CHANGELOG.md`` has the table);
 the old names resolve here, with a ``DeprecationWarning``, only so that pickles that hold them load.
 """
 
@@ -112,7 +112,7 @@ def get_support(name: SupportName | str | None, **kwargs: Any) -> AttentionSuppo
     return SUPPORTS.create(name, **kwargs)
 
 
-#: 0.5 name → 0.6 name (the migration table in CHANGELOG.md)
+#: 0.4 name → 0.5 name (the migration table in CHANGELOG.md)
 RENAMED = {
     "AttentionKernel": "AttentionSupport",
     "LocalKernel": "LocalSupport",
@@ -125,11 +125,11 @@ RENAMED = {
 
 
 def __getattr__(name: str) -> Any:
-    """Old class names for pickles written by 0.5 (``torch.save(model)``), with a warning."""
+    """Old class names for pickles written by 0.4 (``torch.save(model)``), with a warning."""
     if name in RENAMED:
         new = RENAMED[name]
         warnings.warn(
-            f"bayesattn.nn.supports.{name} was renamed {new} in 0.6; the old name exists only so "
+            f"bayesattn.nn.supports.{name} was renamed {new} in 0.5; the old name exists only so "
             "that old pickles load",
             DeprecationWarning,
             stacklevel=2,
