@@ -80,12 +80,11 @@ def predict(
 ) -> PredictionResult:
     r"""Draw ``num_samples`` posterior-predictive samples of any network in one vectorised pass.
 
-    This is the library's one posterior-predictive path: classifiers and ViTs give ``(S, B, C)``,
-    sequence models their per-token predictive ``(S, B, T, V)`` (teacher-forced: ``Seq2Seq``
-    needs the targets ``y``; a ``CausalLM`` predicts ``x[:, 1:]`` from ``x[:, :-1]``) with the
-    valid positions in ``mask``. :func:`predict_mc_dropout` and :func:`predict_ensemble` (the
-    baselines) run through the same code: each is ``Predictive(network, num_samples, batch_size,
-    ...)(x, y)`` (:class:`bayesattn.predictive.Predictive`).
+    The library's one posterior-predictive path, ``Predictive(network, num_samples, batch_size,
+    ...)(x, y)`` (:class:`bayesattn.predictive.Predictive`; :func:`predict_mc_dropout` and
+    :func:`predict_ensemble` too): classifiers and ViTs give ``(S, B, C)``, sequence models their
+    per-token predictive ``(S, B, T, V)`` (teacher-forced: ``Seq2Seq`` needs the targets ``y``; a
+    ``CausalLM`` predicts ``x[:, 1:]`` from ``x[:, :-1]``) with the valid positions in ``mask``.
 
     Each sample :math:`s` runs the network with attention weights drawn in ``mode`` (the amortised
     guide :math:`q(w\mid x)` by default; ``"model"``: the weight model; ``"mean"``: the deterministic
@@ -99,12 +98,10 @@ def predict(
     :func:`~bayesattn.nn.weights.bayesian_projections` accepts only attention and linear weights).
 
     A network with nothing random in ``mode`` (no Bayesian attention layer and no weight guide, or
-    ``mode="mean"``) is run once and its output repeated ``S`` times, so every statistic has the
-    usual shapes and the mutual information is exactly 0.
-
-    The network runs in eval mode (dropout off) under ``torch.no_grad`` and Pyro sites are hidden
-    from any enclosing handler; its training flags and the attention layers' ``record_weights``/
-    ``last_weights`` are restored afterwards.
+    ``mode="mean"``) is run once and its output repeated ``S`` times (the usual shapes; the mutual
+    information is exactly 0). The network runs in eval mode (dropout off) under ``torch.no_grad``
+    with Pyro sites hidden from any enclosing handler; its training flags and the attention
+    layers' ``record_weights``/``last_weights`` are restored afterwards.
 
     Args:
         network: any :class:`~bayesattn.nn.networks.BayesianNetwork`.
@@ -136,7 +133,7 @@ def predict(
     mode = check_mode(mode)
     if isinstance(network, Sequence):  # an ensemble is predict_ensemble's
         check_network(network)
-    engine = Predictive(
+    return Predictive(
         network,
         num_samples,
         batch_size,
@@ -146,8 +143,7 @@ def predict(
         forward=forward,
         temperature=temperature,
         vectorised=vectorised,
-    )
-    return engine(x, y)
+    )(x, y)
 
 
 def predict_mc_dropout(

@@ -316,6 +316,38 @@ def _balanced_counts(n: int, capacities: list[int], unique: bool) -> list[int]:
     return counts
 
 
+def _check_patterns(patterns: Sequence[str]) -> tuple[str, ...]:
+    """``patterns`` as a tuple: a non-empty sequence of distinct :data:`TRANSLATION_PATTERNS`."""
+    if isinstance(patterns, str) or len(patterns) == 0:
+        raise ValueError(
+            f"patterns must be a non-empty sequence drawn from {TRANSLATION_PATTERNS}, "
+            f"got {patterns!r}"
+        )
+    for p in patterns:
+        if p not in TRANSLATION_PATTERNS:
+            raise ValueError(f"patterns must be drawn from {TRANSLATION_PATTERNS}, got {p!r}")
+    if len(set(patterns)) != len(patterns):
+        raise ValueError(f"patterns must not repeat a pattern, got {tuple(patterns)!r}")
+    return tuple(patterns)
+
+
+def _sample_sentences(
+    n: int, seed: int, patterns: tuple[str, ...], capacities: list[int], unique: bool
+) -> list[list[str]]:
+    """``n`` English sentences (token lists), spread over ``patterns`` by
+    :func:`_balanced_counts`, drawn (without repeats if ``unique``) and shuffled by a numpy
+    generator seeded with ``seed``."""
+    rng = np.random.default_rng(seed)
+    sentences: list[list[str]] = []
+    for p, count in zip(patterns, _balanced_counts(n, capacities, unique), strict=True):
+        if count == 0:
+            continue
+        idx = rng.choice(_PATTERN_SIZES[p], size=count, replace=not unique)
+        sentences.extend(_english_sentence(p, int(i)) for i in idx)
+    order = rng.permutation(n)
+    return [sentences[i] for i in order]
+
+
 def make_translation_task(
     n: int,
     seed: int = 0,
@@ -344,17 +376,7 @@ def make_translation_task(
     """
     n = check_int("n", n, 1)
     seed = check_seed(seed)
-    if isinstance(patterns, str) or len(patterns) == 0:
-        raise ValueError(
-            f"patterns must be a non-empty sequence drawn from {TRANSLATION_PATTERNS}, "
-            f"got {patterns!r}"
-        )
-    for p in patterns:
-        if p not in TRANSLATION_PATTERNS:
-            raise ValueError(f"patterns must be drawn from {TRANSLATION_PATTERNS}, got {p!r}")
-    if len(set(patterns)) != len(patterns):
-        raise ValueError(f"patterns must not repeat a pattern, got {tuple(patterns)!r}")
-    patterns = tuple(patterns)
+    patterns = _check_patterns(patterns)
     capacities = [_PATTERN_SIZES[p] for p in patterns]
     if unique and n > sum(capacities):
         raise ValueError(
@@ -362,16 +384,7 @@ def make_translation_task(
             f"{patterns}; pass unique=False to allow repeats"
         )
 
-    rng = np.random.default_rng(seed)
-    sentences: list[list[str]] = []
-    for p, count in zip(patterns, _balanced_counts(n, capacities, unique), strict=True):
-        if count == 0:
-            continue
-        idx = rng.choice(_PATTERN_SIZES[p], size=count, replace=not unique)
-        sentences.extend(_english_sentence(p, int(i)) for i in idx)
-    order = rng.permutation(n)
-    sentences = [sentences[i] for i in order]
-
+    sentences = _sample_sentences(n, seed, patterns, capacities, unique)
     src_vocab, tgt_vocab = _translation_vocabs()
     src_ids = {w: i for i, w in enumerate(src_vocab)}
     tgt_ids = {w: i for i, w in enumerate(tgt_vocab)}

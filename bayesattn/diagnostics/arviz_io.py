@@ -491,11 +491,10 @@ def to_arviz(
 ) -> Any:
     r"""Posterior draws → ``arviz.InferenceData`` (arviz 0.x) or ``xarray.DataTree`` (arviz 1.x).
 
-    One function for both ArviZ API generations: the groups are built by :func:`to_arviz_dict`,
-    then passed to ``az.from_dict(posterior=..., ...)`` (0.x) or
-    ``arviz_base.from_dict({"posterior": ..., ...}, sample_dims=["chain", "draw"])`` (1.x). The
-    output's sample dims are always ``("chain", "draw")``, so ``az.ess``, ``az.rhat``,
-    ``az.summary`` and ``az.loo`` work the same on both.
+    The groups built by :func:`to_arviz_dict` go to ``az.from_dict(posterior=..., ...)`` (0.x) or
+    ``arviz_base.from_dict({"posterior": ..., ...}, sample_dims=["chain", "draw"])`` (1.x); the
+    sample dims are always ``("chain", "draw")``, so ``az.ess``/``rhat``/``summary``/``loo`` work
+    the same on both.
 
     Args:
         posterior, posterior_predictive, log_likelihood: ``{name: array}`` of torch tensors or

@@ -125,6 +125,43 @@ def _result_to_arviz(
     return to_arviz(posterior, sample_dims=("sample",), num_chains=num_chains, tokens=tokens, **kw)
 
 
+def _no_inputs_error(source: Any) -> Exception:
+    """Why ``source`` given without ``x`` cannot be exported: a ``TypeError`` when it is not a
+    network, else a ``ValueError`` asking for the inputs."""
+    if not isinstance(source, Predictive) and not callable(getattr(source, "model", None)):
+        return TypeError(
+            "source must be a network (with model and guide), a Predictive or a "
+            f"PredictionResult; got {type(source).__name__}"
+        )
+    return ValueError(
+        f"x (the inputs to draw for) is needed with a network; got {type(source).__name__}"
+    )
+
+
+def _draws_to_arviz(
+    draws: NetworkDraws,
+    y: Tensor | None,
+    tokens: Sequence[str] | None,
+    stack_layers: bool,
+    coords: Mapping[str, Sequence] | None,
+    dims: Mapping[str, Sequence[str]] | None,
+    num_chains: int,
+) -> Any:
+    """A network's :class:`NetworkDraws` as ArviZ data (see :func:`predictive_to_arviz`)."""
+    return to_arviz(
+        draws.sites or None,
+        posterior_predictive={"obs": draws.predictive},
+        observed_data={"obs": y} if y is not None else None,
+        log_likelihood={"obs": draws.log_likelihood} if y is not None else None,
+        sample_dims=("sample",),
+        tokens=tokens,
+        stack_layers=stack_layers,
+        coords=coords,
+        dims=dims,
+        num_chains=num_chains,
+    )
+
+
 def predictive_to_arviz(
     source: Any,
     x: Tensor | None = None,
@@ -188,14 +225,7 @@ def predictive_to_arviz(
             )
         return _result_to_arviz(source, y, num_chains, tokens)
     if x is None:
-        if not isinstance(source, Predictive) and not callable(getattr(source, "model", None)):
-            raise TypeError(
-                "source must be a network (with model and guide), a Predictive or a "
-                f"PredictionResult; got {type(source).__name__}"
-            )
-        raise ValueError(
-            f"x (the inputs to draw for) is needed with a network; got {type(source).__name__}"
-        )
+        raise _no_inputs_error(source)
     if isinstance(source, Predictive):
         source, num_samples = source.network, source.num_samples
     draws = network_draws(
@@ -208,15 +238,4 @@ def predictive_to_arviz(
         parallel=parallel,
         seed=seed,
     )
-    return to_arviz(
-        draws.sites or None,
-        posterior_predictive={"obs": draws.predictive},
-        observed_data={"obs": y} if y is not None else None,
-        log_likelihood={"obs": draws.log_likelihood} if y is not None else None,
-        sample_dims=("sample",),
-        tokens=tokens,
-        stack_layers=stack_layers,
-        coords=coords,
-        dims=dims,
-        num_chains=num_chains,
-    )
+    return _draws_to_arviz(draws, y, tokens, stack_layers, coords, dims, num_chains)

@@ -155,6 +155,48 @@ def _log_prob_per_draw(tr: Any, num: int, dim: int) -> Tensor:
     return total
 
 
+def _draw_log_densities(
+    model: Callable[..., Any],
+    guide: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    S: int,
+    vectorize: bool,
+) -> tuple[Tensor, Tensor, torch.dtype | None]:
+    """``(log p (S,), log q (S,), dtype)`` of ``S`` guide draws, the model replayed on each: all
+    in one pass under an outer plate (``vectorize``) or one draw at a time; ``dtype`` is that of
+    the model's log density (``None`` if not a tensor)."""
+    gtr = poutine.trace(guide).get_trace(*args, **kwargs)
+    mtr = poutine.trace(poutine.replay(model, trace=gtr)).get_trace(*args, **kwargs)
+    if vectorize:
+        dim = -(max_plate_nesting(gtr, mtr) + 1)
+        with pyro.plate("_bayesattn_psis", S, dim=dim):
+            gtr = poutine.trace(guide).get_trace(*args, **kwargs)
+            mtr = poutine.trace(poutine.replay(model, trace=gtr)).get_trace(*args, **kwargs)
+        logp, logq = _log_prob_per_draw(mtr, S, dim), _log_prob_per_draw(gtr, S, dim)
+    else:
+        max_plate_nesting(gtr, mtr)  # rejects enumerated sites
+        lps = [(mtr.log_prob_sum(), gtr.log_prob_sum())]
+        for _ in range(S - 1):
+            g = poutine.trace(guide).get_trace(*args, **kwargs)
+            m = poutine.trace(poutine.replay(model, trace=g)).get_trace(*args, **kwargs)
+            lps.append((m.log_prob_sum(), g.log_prob_sum()))
+        logp = torch.tensor([float(a) for a, _ in lps], dtype=torch.float64)
+        logq = torch.tensor([float(b) for _, b in lps], dtype=torch.float64)
+    lp_sum = mtr.log_prob_sum()
+    return logp, logq, lp_sum.dtype if isinstance(lp_sum, Tensor) else None
+
+
+def _weights_equal_to_rounding(
+    lw: np.ndarray, logp: Tensor, logq: Tensor, dtype: torch.dtype | None
+) -> bool:
+    """Whether the log weights agree to 1000 ulps of the log densities' size: then q is the
+    posterior and the "tail" would be rounding noise (ArviZ reports k = inf for ties)."""
+    eps = torch.finfo(dtype if dtype is not None and dtype.is_floating_point else torch.float64).eps
+    scale = 1.0 + float(logp.abs().mean() + logq.abs().mean())
+    return bool(np.isfinite(lw).all()) and float(np.ptp(lw)) <= 1e3 * eps * scale
+
+
 def psis_diagnostic(
     model: Callable[..., Any],
     guide: Callable[..., Any],
@@ -198,34 +240,11 @@ def psis_diagnostic(
         raise ValueError(f"num_samples must be >= 2; got {num_samples}")
     S = num_samples
     with torch.no_grad(), seeded(seed):
-        gtr = poutine.trace(guide).get_trace(*args, **kwargs)
-        mtr = poutine.trace(poutine.replay(model, trace=gtr)).get_trace(*args, **kwargs)
-        if vectorize:
-            dim = -(max_plate_nesting(gtr, mtr) + 1)
-            with pyro.plate("_bayesattn_psis", S, dim=dim):
-                gtr = poutine.trace(guide).get_trace(*args, **kwargs)
-                mtr = poutine.trace(poutine.replay(model, trace=gtr)).get_trace(*args, **kwargs)
-            logp, logq = _log_prob_per_draw(mtr, S, dim), _log_prob_per_draw(gtr, S, dim)
-        else:
-            max_plate_nesting(gtr, mtr)  # rejects enumerated sites
-            lps = [(mtr.log_prob_sum(), gtr.log_prob_sum())]
-            for _ in range(S - 1):
-                g = poutine.trace(guide).get_trace(*args, **kwargs)
-                m = poutine.trace(poutine.replay(model, trace=g)).get_trace(*args, **kwargs)
-                lps.append((m.log_prob_sum(), g.log_prob_sum()))
-            logp = torch.tensor([float(a) for a, _ in lps], dtype=torch.float64)
-            logq = torch.tensor([float(b) for _, b in lps], dtype=torch.float64)
-        lp_sum = mtr.log_prob_sum()
-        dtype = lp_sum.dtype if isinstance(lp_sum, Tensor) else None
+        logp, logq, dtype = _draw_log_densities(model, guide, args, kwargs, S, vectorize)
     lw = (logp - logq).numpy()
     if np.isnan(lw).any() or np.isposinf(lw).any():
         raise ValueError("log weights contain NaN or +inf (a guide draw with q = 0 or p = inf?)")
-    # Weights equal to rounding (1000 ulps of the log densities' size): q is the posterior, the
-    # "tail" would be rounding noise (ArviZ reports k = inf for ties), so k-hat = -inf.
-    eps = torch.finfo(dtype if dtype is not None and dtype.is_floating_point else torch.float64).eps
-    scale = 1.0 + float(logp.abs().mean() + logq.abs().mean())
-    exact = bool(np.isfinite(lw).all()) and float(np.ptp(lw)) <= 1e3 * eps * scale
-    if exact:
+    if _weights_equal_to_rounding(lw, logp, logq, dtype):
         smoothed, k = np.full(S, -math.log(S)), float("-inf")
     else:
         smoothed, k = psis_smooth(lw)

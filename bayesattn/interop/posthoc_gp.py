@@ -245,6 +245,97 @@ def _nll(probs: Tensor, y: Tensor) -> float:
     return C.negative_log_likelihood(probs.mean(0), y)
 
 
+def _check_model_and_head(model: Any, head: Any) -> None:
+    """``model`` an ``nn.Module`` and ``head`` one of its modules."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
+    if not isinstance(head, nn.Module):
+        raise TypeError(f"head must be the model's classification nn.Module; got {head!r}")
+    if not any(m is head for m in model.modules()):
+        raise ValueError(
+            f"head ({type(head).__name__}) is not a module of the model: pass the model's own "
+            "classification module (e.g. model.head, model.classifier)"
+        )
+
+
+def _check_label_range(y_cal: Tensor, num_classes: int) -> None:
+    """Every label in ``[0, num_classes)``."""
+    if bool(((y_cal < 0) | (y_cal >= num_classes)).any()):
+        raise ValueError(
+            f"y_cal must hold labels in [0, {num_classes}) (the model has {num_classes} "
+            f"classes); got {int(y_cal.min())}..{int(y_cal.max())}"
+        )
+
+
+def _random_feature_draws(num_features: int, dim: int, seed: int) -> tuple[Tensor, Tensor]:
+    """The random features' weights ``W (R, E)`` ~ N(0, 1) and phases ``b (R,)`` ~ U(0, 2π),
+    float64, from a generator seeded with ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    W = torch.randn(num_features, dim, generator=g, dtype=torch.float64)
+    b = 2 * math.pi * torch.rand(num_features, generator=g, dtype=torch.float64)
+    return W, b
+
+
+def _median_lengthscale(h: Tensor) -> float:
+    """The RBF length-scale: the median distance between the first 512 features ``(N, E)``
+    (1 with fewer than two, or when they are identical)."""
+    pts = h[:512]
+    d = torch.cdist(pts, pts)
+    ls = float(d[~torch.eye(len(pts), dtype=torch.bool)].median()) if len(pts) > 1 else 1.0
+    if not (math.isfinite(ls) and ls > 0):  # identical (e.g. all-zero) features: unit scale
+        ls = 1.0
+    return ls
+
+
+def _choose_outputscale(
+    make: Callable[[float, Tensor], PosthocGP],
+    scales: tuple[float, ...],
+    z: Tensor,
+    h: Tensor,
+    y: Tensor,
+    halves: tuple[Tensor, Tensor],
+    seed: int,
+) -> float:
+    """The candidate scale whose read, fitted on the first half of the split
+    (``make(scale, rows)``), has the lowest predictive NLL on the second half; the first
+    candidate when there is one, or no second half."""
+    fit_half, check_half = halves
+    best, best_nll = scales[0], math.inf
+    if len(check_half) > 0 and len(scales) > 1:
+        for s in scales:
+            read = make(s, fit_half)
+            p = _predict(read, z[check_half], h[check_half], 64, seed)
+            nll = _nll(p, y[check_half])
+            if nll < best_nll:
+                best, best_nll = s, nll
+    return best
+
+
+def _out_of_fold_mean_field(
+    phi: Tensor, z: Tensor, y: Tensor, halves: tuple[Tensor, Tensor]
+) -> tuple[Tensor, float, float]:
+    """``(half_tril, T_mf, a)``: the Cholesky factor of the two halves' averaged covariance and
+    the mean-field predictive fitted on every example's variance from the half it is not in
+    (features ``phi (N, R)``)."""
+    trils = torch.stack([_covariance_tril(phi[rows]) for rows in halves])  # (2, R, R)
+    v = torch.empty(len(phi), dtype=torch.float64)
+    for rows, other in zip(halves, (trils[1], trils[0]), strict=True):
+        a = phi[rows] @ other
+        v[rows] = (a * a).sum(-1)
+    cov = trils @ trils.transpose(-1, -2)  # (2, R, R)
+    half_tril = torch.linalg.cholesky(cov.mean(0))
+    return (half_tril, *_fit_mean_field(z, v, y))
+
+
+def _to_precision(read: PosthocGP, dtype: torch.dtype) -> None:
+    """The read's random features and Cholesky factors in ``dtype`` (sampling in the model's
+    precision is cheap)."""
+    read.rff_weight, read.rff_phase = read.rff_weight.to(dtype), read.rff_phase.to(dtype)
+    read.scale_tril = read.scale_tril.to(dtype)
+    if read.half_tril is not None:
+        read.half_tril = read.half_tril.to(dtype)
+
+
 def fit_posthoc_gp(
     model: nn.Module,
     x_cal: Inputs,
@@ -257,7 +348,7 @@ def fit_posthoc_gp(
     seed: int = 0,
     batch_size: int = 4096,
 ) -> PosthocGP:
-    """Fit the post-hoc GP read of ``model`` (frozen, unchanged) on a calibration split:
+    r"""Fit the post-hoc GP read of ``model`` (frozen, unchanged) on a calibration split:
     the temperature, the output scale and covariance of the sampled read, and the mean-field
     predictive's :math:`(T_{\rm mf}, a)` on out-of-fold variances (module docstring); with fewer
     than two calibration examples the mean-field predictive is temperature scaling.
@@ -274,72 +365,36 @@ def fit_posthoc_gp(
     check_int("batch_size", batch_size, 1)
     check_seed(seed)
     fwd = forward or default_forward
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
-    if not isinstance(head, nn.Module):
-        raise TypeError(f"head must be the model's classification nn.Module; got {head!r}")
-    if not any(m is head for m in model.modules()):
-        raise ValueError(
-            f"head ({type(head).__name__}) is not a module of the model: pass the model's own "
-            "classification module (e.g. model.head, model.classifier)"
-        )
+    _check_model_and_head(model, head)
     scales = _check_outputscales(outputscales)
     n = input_batch_size(x_cal)
     if n == 0:
         raise ValueError("the calibration split is empty (x_cal holds 0 examples)")
     check_labels(y_cal, n, "y_cal")
     z, h = _logits_and_features(model, head, x_cal, fwd, batch_size)
-    if bool(((y_cal < 0) | (y_cal >= z.shape[-1])).any()):
-        raise ValueError(
-            f"y_cal must hold labels in [0, {z.shape[-1]}) (the model has {z.shape[-1]} "
-            f"classes); got {int(y_cal.min())}..{int(y_cal.max())}"
-        )
+    _check_label_range(y_cal, z.shape[-1])
     y_cal = y_cal.to(device=z.device, dtype=torch.long)
     T = C.fit_temperature(z, y_cal)
-    g = torch.Generator().manual_seed(seed)
     h64 = h.double()
-    W = torch.randn(num_features, h.shape[-1], generator=g, dtype=torch.float64)
-    b = 2 * math.pi * torch.rand(num_features, generator=g, dtype=torch.float64)
-    pts = h64[:512]
-    d = torch.cdist(pts, pts)
-    ls = float(d[~torch.eye(len(pts), dtype=torch.bool)].median()) if len(pts) > 1 else 1.0
-    if not (math.isfinite(ls) and ls > 0):  # identical (e.g. all-zero) features: unit scale
-        ls = 1.0
+    W, b = _random_feature_draws(num_features, h.shape[-1], seed)
+    ls = _median_lengthscale(h64)
     unit = float((z.double() / T).var(-1).mean())
-    fit_half, check_half = torch.arange(0, len(h), 2), torch.arange(1, len(h), 2)
+    halves = torch.arange(0, len(h), 2), torch.arange(1, len(h), 2)
 
     def make(scale: float, rows: Tensor) -> PosthocGP:
         read = PosthocGP(model, head, fwd, T, W, b, ls, scale * unit, torch.eye(1), batch_size)
         read.scale_tril = _covariance_tril(read.features(h64[rows]))
         return read
 
-    best, best_nll = scales[0], math.inf
-    if len(check_half) > 0 and len(scales) > 1:
-        for s in scales:
-            read = make(s, fit_half)
-            p = _predict(read, z[check_half], h64[check_half], 64, seed)
-            nll = _nll(p, y_cal[check_half])
-            if nll < best_nll:
-                best, best_nll = s, nll
+    best = _choose_outputscale(make, scales, z, h64, y_cal, halves, seed)
     read = make(best, torch.arange(len(h)))
-    if len(check_half) > 0:  # the mean-field predictive, on out-of-fold variances
-        phi = read.features(h64)  # (N, R)
-        halves = (fit_half, check_half)
-        trils = torch.stack([_covariance_tril(phi[rows]) for rows in halves])  # (2, R, R)
-        v = torch.empty(len(h), dtype=torch.float64)
-        for rows, other in zip(halves, (trils[1], trils[0]), strict=True):
-            a = phi[rows] @ other
-            v[rows] = (a * a).sum(-1)
-        cov = trils @ trils.transpose(-1, -2)  # (2, R, R)
-        read.half_tril = torch.linalg.cholesky(cov.mean(0))
-        read.mf_temperature, read.mf_scale = _fit_mean_field(z, v, y_cal)
+    if len(halves[1]) > 0:  # the mean-field predictive, on out-of-fold variances
+        read.half_tril, read.mf_temperature, read.mf_scale = _out_of_fold_mean_field(
+            read.features(h64), z, y_cal, halves
+        )
     else:
         read.mf_temperature = T
-    dt = z.dtype if z.is_floating_point() else torch.float32
-    read.rff_weight, read.rff_phase = W.to(dt), b.to(dt)
-    read.scale_tril = read.scale_tril.to(dt)  # sampling in the model's precision: cheap
-    if read.half_tril is not None:
-        read.half_tril = read.half_tril.to(dt)
+    _to_precision(read, z.dtype if z.is_floating_point() else torch.float32)
     return read
 
 

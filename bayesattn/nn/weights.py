@@ -26,7 +26,7 @@ from pyro import poutine
 from pyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoNormal, init_to_value
 from pyro.nn import PyroModule, PyroSample
 from pyro.nn.module import to_pyro_module_
-from torch import nn
+from torch import Tensor, nn
 
 from .attention import BayesianMultiheadAttention
 from .networks import BayesianNetwork
@@ -59,6 +59,25 @@ def bayesian_projections(
         guide: ``"normal"`` (``AutoNormal``) or ``"lowrank"`` (``AutoLowRankMultivariateNormal``).
         init_scale: initial posterior std of the autoguide.
     """
+    _check_projection_args(network, guide, prior_scale, init_scale)
+    if isinstance(targets, str):
+        targets = (targets,)
+    names = _target_names(network, targets)
+    init = {full: _make_weight_site(network, full, prior_scale) for full in names}
+    _check_sites_attached(network, init)
+    wg = _weight_guide(network, guide, init, init_scale, rank)
+    network.weight_guide = wg
+    # Create the guide's parameters now (so optimisers and state_dicts see them), in a private
+    # param store: a stale global entry of the same name must not overwrite the fresh values.
+    with pyro.get_param_store().scope():
+        wg()
+    return names
+
+
+def _check_projection_args(
+    network: BayesianNetwork, guide: str, prior_scale: float | None, init_scale: float
+) -> None:
+    """The arguments of :func:`bayesian_projections`, on a network not yet converted."""
     if not isinstance(network, BayesianNetwork):
         raise TypeError(f"network must be a BayesianNetwork; got {type(network).__name__}")
     if guide not in WEIGHT_GUIDES:
@@ -69,8 +88,11 @@ def bayesian_projections(
         raise ValueError(f"init_scale must be positive; got {init_scale!r}")
     if network.weight_sites():
         raise ValueError("bayesian_projections was already applied to this network")
-    if isinstance(targets, str):
-        targets = (targets,)
+
+
+def _target_names(network: BayesianNetwork, targets: Sequence[str]) -> list[str]:
+    """The full names of the parameters matching ``targets`` (never the weight guide's, a
+    family's or a prior's own parameters); at least one."""
     names = [
         n
         for n, _ in network.named_parameters()
@@ -81,48 +103,54 @@ def bayesian_projections(
     ]
     if not names:
         raise ValueError(f"targets {list(targets)} match no parameter of the network")
-    init = {}
-    for full in names:
-        path, _, pname = full.rpartition(".")
-        module = network.get_submodule(path)
-        if not isinstance(module, (nn.Linear, BayesianMultiheadAttention)):
-            raise ValueError(
-                f"only projection weights of attention layers and linear layers can be made "
-                f"Bayesian (they broadcast sampled weights); {full} belongs to a "
-                f"{type(module).__name__}"
-            )
-        if not isinstance(module, PyroModule):
-            to_pyro_module_(module, recurse=False)
-            module = network.get_submodule(path)  # attribute access links it to the root's context
-        value = getattr(module, pname).detach().clone()
-        fan_in = value.shape[-1] if value.dim() > 1 else value.shape[0]
-        s = prior_scale if prior_scale is not None else 1.0 / math.sqrt(fan_in)
-        delattr(module, pname)
-        prior = dist.Normal(value.new_zeros(()), value.new_tensor(s))
-        setattr(module, pname, PyroSample(prior.expand(value.shape).to_event(value.dim())))
-        network.register_weight_site(module, pname, full)
-        init[full] = value
-    _check_sites_attached(network, init)
-    wg: AutoNormal | AutoLowRankMultivariateNormal
-    if guide == "normal":
-        wg = AutoNormal(
-            network.weight_prior_model,
-            init_loc_fn=init_to_value(values=init),
-            init_scale=init_scale,
-        )
-    else:
-        wg = AutoLowRankMultivariateNormal(
-            network.weight_prior_model,
-            init_loc_fn=init_to_value(values=init),
-            init_scale=init_scale,
-            rank=rank,
-        )
-    network.weight_guide = wg
-    # Create the guide's parameters now (so optimisers and state_dicts see them), in a private
-    # param store: a stale global entry of the same name must not overwrite the fresh values.
-    with pyro.get_param_store().scope():
-        wg()
     return names
+
+
+def _make_weight_site(network: BayesianNetwork, full: str, prior_scale: float | None) -> Tensor:
+    """Replace the parameter ``full`` (of a linear or attention layer) by a ``PyroSample`` site
+    with the prior ``N(0, s²)`` (``s = prior_scale``, default ``1/sqrt(fan_in)``), registered
+    as a weight site of the network; returns its current value (the guide's initial location)."""
+    path, _, pname = full.rpartition(".")
+    module = network.get_submodule(path)
+    if not isinstance(module, (nn.Linear, BayesianMultiheadAttention)):
+        raise ValueError(
+            f"only projection weights of attention layers and linear layers can be made "
+            f"Bayesian (they broadcast sampled weights); {full} belongs to a "
+            f"{type(module).__name__}"
+        )
+    if not isinstance(module, PyroModule):
+        to_pyro_module_(module, recurse=False)
+        module = network.get_submodule(path)  # attribute access links it to the root's context
+    value = getattr(module, pname).detach().clone()
+    fan_in = value.shape[-1] if value.dim() > 1 else value.shape[0]
+    s = prior_scale if prior_scale is not None else 1.0 / math.sqrt(fan_in)
+    delattr(module, pname)
+    prior = dist.Normal(value.new_zeros(()), value.new_tensor(s))
+    setattr(module, pname, PyroSample(prior.expand(value.shape).to_event(value.dim())))
+    network.register_weight_site(module, pname, full)
+    return value
+
+
+def _weight_guide(
+    network: BayesianNetwork,
+    guide: WeightGuide,
+    init: dict[str, Tensor],
+    init_scale: float,
+    rank: int | None,
+) -> AutoNormal | AutoLowRankMultivariateNormal:
+    """The autoguide over the network's weight prior, initialised at ``init``."""
+    if guide == "normal":
+        return AutoNormal(
+            network.weight_prior_model,
+            init_loc_fn=init_to_value(values=init),
+            init_scale=init_scale,
+        )
+    return AutoLowRankMultivariateNormal(
+        network.weight_prior_model,
+        init_loc_fn=init_to_value(values=init),
+        init_scale=init_scale,
+        rank=rank,
+    )
 
 
 def _check_sites_attached(network: BayesianNetwork, init: dict) -> None:

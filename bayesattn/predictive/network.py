@@ -12,7 +12,8 @@ chunk. Used through :class:`bayesattn.predictive.Predictive`.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pyro
@@ -151,6 +152,79 @@ def _predictive_mask(net: BayesianNetwork, x: Tensor, y: Tensor | None) -> Tenso
     return mask
 
 
+def _check_inputs(net: BayesianNetwork, x: Tensor, y: Tensor | None, check_y: bool) -> None:
+    """``x`` a non-empty batch the network takes (and ``y`` its targets when ``check_y``)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor; got {type(x).__name__}")
+    if check_y:
+        check_targets(net, x, y)
+    net.check_batch(x, y)
+    if x.shape[0] == 0:
+        raise ValueError(f"x must hold at least one input; got shape {tuple(x.shape)}")
+
+
+def _is_stochastic(net: BayesianNetwork, mode: AttentionMode, drops: list[nn.Dropout]) -> bool:
+    """Whether two passes can differ: active dropout, or (outside ``"mean"`` mode) a Bayesian
+    attention layer or Bayesian projection weights."""
+    return bool(drops) or (
+        mode != "mean" and (bool(net.bayesian_layers) or net.weight_guide is not None)
+    )
+
+
+@contextmanager
+def _predictive_state(
+    net: BayesianNetwork,
+    layers: list[tuple[str, BayesianMultiheadAttention]],
+    drops: list[nn.Dropout],
+    keep_attention: bool,
+) -> Iterator[None]:
+    """The network in eval mode with ``drops`` active and its attention layers recording their
+    weights iff ``keep_attention``; every module's training flag and the layers'
+    ``record_weights``/``last_weights`` are restored on exit."""
+    saved_layers = [(m, m.record_weights, m.last_weights) for _, m in layers]
+    saved_training = [(m, m.training) for m in net.modules()]
+    try:
+        net.eval()
+        for drop in drops:
+            drop.train()
+        for _, layer in layers:
+            layer.record_weights = keep_attention
+        yield
+    finally:
+        for layer, rec, last in saved_layers:
+            layer.record_weights, layer.last_weights = rec, last
+        for mod, flag in saved_training:
+            mod.training = flag
+
+
+def _is_out_of_memory(e: RuntimeError) -> bool:
+    """A failed allocation (``torch.OutOfMemoryError`` is a ``RuntimeError`` too)."""
+    return "alloc" in str(e).lower() or "out of memory" in str(e).lower()
+
+
+def _memory_error(
+    num_samples: int, inputs: int, batch_size: int | None, e: Exception
+) -> ValueError:
+    """The ``ValueError`` for a pass of ``inputs`` inputs × ``num_samples`` that did not fit."""
+    return ValueError(
+        f"num_samples={num_samples} samples of {inputs} inputs per "
+        f"pass (batch_size={batch_size}) do not fit in memory: the S samples "
+        "go through the network together; lower num_samples (and batch_size), "
+        f"or draw in several calls ({e})"
+    )
+
+
+def _mixture_components(
+    net: BayesianNetwork, mode: AttentionMode, S_run: int, S: int, device: torch.device
+) -> Tensor | None:
+    """The component ``i % K`` of each draw ``(S,)`` of a mixture posterior's stratified draws
+    (``None`` without a mixture, outside ``"guide"``/``"elbo"`` mode, or with one draw)."""
+    mix: Any = net._modules.get("trunk_mixture")  # draws stratified over its K components
+    if mix is not None and mode in ("guide", "elbo") and S_run > 1:
+        return torch.arange(S, device=device) % mix.num_components  # (S,)
+    return None
+
+
 def sample_network(
     net: BayesianNetwork,
     x: Tensor,
@@ -184,80 +258,42 @@ def sample_network(
         probs ``(S, B, C)`` (``(S, B, T, V)`` for sequence models), attention
         ``(S, B, H, Tq, Tk)`` per layer.
     """
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x must be a torch.Tensor; got {type(x).__name__}")
-    if check_y:
-        check_targets(net, x, y)
-    net.check_batch(x, y)
-    if x.shape[0] == 0:
-        raise ValueError(f"x must hold at least one input; got shape {tuple(x.shape)}")
-
+    _check_inputs(net, x, y, check_y)
     drops = [m for m in net.modules() if isinstance(m, nn.Dropout) and m.p > 0] if dropout else []
-    stochastic = bool(drops) or (
-        mode != "mean" and (bool(net.bayesian_layers) or net.weight_guide is not None)
-    )
-    S_run = num_samples if stochastic else 1
+    S_run = num_samples if _is_stochastic(net, mode, drops) else 1
     S = num_samples if expand else S_run
     layers = [(n, m) for n, m in net.named_modules() if isinstance(m, BayesianMultiheadAttention)]
-    saved_layers = [(m, m.record_weights, m.last_weights) for _, m in layers]
-    saved_training = [(m, m.training) for m in net.modules()]
-
     _check_result_fits(net, x, S, keep_attention and bool(layers), batch_size)
     probs_chunks: list[Tensor] = []
     attn_chunks: dict[str, list[Tensor]] = {n: [] for n, _ in layers} if keep_attention else {}
-    chunks = list(_chunks(x.shape[0], batch_size))
-    it = chunks
+    chunks: Iterable[slice] = list(_chunks(x.shape[0], batch_size))
     if progress:
         from tqdm.auto import tqdm
 
-        it = tqdm(chunks, desc="predict", unit="batch")
-    try:
-        net.eval()
-        for drop in drops:
-            drop.train()
-        for _, layer in layers:
-            layer.record_weights = keep_attention
-        with torch.no_grad():
-            values = draw_weights(net, mode, S_run)
-            gvals = net.draw_globals(mode, S_run if S_run > 1 else None)
-            for sl in it:
-                yb = None if y is None else y[sl]
-                try:
-                    p, ws = _run_pass(
-                        net, x[sl], yb, mode, values, S_run, layers, keep_attention, gvals
-                    )
-                except RuntimeError as e:  # torch.OutOfMemoryError is a RuntimeError too
-                    if "alloc" not in str(e).lower() and "out of memory" not in str(e).lower():
-                        raise
-                    raise ValueError(
-                        f"num_samples={num_samples} samples of {sl.stop - sl.start} inputs per "
-                        f"pass (batch_size={batch_size}) do not fit in memory: the S samples "
-                        "go through the network together; lower num_samples (and batch_size), "
-                        f"or draw in several calls ({e})"
-                    ) from e
-                probs_chunks.append(p.expand((S,) + p.shape[1:]))  # (S, b, ..., C)
-                for name, w in ws.items():
-                    attn_chunks[name].append(w.expand((S,) + w.shape[1:]))  # (S, b, H, Tq, Tk)
-    finally:
-        for layer, rec, last in saved_layers:
-            layer.record_weights, layer.last_weights = rec, last
-        for mod, flag in saved_training:
-            mod.training = flag
-
+        chunks = tqdm(chunks, desc="predict", unit="batch")
+    with _predictive_state(net, layers, drops, keep_attention), torch.no_grad():
+        values = draw_weights(net, mode, S_run)
+        gvals = net.draw_globals(mode, S_run if S_run > 1 else None)
+        for sl in chunks:
+            yb = None if y is None else y[sl]
+            try:
+                p, ws = _run_pass(
+                    net, x[sl], yb, mode, values, S_run, layers, keep_attention, gvals
+                )
+            except RuntimeError as e:
+                if not _is_out_of_memory(e):
+                    raise
+                raise _memory_error(num_samples, sl.stop - sl.start, batch_size, e) from e
+            probs_chunks.append(p.expand((S,) + p.shape[1:]))  # (S, b, ..., C)
+            for name, w in ws.items():
+                attn_chunks[name].append(w.expand((S,) + w.shape[1:]))  # (S, b, H, Tq, Tk)
     probs = torch.cat(probs_chunks, dim=1)  # (S, B, ..., C)
-    attention = {
-        name: AttentionSamples(torch.cat(ws, dim=1))  # (S, B, H, Tq, Tk)
-        for name, ws in attn_chunks.items()
-    }
-    mask = _predictive_mask(net, x, y)
-    mix: Any = net._modules.get("trunk_mixture")  # draws stratified over its K components
-    comp = None
-    if mix is not None and mode in ("guide", "elbo") and S_run > 1:
-        comp = torch.arange(S, device=probs.device) % mix.num_components  # (S,)
     return PredictionResult(
         probs=probs,
-        attention=attention,
+        attention={  # (S, B, H, Tq, Tk)
+            name: AttentionSamples(torch.cat(ws, dim=1)) for name, ws in attn_chunks.items()
+        },
         kind="mc_dropout" if dropout else mode,
-        mask=mask,
-        components=comp,
+        mask=_predictive_mask(net, x, y),
+        components=_mixture_components(net, mode, S_run, S, probs.device),
     )

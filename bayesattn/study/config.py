@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from .._study_io import validate_study_config
 from ..data.holdout import check_holdout_classes, rotation_pairs
 
-__all__ = ["StudyConfig", "DATASETS", "MODEL_DEFAULTS", "DEFAULT_ROTATION"]
+__all__ = [
+    "StudyConfig",
+    "DATASETS",
+    "MODEL_DEFAULTS",
+    "DEFAULT_ROTATION",
+    "MethodNames",
+    "use_method_names",
+    "method_names",
+]
 
 #: held-out pairs of the default study (``make study``) when neither ``holdout_classes`` nor
 #: ``holdout_rotation`` is given
@@ -31,6 +39,36 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
                     batch_size=128, patch=8, stride=4),
 }  # fmt: skip
 _MODEL_KEYS = ("d_model", "nhead", "num_layers", "dim_feedforward", "epochs", "lr", "batch_size")
+
+
+class MethodNames(NamedTuple):
+    """The method names a configuration is checked against and takes its defaults from: live
+    views of the method registry (:data:`~bayesattn.study.methods.METHODS`, ``DEFAULT_METHODS``
+    and ``FULL_METHODS``), handed over by :mod:`bayesattn.study.methods` through
+    :func:`use_method_names`, so that the configuration imports nothing from the methods."""
+
+    registered: Sequence[str]
+    default: Sequence[str]
+    full: Sequence[str]
+
+
+_METHOD_NAMES: list[MethodNames] = []  # the names use_method_names installed (one entry)
+
+
+def use_method_names(names: MethodNames) -> None:
+    """Install the method names configurations are checked against (called by
+    :mod:`bayesattn.study.methods` when it is imported, before any configuration is built)."""
+    _METHOD_NAMES[:] = [names]
+
+
+def method_names() -> MethodNames:
+    """The installed method names (a ``RuntimeError`` before the methods are registered)."""
+    if not _METHOD_NAMES:
+        raise RuntimeError(
+            "no study methods are registered yet: import bayesattn.study (which registers them) "
+            "before building a StudyConfig"
+        )
+    return _METHOD_NAMES[0]
 
 
 @dataclass
@@ -94,10 +132,9 @@ class StudyConfig:
     def full(cls, **kw: Any) -> StudyConfig:
         """The whole protocol: both datasets, 5 disjoint held-out pairs × 5 seeds, the methods
         of :data:`~bayesattn.study.methods.FULL_METHODS`, on 2 worker processes (``jobs``)."""
-        from .methods import FULL_METHODS
-
+        full_methods = tuple(method_names().full)
         base: dict[str, Any] = dict(
-            datasets=DATASETS, holdout_rotation=5, seeds=5, methods=tuple(FULL_METHODS), jobs=2
+            datasets=DATASETS, holdout_rotation=5, seeds=5, methods=full_methods, jobs=2
         )
         if kw.get("holdout_classes"):
             base.pop("holdout_rotation")
@@ -125,17 +162,17 @@ class StudyConfig:
         return out
 
     def __post_init__(self) -> None:
-        from .methods import DEFAULT_METHODS, METHODS
-
+        names = method_names()
         validate_study_config(self)
-        self.methods = tuple(self.methods) if self.methods else tuple(DEFAULT_METHODS)
+        self.methods = tuple(self.methods) if self.methods else tuple(names.default)
         for d in (self.dataset, *self.datasets):
             if d not in DATASETS:
                 raise ValueError(f"dataset must be one of {DATASETS}; got {d!r}")
-        bad = [m for m in self.methods if m not in METHODS]
+        bad = [m for m in self.methods if m not in names.registered]
         if bad:
             raise ValueError(
-                f"methods must be a non-empty subset of {METHODS}; got {list(self.methods)}"
+                f"methods must be a non-empty subset of {names.registered}; got "
+                f"{list(self.methods)}"
             )
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"methods must not repeat a method; got {list(self.methods)}")
