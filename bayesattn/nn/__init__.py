@@ -1,7 +1,8 @@
 """PyroModule layers, blocks and networks (see :mod:`bayesattn.nn.attention` first)."""
 
 from .attention import BayesianMultiheadAttention
-from .blocks import AttentionConfig, Decoder, DecoderLayer, Encoder, EncoderLayer
+from .blocks import Decoder, DecoderLayer, Encoder, EncoderLayer
+from .config import AttentionConfig
 from .contract import NetworkContract, check_network
 from .modes import attention_mode, collect_kl, current_mode
 from .networks import (
