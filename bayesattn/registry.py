@@ -1,6 +1,6 @@
 r"""One registry pattern for every extension point (as in timm): name → entry.
 
-A :class:`Registry` maps names to *factories* (a class or a function) that build one kind of
+A :class:`Registry` maps names to *factories* (a class or a function) that build one sort of
 object, or, with ``instances=True``, to ready objects. The library has four:
 
 ======================================  ========================  ==================================
@@ -40,10 +40,10 @@ R = TypeVar("R")  # what a factory builds
 
 
 class Registry(Generic[E]):
-    """Named entries of one kind.
+    """Named entries of one sort (the registry's ``noun``).
 
     Args:
-        kind: what an entry is, singular (``"family"``); errors name it.
+        noun: what an entry is, singular (``"family"``); errors name it.
         base: the class every product (factory mode) or entry (``instances=True``) must be an
             instance of; a class entry must subclass it.
         instances: entries are ready ``base`` objects, not factories (the study's methods).
@@ -53,18 +53,18 @@ class Registry(Generic[E]):
 
     def __init__(
         self,
-        kind: str,
+        noun: str,
         base: type,
         *,
         instances: bool = False,
         register_with: str = "",
         reserved: tuple[str, ...] = (),
     ) -> None:
-        self.kind = kind
-        self.plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
+        self.noun = noun
+        self.plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
         self.base = base
         self.instances = instances
-        self.register_with = register_with or f"Registry({kind!r}).register"
+        self.register_with = register_with or f"Registry({noun!r}).register"
         self._entries: dict[str, E] = {}
         self.reserved = tuple(reserved)
 
@@ -82,10 +82,10 @@ class Registry(Generic[E]):
 
         A name already taken is a ``ValueError`` unless ``override=True`` (which replaces it)."""
         if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"a {self.kind} name must be an identifier string; got {name!r}")
+            raise ValueError(f"a {self.noun} name must be an identifier string; got {name!r}")
         if name in self.reserved:
             raise ValueError(
-                f"the {self.kind} name {name!r} is built in and cannot be registered or "
+                f"the {self.noun} name {name!r} is built in and cannot be registered or "
                 f"overridden (reserved: {list(self.reserved)}); choose another name"
             )
         if entry is None:
@@ -93,7 +93,7 @@ class Registry(Generic[E]):
         self._check_entry(name, entry)
         if name in self._entries and not override:
             raise ValueError(
-                f"a {self.kind} named {name!r} is already registered ({self._entries[name]!r}); "
+                f"a {self.noun} named {name!r} is already registered ({self._entries[name]!r}); "
                 "pass override=True to replace it"
             )
         self._entries[name] = entry
@@ -103,15 +103,15 @@ class Registry(Generic[E]):
         base = self.base.__name__
         if self.instances:
             if not isinstance(entry, self.base):
-                raise TypeError(f"{self.kind} {name!r} must be a {base}; got {entry!r}")
+                raise TypeError(f"{self.noun} {name!r} must be a {base}; got {entry!r}")
         elif isinstance(entry, type):
             if not issubclass(entry, self.base):
                 raise TypeError(
-                    f"{self.kind} {name!r}: the class {entry.__name__} does not subclass {base}"
+                    f"{self.noun} {name!r}: the class {entry.__name__} does not subclass {base}"
                 )
         elif isinstance(entry, self.base) or not callable(entry):
             raise TypeError(
-                f"{self.kind} {name!r} must be a {base} subclass or a function returning a "
+                f"{self.noun} {name!r} must be a {base} subclass or a function returning a "
                 f"{base} (register the class, not an instance); got {entry!r}"
             )
 
@@ -126,13 +126,13 @@ class Registry(Generic[E]):
     # looking up ----------------------------------------------------------------------------
     def get(self, name: str, *, argument: str | None = None, also: tuple[str, ...] = ()) -> E:
         """The entry called ``name``. An unknown name is a ``ValueError`` naming ``argument``
-        (default: the kind) and listing the registered names (and ``also``: names the caller
+        (default: the noun) and listing the registered names (and ``also``: names the caller
         handles itself, such as ``"dense"`` for no support)."""
         if not isinstance(name, str):
-            raise TypeError(f"{argument or self.kind} must be a {self.kind} name; got {name!r}")
+            raise TypeError(f"{argument or self.noun} must be a {self.noun} name; got {name!r}")
         if name not in self._entries:
             raise ValueError(
-                f"unknown {self.kind} {name!r}; {argument or self.kind} must be one of the "
+                f"unknown {self.noun} {name!r}; {argument or self.noun} must be one of the "
                 f"registered {self.plural} {[*also, *self._entries]} (add one with "
                 f"{self.register_with})"
             )
@@ -143,7 +143,7 @@ class Registry(Generic[E]):
         obj = self.get(name)(**kwargs)
         if not isinstance(obj, self.base):
             raise TypeError(
-                f"{self.kind} {name!r} built a {type(obj).__name__}, not a {self.base.__name__}"
+                f"{self.noun} {name!r} built a {type(obj).__name__}, not a {self.base.__name__}"
             )
         return obj
 
@@ -174,4 +174,4 @@ class Registry(Generic[E]):
         return len(self._entries)
 
     def __repr__(self) -> str:
-        return f"Registry({self.kind!r}, {list(self._entries)})"
+        return f"Registry({self.noun!r}, {list(self._entries)})"

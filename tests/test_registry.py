@@ -349,7 +349,7 @@ def test_user_support_by_name_reads_like_the_class_it_builds(scratch_registries)
     with bayesattn.attention_mode("mean"):
         torch.testing.assert_close(named(x, x, x)[0], direct(x, x, x)[0])
     cfg = AttentionConfig(support="narrow")
-    layer = cfg.build(8, 2, index=0, num_layers=1, kind="self")
+    layer = cfg.build(8, 2, index=0, num_layers=1, which="self")
     assert isinstance(layer.support, LocalSupport) and layer.support.window == 1
     with pytest.raises(TypeError, match="built a"):
         bayesattn.register_support("broken", lambda: nn.Identity())

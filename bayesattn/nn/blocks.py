@@ -28,7 +28,7 @@ from .attention import BayesianMultiheadAttention, linear
 
 # AttentionConfig and its option types live in .config; they stay importable from here
 from .config import AttentionConfig as AttentionConfig
-from .config import AttentionKind as AttentionKind
+from .config import AttentionRole as AttentionRole
 from .config import LayerSelection as LayerSelection
 from .config import PriorName as PriorName
 from .config import ReadName as ReadName

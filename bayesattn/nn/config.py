@@ -27,7 +27,7 @@ PriorName = Literal["uniform", "causal", "local", "alibi", "learned", "contextua
 #: Which attention layers of a stack get the posterior (or a list of layer indices).
 LayerSelection = Literal["all", "last"]
 #: The attention of a decoder layer: its self-attention or its cross-attention.
-AttentionKind = Literal["self", "cross"]
+AttentionRole = Literal["self", "cross"]
 #: How a selected layer reads its values: softmax attention alone, or plus a sparse-GP read.
 ReadName = Literal["softmax", "sparse_gp"]
 #: A classifier's read-out of the pooled features: a linear layer (the GP read-outs and the
@@ -84,7 +84,7 @@ class AttentionConfig:
     family: FamilyName | str | None = None
     prior: PriorName | str | Callable[[int, int], P.KeyRelevancePrior] = "uniform"
     layers: LayerSelection | Sequence[int] = "all"
-    which: AttentionKind | Sequence[AttentionKind] = ("self", "cross")
+    which: AttentionRole | Sequence[AttentionRole] = ("self", "cross")
     family_kwargs: dict = field(default_factory=dict)
     prior_kwargs: dict = field(default_factory=dict)
     support: SupportName | str | None = None
@@ -119,7 +119,7 @@ class AttentionConfig:
                 check_int("layers[i]", i)
         if isinstance(self.which, str):
             self.which = (self.which,)
-        bad = set(self.which) - set(get_args(AttentionKind))
+        bad = set(self.which) - set(get_args(AttentionRole))
         if bad:
             raise ValueError(f"which must contain only 'self'/'cross'; got {sorted(bad)}")
         for name in ("family_kwargs", "prior_kwargs"):
@@ -220,8 +220,8 @@ class AttentionConfig:
         kw.update(overrides)
         return cls(**kw)
 
-    def is_bayesian(self, index: int, num_layers: int, kind: AttentionKind = "self") -> bool:
-        if not self._selects or kind not in self.which:
+    def is_bayesian(self, index: int, num_layers: int, which: AttentionRole = "self") -> bool:
+        if not self._selects or which not in self.which:
             return False
         if self.layers == "all":
             return True
@@ -243,18 +243,18 @@ class AttentionConfig:
         num_heads: int,
         index: int,
         num_layers: int,
-        kind: AttentionKind,
+        which: AttentionRole,
         **mha_kwargs: Any,
     ) -> BayesianMultiheadAttention:
         head_dim = embed_dim // num_heads
-        bayes = self.is_bayesian(index, num_layers, kind)
+        bayes = self.is_bayesian(index, num_layers, which)
         family = (
             get_family(self.family, num_heads, head_dim, **self.family_kwargs)
             if bayes and self.family is not None  # is_bayesian: False without a family
             else None
         )
-        prior = self.build_prior(num_heads, head_dim) if kind == "self" else P.UniformPrior()
-        support = get_support(self.support, **self.support_kwargs) if kind == "self" else None
+        prior = self.build_prior(num_heads, head_dim) if which == "self" else P.UniformPrior()
+        support = get_support(self.support, **self.support_kwargs) if which == "self" else None
         gp = (
             SparseGP(num_heads, head_dim, head_dim, **self.read_kwargs)
             if bayes and self.read == "sparse_gp"

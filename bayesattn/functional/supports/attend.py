@@ -38,17 +38,17 @@ def support_attend(
         raise ValueError(
             f"weights last dim must be the support size {support.size}; got {tuple(weights.shape)}"
         )
-    if support.kind == "lowrank" or support.index is None:
+    if support.name == "lowrank" or support.index is None:
         return torch.matmul(weights, v)
     if v.shape[-2] != support.num_keys:
         raise ValueError(f"v must have Tk={support.num_keys} rows; got shape {tuple(v.shape)}")
     if weights.shape[-2] == 0:
         return weights.new_zeros(weights.shape[:-1] + (v.shape[-1],))  # no query rows
-    if support.kind == "dense":
+    if support.name == "dense":
         return torch.matmul(weights, v)
-    if support.kind in ("local", "local_global"):
+    if support.name in ("local", "local_global"):
         if support.window is None:
-            raise ValueError(f"a {support.kind!r} support needs its window; got window=None")
+            raise ValueError(f"a {support.name!r} support needs its window; got window=None")
         Kb = 2 * support.window + 1
         out = local_attend(weights[..., :Kb], v, support.window, chunk_size)
         if support.global_keys is not None:

@@ -33,7 +33,8 @@ class ReducedSupport:
         index: key position of each slot, broadcastable to ``(…, Tq, K)``, or ``None`` when the
             slots are mixtures of keys (low rank).
         num_keys: ``Tk``.
-        kind: ``"local"``, ``"local_global"``, ``"topk"``, ``"dense"`` or ``"lowrank"``.
+        name: the support, ``"local"``, ``"local_global"``, ``"topk"``, ``"dense"`` or
+            ``"lowrank"`` (how its slots are read: a band, gathers, every key, mixtures).
         window: the half-width ``w`` of a local support (slot ``m < 2w+1`` of query ``i`` is key
             ``i - w + m``); ``None`` otherwise.
         dropped_mass: ``(…, Tq)``, the posterior mass outside the support (top-k: exact; top-k
@@ -49,7 +50,7 @@ class ReducedSupport:
     log_prior: Tensor | None
     index: Tensor | None
     num_keys: int
-    kind: str
+    name: str
     window: int | None = None
     dropped_mass: Tensor | None = None
     global_keys: Tensor | None = None
@@ -167,11 +168,11 @@ def dense_support_mask(support: ReducedSupport) -> Tensor:
 
 
 def empty_support(
-    q: Tensor, k: Tensor, K: int, kind: str, window: int | None = None
+    q: Tensor, k: Tensor, K: int, name: str, window: int | None = None
 ) -> ReducedSupport:
     """The support of zero queries (``Tq = 0``): every tensor has a zero-length query axis."""
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     z = q.new_zeros(lead + (0, K))
     idx = torch.zeros(lead + (0, K), dtype=torch.long, device=q.device)
-    dm = q.new_zeros(lead + (0,)) if kind == "topk" else None
-    return ReducedSupport(z, z.clone(), idx, k.shape[-2], kind, window=window, dropped_mass=dm)
+    dm = q.new_zeros(lead + (0,)) if name == "topk" else None
+    return ReducedSupport(z, z.clone(), idx, k.shape[-2], name, window=window, dropped_mass=dm)
