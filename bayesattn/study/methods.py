@@ -389,7 +389,7 @@ register_method(
 # global, distance-aware posteriors (issue 17; not run unless named: --methods ...)
 
 
-class PosthocGP(Deterministic):
+class PosthocGPMethod(Deterministic):
     """The deterministic network, frozen, with the post-hoc random-feature GP read of
     :func:`bayesattn.interop.posthoc_gp.fit_posthoc_gp` on its pooled CLS features: temperature
     and prior output scale chosen on validation NLL, the Gaussian posterior over the random
@@ -424,8 +424,8 @@ class PosthocGP(Deterministic):
         return fitted.state["read"].variance(run.features("", x))
 
 
-class PosthocGPMeanField(PosthocGP):
-    r""":class:`PosthocGP`'s read with its deterministic mean-field predictive
+class PosthocGPMeanFieldMethod(PosthocGPMethod):
+    r""":class:`PosthocGPMethod`'s read with its deterministic mean-field predictive
     (:meth:`~bayesattn.interop.posthoc_gp.PosthocGP.probs`): the logits divided by
     :math:`T_{\rm mf}\sqrt{1 + a\,v(x)}`, a temperature that grows with the GP variance, both
     fitted on validation with out-of-fold variances; own score: the GP's posterior variance."""
@@ -444,8 +444,8 @@ class PosthocGPMeanField(PosthocGP):
         return PredictionResult(fitted.state["read"].probs(z)[None])  # (1, B, C)
 
 
-register_method(PosthocGP())
-register_method(PosthocGPMeanField())
+register_method(PosthocGPMethod())
+register_method(PosthocGPMeanFieldMethod())
 register_method(
     BayesianAttention("sgpa", "sparse-GP attention read of the last layer (SGPA-style)",
                       lambda: AttentionConfig(read="sparse_gp", layers="last",
