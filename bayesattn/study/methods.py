@@ -26,8 +26,8 @@ from ..nn.weights import bayesian_projections
 from ..registry import Registry
 from ..uncertainty import PredictionResult, predict, predict_ensemble, predict_mc_dropout
 from .config import MethodNames, use_method_names
-from .runs import Run
 from .laplace_evidence import laplace_evidence
+from .runs import Run
 from .scores import choose_k, fit_mahalanobis, knn_distance
 
 __all__ = [
