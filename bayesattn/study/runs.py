@@ -117,8 +117,8 @@ class Run:
 
     @classmethod
     def load(cls, cfg: StudyConfig, dataset: str, pair: tuple[int, ...], seed: int) -> Run:
-        """The split of ``dataset`` with ``pair`` held out, and its far-OOD and corrupted sets
-        (all seeded by ``seed``)."""
+        """The split of ``dataset`` with ``pair`` held out, and its far-OOD sets (with the
+        training classes' ``moments`` set) and corrupted sets (all seeded by ``seed``)."""
         if dataset == "digits":
             data = load_digits_data(seed=seed, holdout_classes=pair)
             corrupt: Any = corrupt_images
@@ -129,7 +129,8 @@ class Run:
         corrupted = {
             (k, s): corrupt(data.x_test, k, s, seed) for k in kinds for s in cfg.severities
         }
-        return cls(cfg, dataset, pair, seed, data, far_ood_suite(data.x_test, seed), corrupted)
+        far = far_ood_suite(data.x_test, seed, train=(data.x_train, data.y_train))
+        return cls(cfg, dataset, pair, seed, data, far, corrupted)
 
     @property
     def model(self) -> dict[str, Any]:
