@@ -470,8 +470,8 @@ class PosthocGPMeanField(PosthocGP):
         return PredictionResult(fitted.state["read"].probs(z)[None])  # (1, B, C)
 
 
-register_method(PosthocGP())
-register_method(PosthocGPMeanField())
+register_method(PosthocGP(), default=True)  # the main job runs it (issue 28)
+register_method(PosthocGPMeanField(), default=True)
 register_method(
     BayesianAttention("sgpa", "sparse-GP attention read of the last layer (SGPA-style)",
                       lambda: AttentionConfig(read="sparse_gp", layers="last",
