@@ -125,7 +125,7 @@ DEFAULT_METHODS: Sequence[str] = _Names(lambda: list(_DEFAULT))
 #: defaults plus the global, distance-aware posteriors of issue 17 that earned their place and
 #: the distance-aware reads and trunks of issue 30 (:mod:`.density_methods`)
 #: with the mixture posterior and its ablations (:mod:`.mixture_methods`; ``mixture_k2`` by name)
-_FULL_EXTRA = ("posthoc_gp", "posthoc_gp_mf", "sgpa", "density", "density_cls", "density_gda",
+_FULL_EXTRA = ("dirichlet", "posthoc_gp", "posthoc_gp_mf", "sgpa", "density", "density_cls", "density_gda",
                "spectral", "spectral_density", "spectral_gp", "mixture", "mixture_point",
                "mixture_k1", "mixture_wide")  # fmt: skip
 FULL_METHODS: Sequence[str] = _Names(
@@ -386,10 +386,9 @@ register_method(
                       AttentionConfig.recommended, tempered=False),
     default=True,
 )  # fmt: skip
-register_method(
+register_method(  # the full protocol's, not the main job's (issue 28: room for the post-hoc reads)
     BayesianAttention("dirichlet", "Dirichlet attention in every layer, tempered ELBO",
                       lambda: AttentionConfig(family="dirichlet"), tempered=True),
-    default=True,
 )  # fmt: skip
 register_method(
     BayesianAttention(

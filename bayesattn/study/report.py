@@ -201,6 +201,26 @@ def _params_section(pooled: dict[str, Any]) -> list[str]:
     return parts + [""]
 
 
+def _near_far_selective(pooled: dict[str, Any]) -> list[str]:
+    """The near / far / shift table and the selective-prediction table."""
+    parts: list[str] = []
+    parts += ["", "### Near / far / shift", "",
+              "AUROC against in-distribution test inputs, by each method's primary score: near = "
+              "the held-out classes; far = the mean over the far-OOD sets (uniform noise, "
+              "inverted and permuted inputs, and the harder `moments` set: class-conditional "
+              "Gaussians with the training classes' means and covariances, chosen before any "
+              "result); shift = the mean over corruption kinds and severities, with the "
+              "accuracy under them.", ""]  # fmt: skip
+    parts += _table(pooled, _NEAR_FAR)
+    parts += ["", "### Selective prediction", "",
+              "On the in-distribution test set: AURC (area under the risk–coverage curve, "
+              "lower is better) and the accuracy on the 90% / 80% most certain examples, "
+              "abstaining by predictive entropy; AURC abstaining by the own score where a "
+              "method has one.", ""]  # fmt: skip
+    parts += _table(pooled, _SELECTIVE)
+    return parts
+
+
 def _dataset_section(ds: str, block: dict[str, Any]) -> list[str]:
     pooled = block["pooled"]
     runs = block["runs"]
@@ -222,20 +242,7 @@ def _dataset_section(ds: str, block: dict[str, Any]) -> list[str]:
         "",
     ]
     parts += _table(pooled, _MAIN)
-    parts += ["", "### Near / far / shift", "",
-              "AUROC against in-distribution test inputs, by each method's primary score: near = "
-              "the held-out classes; far = the mean over the far-OOD sets (uniform noise, "
-              "inverted and permuted inputs, and the harder `moments` set: class-conditional "
-              "Gaussians with the training classes' means and covariances, chosen before any "
-              "result); shift = the mean over corruption kinds and severities, with the "
-              "accuracy under them.", ""]  # fmt: skip
-    parts += _table(pooled, _NEAR_FAR)
-    parts += ["", "### Selective prediction", "",
-              "On the in-distribution test set: AURC (area under the risk–coverage curve, "
-              "lower is better) and the accuracy on the 90% / 80% most certain examples, "
-              "abstaining by predictive entropy; AURC abstaining by the own score where a "
-              "method has one.", ""]  # fmt: skip
-    parts += _table(pooled, _SELECTIVE)
+    parts += _near_far_selective(pooled)
     parts += ["", "### After temperature scaling (T fitted on validation NLL, per method)", ""]
     parts += _table(pooled, [("accuracy", "acc", 3), ("nll_ts", "NLL", 3), ("ece_ts", "ECE", 3),
                              ("brier_ts", "Brier", 3), ("temperature", "T", 2)])  # fmt: skip
