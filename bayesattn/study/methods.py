@@ -294,7 +294,7 @@ class LastLayerLaplace(Deterministic):
         def loader(z: Tensor, y: Tensor) -> DataLoader:
             return DataLoader(TensorDataset(z.float(), y), batch_size=256)
 
-        la = Laplace(head, "classification", subset_of_weights="all", hessian_structure="full")
+        la: Any = Laplace(head, "classification", subset_of_weights="all", hessian_structure="full")
         la.fit(loader(run.features("train"), d.y_train))
         zv = run.features("val").float()
         grid = _laplace_grid(la, loader(zv, d.y_val))  # the 0.5 choice, kept as an ablation

@@ -16,6 +16,7 @@ from torch import Tensor
 from .._validation import check_int
 from ..data import CORRUPTION_KINDS, DigitsData, corrupt_images, load_digits_data
 from ..data.far_ood import SEQUENCE_CORRUPTIONS, corrupt_sequences, far_ood_suite
+from ..data.fortunes import FortunesData
 from ..data.mnist1d import load_mnist1d_data
 from ..data.token_ood import TOKEN_CORRUPTIONS, corrupt_tokens, token_far_ood_suite
 from ..interop.class_density import state_views
@@ -125,10 +126,12 @@ class Run:
 
             data: Any = load_fortunes_data(seed=seed, holdout_classes=pair)
             v = data.vocab_size
-            corrupted = {(k, s): corrupt_tokens(data.x_test, k, s, v, seed)
-                         for k in TOKEN_CORRUPTIONS for s in cfg.severities}  # fmt: skip
+            tokens: dict[tuple[str, int], Tensor] = {
+                (k, s): corrupt_tokens(data.x_test, k, s, v, seed)
+                for k in TOKEN_CORRUPTIONS for s in cfg.severities
+            }  # fmt: skip
             far = token_far_ood_suite(data.x_test, v, seed, train=(data.x_train, data.y_train))
-            return cls(cfg, dataset, pair, seed, data, far, corrupted)
+            return cls(cfg, dataset, pair, seed, data, far, tokens)
         if dataset == "digits":
             data = load_digits_data(seed=seed, holdout_classes=pair)
             corrupt: Any = corrupt_images
@@ -158,6 +161,7 @@ class Run:
         if self.dataset == "digits":
             return VisionTransformer(c, image_size=8, patch_size=m["patch"], **kw)
         if self.dataset == "fortunes":
+            assert isinstance(self.data, FortunesData)
             vocab, length = self.data.vocab_size, self.data.x_train.shape[1]
             return TransformerClassifier(c, vocab_size=vocab, max_len=length, pooling="cls", **kw)
         return SignalTransformer(

@@ -66,9 +66,11 @@ def test_config_pairs_presets_and_errors():
     assert StudyConfig.quick(holdout_rotation=3).pairs() == rotation_pairs(3)
     full = StudyConfig.full()
     assert full.dataset_list == ("digits", "mnist1d") and full.seeds == 5 and full.jobs == 2
-    assert full.methods[: len(StudyConfig().methods) + 3] == (
-        *StudyConfig().methods, "posthoc_gp", "posthoc_gp_mf", "sgpa"
+    assert full.methods[: len(StudyConfig().methods) + 2] == (
+        *StudyConfig().methods, "dirichlet", "sgpa"
     )
+    # the main job runs the README's lead methods (issue 28)
+    assert {"posthoc_gp", "posthoc_gp_mf", "density"} <= set(StudyConfig().methods)
     assert {"density", "density_gda", "spectral", "spectral_density", "spectral_gp"} <= set(
         full.methods
     )
