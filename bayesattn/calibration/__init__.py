@@ -32,7 +32,15 @@ from .metrics import (
 )
 from .ood import check_ood_scores as check_ood_scores
 from .ood import ood_aupr, ood_auroc
-from .selective import PAvPUCurve, RiskCoverage, aurc, pavpu, pavpu_curve, risk_coverage_curve
+from .selective import (
+    PAvPUCurve,
+    RiskCoverage,
+    accuracy_at_coverage,
+    aurc,
+    pavpu,
+    pavpu_curve,
+    risk_coverage_curve,
+)
 from .temperature import TemperatureScaler, fit_temperature
 
 __all__ = [
@@ -42,6 +50,7 @@ __all__ = [
     "TemperatureScaler",
     "accuracy",
     "aurc",
+    "accuracy_at_coverage",
     "brier_score",
     "expected_calibration_error",
     "fit_temperature",

@@ -53,6 +53,22 @@ def aurc(uncertainty: Tensor, correct: Tensor) -> float:
     return float(risk_coverage_curve(uncertainty, correct).risk.mean())
 
 
+def accuracy_at_coverage(uncertainty: Tensor, correct: Tensor, coverage: float) -> float:
+    """Accuracy on the ``ceil(coverage · N)`` most certain examples (the rest abstained on):
+    ``1 − risk_k`` of the risk–coverage curve at ``k = ceil(coverage · N)``.
+
+    Shape:
+        uncertainty ``(N,)``, correct ``(N,)`` → float.
+    """
+    if isinstance(coverage, bool) or not isinstance(coverage, (int, float)) or not (
+        0 < coverage <= 1
+    ):
+        raise ValueError(f"coverage must be a number in (0, 1]; got {coverage!r}")
+    rc = risk_coverage_curve(uncertainty, correct)
+    k = max(1, math.ceil(coverage * rc.risk.shape[0] - 1e-9))
+    return float(1.0 - rc.risk[k - 1])
+
+
 def pavpu(uncertainty: Tensor, correct: Tensor, threshold: float) -> float:
     """Patch accuracy vs patch uncertainty (Mukhoti & Gal, 2018).
 

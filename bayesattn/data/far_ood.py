@@ -7,8 +7,14 @@ the in-distribution data.
 * ``permuted``: each example's features shuffled by its own seeded permutation (same values,
   no structure).
 
-A detector that cannot flag these is broken; they are not a benchmark. Every draw comes from a
-``torch.Generator`` seeded with ``seed``."""
+A detector that cannot flag these is broken; they are not a benchmark. The harder far set,
+chosen before any result was seen (issue 28), is
+
+* ``moments`` (:func:`moment_matched`): class-conditional Gaussians with the training classes'
+  means and covariances, drawn in the training classes' proportions and clipped to the data's
+  range: the first two moments of every class are right, nothing beyond them is.
+
+Every draw comes from a ``torch.Generator`` seeded with ``seed``."""
 
 from __future__ import annotations
 
@@ -19,17 +25,21 @@ from torch import Tensor
 
 from .._validation import check_float_tensor, check_int, check_seed, torch_generator
 
-__all__ = ["FAR_OOD_KINDS", "far_ood_suite", "SEQUENCE_CORRUPTIONS", "corrupt_sequences"]
+__all__ = ["FAR_OOD_KINDS", "far_ood_suite", "moment_matched", "SEQUENCE_CORRUPTIONS",
+           "corrupt_sequences"]  # fmt: skip
 
 FarOODKind = Literal["uniform", "inverted", "permuted"]
 FAR_OOD_KINDS: tuple[FarOODKind, ...] = get_args(FarOODKind)
 
 
-def far_ood_suite(x: Tensor, seed: int = 0) -> dict[str, Tensor]:
-    """``{kind: (N, *F)}`` for every kind of :data:`FAR_OOD_KINDS`, made from ``x``.
+def far_ood_suite(
+    x: Tensor, seed: int = 0, train: tuple[Tensor, Tensor] | None = None
+) -> dict[str, Tensor]:
+    """``{kind: (N, *F)}`` for every kind of :data:`FAR_OOD_KINDS`, made from ``x``; with
+    ``train = (x_train, y_train)`` also ``moments`` (:func:`moment_matched`, ``N`` draws).
 
     Shape:
-        x ``(N, *F)`` floating point, ``N >= 1``.
+        x ``(N, *F)`` floating point, ``N >= 1``; x_train ``(M, *F)``, y_train ``(M,)``.
     """
     x = check_float_tensor("x", x, 2)
     if x.shape[0] == 0:
@@ -41,7 +51,44 @@ def far_ood_suite(x: Tensor, seed: int = 0) -> dict[str, Tensor]:
     uniform = lo + (hi - lo) * torch.rand(x.shape, generator=g, dtype=x.dtype)
     perm = torch.argsort(torch.rand(flat.shape, generator=g), dim=1)  # (N, D) one per example
     permuted = flat.gather(1, perm).reshape(x.shape)
-    return {"uniform": uniform, "inverted": lo + hi - x, "permuted": permuted}
+    out = {"uniform": uniform, "inverted": lo + hi - x, "permuted": permuted}
+    if train is not None:
+        out["moments"] = moment_matched(train[0], train[1], n, seed).clamp(lo, hi).to(x.dtype)
+    return out
+
+
+def moment_matched(x: Tensor, y: Tensor, n: int, seed: int = 0, ridge: float = 1e-3) -> Tensor:
+    r"""``n`` draws from class-conditional Gaussians fitted to ``(x, y)``: class :math:`c` with
+    probability :math:`N_c / N`, then :math:`\mathcal N(\mu_c, \Sigma_c + r I)` with the class's
+    mean and (maximum-likelihood) covariance of the flattened inputs and
+    :math:`r = \text{ridge} \cdot \operatorname{tr}\Sigma_c / D` (a class with one example
+    has :math:`\Sigma_c = 0`: its draws are its mean plus the ridge), clipped to
+    ``[min(x), max(x)]``.
+
+    Shape:
+        x ``(M, *F)`` floating point, y ``(M,)`` ints → ``(n, *F)``.
+    """
+    x = check_float_tensor("x", x, 2)
+    y = torch.as_tensor(y)
+    if y.shape != (x.shape[0],) or y.is_floating_point() or not len(y):
+        raise ValueError(f"y must be (M,) = ({x.shape[0]},) integer labels; got {tuple(y.shape)}")
+    n = check_int("n", n, 1)
+    g = torch_generator(check_seed(seed))
+    flat = x.reshape(len(x), -1).double()  # (M, D)
+    classes, counts = torch.unique(y, return_counts=True)
+    which = torch.multinomial(counts.double(), n, replacement=True, generator=g)  # (n,)
+    out = torch.empty(n, flat.shape[1], dtype=torch.float64)
+    for i, c in enumerate(classes):
+        z = flat[y == c]  # (N_c, D)
+        mu = z.mean(0)
+        cov = (z - mu).T @ (z - mu) / len(z)  # (D, D)
+        eye = torch.eye(len(mu), dtype=torch.float64)
+        cov = cov + ridge * max(float(cov.diagonal().mean()), 1e-12) * eye
+        sel = which == i
+        eps = torch.randn(int(sel.sum()), len(mu), generator=g, dtype=torch.float64)
+        out[sel] = mu + eps @ torch.linalg.cholesky(cov).T
+    lo, hi = float(x.min()), float(x.max())
+    return out.clamp(lo, hi).reshape(n, *x.shape[1:]).to(x.dtype)
 
 
 SequenceCorruption = Literal["noise", "occlusion", "shift"]

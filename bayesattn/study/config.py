@@ -12,6 +12,7 @@ from ..data.holdout import check_holdout_classes, rotation_pairs
 __all__ = [
     "StudyConfig",
     "DATASETS",
+    "FULL_DATASETS",
     "MODEL_DEFAULTS",
     "DEFAULT_ROTATION",
     "MethodNames",
@@ -23,8 +24,12 @@ __all__ = [
 #: ``holdout_rotation`` is given
 DEFAULT_ROTATION = 2
 
-Dataset = Literal["digits", "mnist1d"]
-DATASETS: tuple[Dataset, ...] = ("digits", "mnist1d")
+Dataset = Literal["digits", "mnist1d", "fortunes"]
+DATASETS: tuple[Dataset, ...] = ("digits", "mnist1d", "fortunes")
+#: the datasets of the full protocol (``fortunes``, tokens, by name only: ``--dataset fortunes``
+#: or ``datasets=(..., "fortunes")``; it needs Debian's ``fortunes`` package, and the full
+#: protocol already takes about two hours on 2 cores)
+FULL_DATASETS: tuple[Dataset, ...] = ("digits", "mnist1d")
 
 #: per-dataset architecture and training defaults (a ``StudyConfig`` field left at ``None``
 #: takes the dataset's value). digits: a ViT over 2×2 patches (16 tokens + CLS); mnist1d: a
@@ -37,6 +42,8 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
                    batch_size=64, patch=2),
     "mnist1d": dict(d_model=64, nhead=4, num_layers=2, dim_feedforward=128, epochs=30, lr=5e-3,
                     batch_size=128, patch=8, stride=4),
+    "fortunes": dict(d_model=64, nhead=4, num_layers=2, dim_feedforward=128, epochs=20, lr=3e-3,
+                     batch_size=64, patch=1),
 }  # fmt: skip
 _MODEL_KEYS = ("d_model", "nhead", "num_layers", "dim_feedforward", "epochs", "lr", "batch_size")
 
@@ -134,7 +141,7 @@ class StudyConfig:
         of :data:`~bayesattn.study.methods.FULL_METHODS`, on 2 worker processes (``jobs``)."""
         full_methods = tuple(method_names().full)
         base: dict[str, Any] = dict(
-            datasets=DATASETS, holdout_rotation=5, seeds=5, methods=full_methods, jobs=2
+            datasets=FULL_DATASETS, holdout_rotation=5, seeds=5, methods=full_methods, jobs=2
         )
         if kw.get("holdout_classes"):
             base.pop("holdout_rotation")

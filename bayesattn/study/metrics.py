@@ -16,8 +16,8 @@ from ..uncertainty import PredictionResult
 from .methods import Fitted, Method
 from .runs import Run
 
-__all__ = ["evaluate", "quality", "ood_scores", "finish_row", "primary_score", "get", "SCALARS",
-           "TIMINGS"]  # fmt: skip
+__all__ = ["evaluate", "quality", "ood_scores", "selective", "finish_row", "primary_score", "get",
+           "SCALARS", "TIMINGS", "COVERAGES"]  # fmt: skip
 
 
 def quality(p: Tensor, y: Tensor, suffix: str = "") -> dict[str, float]:
@@ -46,6 +46,23 @@ def ood_scores(
         "auroc_own": C.ood_auroc(*own) if own is not None else None,
         "aupr_entropy": C.ood_aupr(res_in.predictive_entropy, res_out.predictive_entropy),
     }
+
+
+#: coverages of the selective-prediction accuracies
+COVERAGES = (0.9, 0.8)
+
+
+def selective(res: PredictionResult, y: Tensor, own: Tensor | None) -> dict[str, float | None]:
+    """Selective prediction on the in-distribution test set: AURC (area under the risk–coverage
+    curve) and the accuracy on the 90% / 80% most certain examples, abstaining by predictive
+    entropy; ``aurc_own`` abstaining by the method's own score (``None`` without one)."""
+    correct = res.mean_probs.argmax(-1) == y
+    u = res.predictive_entropy
+    out: dict[str, float | None] = {"aurc": C.aurc(u, correct)}
+    for c in COVERAGES:
+        out[f"acc_at_{round(100 * c)}"] = C.accuracy_at_coverage(u, correct, c)
+    out["aurc_own"] = C.aurc(own, correct) if own is not None else None
+    return out
 
 
 def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
@@ -108,12 +125,14 @@ def evaluate(method: Method, fitted: Fitted, run: Run) -> tuple[dict[str, Any], 
         row["far_ood"][kind] = ood_scores(res, pred(xf), pair)
     row["corruptions"] = {}
     for (kind, sev), xc in run.corrupted.items():
-        rc = pred(xc)
+        rc, o = pred(xc), own(xc)
+        pair = (own_in, o) if own_in is not None and o is not None else None
         row["corruptions"][f"{kind}_{sev}"] = {
-            "auroc_entropy": C.ood_auroc(res.predictive_entropy, rc.predictive_entropy),
+            **ood_scores(res, rc, pair),
             "accuracy": C.accuracy(rc.mean_probs, d.y_test),
             "nll": C.negative_log_likelihood(rc.mean_probs, d.y_test),
         }
+    row["selective"] = selective(res, d.y_test, own_in)
     kl = method.posterior_kl(fitted, run)
     row["kl_local"], row["kl_global"] = (None, None) if kl is None else kl
     row["train_seconds"] = fitted.train_seconds
@@ -143,14 +162,23 @@ SCALARS: tuple[tuple[str, tuple[str, ...], bool | None], ...] = (
     ("far_auroc_uniform", ("far_ood", "uniform", "auroc_entropy"), True),
     ("far_auroc_inverted", ("far_ood", "inverted", "auroc_entropy"), True),
     ("far_auroc_permuted", ("far_ood", "permuted", "auroc_entropy"), True),
+    ("far_auroc_moments", ("far_ood", "moments", "auroc_entropy"), True),
+    ("auroc_far", ("auroc_far",), True),
+    ("auroc_far_moments", ("auroc_far_moments",), True),
+    ("auroc_shift", ("auroc_shift",), True),
+    ("aurc", ("selective", "aurc"), False),
+    ("acc_at_90", ("selective", "acc_at_90"), True),
+    ("acc_at_80", ("selective", "acc_at_80"), True),
+    ("aurc_own", ("selective", "aurc_own"), False),
     ("corruption_auroc_mean", ("corruption_auroc_mean",), True),
     ("corruption_accuracy_mean", ("corruption_accuracy_mean",), True),
     ("train_seconds", ("train_seconds",), False),
+    ("wall_seconds", ("wall_seconds",), False),
     ("infer_ms_batch1", ("infer_ms_batch1",), False),
     ("infer_ms_batch512", ("infer_ms_batch512",), False),
 )
 #: cost metrics: their numbers differ from run to run of the same arguments
-TIMINGS = ("train_seconds", "infer_ms_batch1", "infer_ms_batch512")
+TIMINGS = ("train_seconds", "wall_seconds", "infer_ms_batch1", "infer_ms_batch512")
 
 
 def primary_score(row: dict[str, Any]) -> tuple[str, float]:
@@ -166,12 +194,30 @@ def primary_score(row: dict[str, Any]) -> tuple[str, float]:
     return "entropy", float(held["auroc_entropy"])
 
 
+_KEY = {"own": "auroc_own", "MI": "auroc_mi", "entropy": "auroc_entropy"}
+
+
+def _by(scores: dict[str, Any], name: str) -> float | None:
+    """The AUROC of one OOD set by the primary score ``name`` (``None``: not recorded)."""
+    v = scores.get(_KEY[name])
+    return None if v is None else float(v)
+
+
 def finish_row(row: dict[str, Any]) -> dict[str, Any]:
-    """Add the means over corruptions and the primary score's AUROC (:func:`primary_score`)."""
+    """Add the means over corruptions, the primary score's AUROC (:func:`primary_score`) and
+    the near / far / shift AUROCs by that score: held-out classes, the mean over the far-OOD
+    sets (and the ``moments`` set alone), the mean over corruptions (``None`` where a set of
+    an older study lacks the score)."""
     cs = row["corruptions"].values()
     row["corruption_auroc_mean"] = sum(c["auroc_entropy"] for c in cs) / len(cs)
     row["corruption_accuracy_mean"] = sum(c["accuracy"] for c in cs) / len(cs)
     row["primary_score"], row["auroc_primary"] = primary_score(row)
+    name = row["primary_score"]
+    for key, sets in (("auroc_far", row["far_ood"].values()), ("auroc_shift", cs)):
+        vals = [_by(v, name) for v in sets]
+        row[key] = None if not vals or None in vals else sum(vals) / len(vals)  # type: ignore[arg-type]
+    moments = row["far_ood"].get("moments")
+    row["auroc_far_moments"] = _by(moments, name) if moments is not None else None
     return row
 
 

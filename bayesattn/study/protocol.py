@@ -53,6 +53,13 @@ def _run_study(cfg: StudyConfig) -> dict[str, Any]:
         from ..data.mnist1d import import_mnist1d
 
         import_mnist1d()
+    if "fortunes" in cfg.dataset_list:
+        from ..data.fortunes import read_fortunes
+
+        try:
+            read_fortunes()
+        except FileNotFoundError as e:  # before anything is written or trained
+            raise ImportError(str(e)) from e
     out = prepare_out_dir(cfg.out, force=True)
     foreign = begin_run(out)  # INCOMPLETE marker; the previous run's listed files go
     t_start = time.perf_counter()
@@ -137,8 +144,10 @@ def _one_run(cfg: StudyConfig, out: Path, run: Run, first: bool, bar: Any) -> di
     for name in cfg.methods:
         bar.set_postfix_str(f"{run.dataset} {run.pair} seed {run.seed}: {name}")
         method = get_method(name)
+        t0 = time.perf_counter()
         fitted = method.fit(run)
         row, preds = evaluate(method, fitted, run)
+        row["wall_seconds"] = time.perf_counter() - t0  # fit (what is not cached) + scoring
         rows[name] = row
         if first and cfg.figures:
             extras[name] = figures.run_figures(out, run, method, fitted, preds)

@@ -1,4 +1,4 @@
-"""One run of the study: a dataset, a held-out class set and a seed, with everything its methods
+"""One run of the study: a dataset (the digits, MNIST-1D or the fortunes' tokens), a held-out class set and a seed, with everything its methods
 share (the split, the far-OOD and corrupted sets, the network factory, trained deterministic
 members and their pooled features)."""
 
@@ -16,7 +16,9 @@ from torch import Tensor
 from .._validation import check_int
 from ..data import CORRUPTION_KINDS, DigitsData, corrupt_images, load_digits_data
 from ..data.far_ood import SEQUENCE_CORRUPTIONS, corrupt_sequences, far_ood_suite
+from ..data.fortunes import FortunesData
 from ..data.mnist1d import load_mnist1d_data
+from ..data.token_ood import TOKEN_CORRUPTIONS, corrupt_tokens, token_far_ood_suite
 from ..interop.class_density import state_views
 from ..nn.blocks import AttentionConfig
 from ..nn.networks import BayesianNetwork, TransformerClassifier, VisionTransformer
@@ -117,8 +119,19 @@ class Run:
 
     @classmethod
     def load(cls, cfg: StudyConfig, dataset: str, pair: tuple[int, ...], seed: int) -> Run:
-        """The split of ``dataset`` with ``pair`` held out, and its far-OOD and corrupted sets
-        (all seeded by ``seed``)."""
+        """The split of ``dataset`` with ``pair`` held out, and its far-OOD sets (with the
+        training classes' ``moments`` set) and corrupted sets (all seeded by ``seed``)."""
+        if dataset == "fortunes":
+            from ..data.fortunes import load_fortunes_data
+
+            data: Any = load_fortunes_data(seed=seed, holdout_classes=pair)
+            v = data.vocab_size
+            tokens: dict[tuple[str, int], Tensor] = {
+                (k, s): corrupt_tokens(data.x_test, k, s, v, seed)
+                for k in TOKEN_CORRUPTIONS for s in cfg.severities
+            }  # fmt: skip
+            far = token_far_ood_suite(data.x_test, v, seed, train=(data.x_train, data.y_train))
+            return cls(cfg, dataset, pair, seed, data, far, tokens)
         if dataset == "digits":
             data = load_digits_data(seed=seed, holdout_classes=pair)
             corrupt: Any = corrupt_images
@@ -129,7 +142,8 @@ class Run:
         corrupted = {
             (k, s): corrupt(data.x_test, k, s, seed) for k in kinds for s in cfg.severities
         }
-        return cls(cfg, dataset, pair, seed, data, far_ood_suite(data.x_test, seed), corrupted)
+        far = far_ood_suite(data.x_test, seed, train=(data.x_train, data.y_train))
+        return cls(cfg, dataset, pair, seed, data, far, corrupted)
 
     @property
     def model(self) -> dict[str, Any]:
@@ -146,6 +160,10 @@ class Run:
                   attention=attention, spectral_norm=spectral_norm)  # fmt: skip
         if self.dataset == "digits":
             return VisionTransformer(c, image_size=8, patch_size=m["patch"], **kw)
+        if self.dataset == "fortunes":
+            assert isinstance(self.data, FortunesData)
+            vocab, length = self.data.vocab_size, self.data.x_train.shape[1]
+            return TransformerClassifier(c, vocab_size=vocab, max_len=length, pooling="cls", **kw)
         return SignalTransformer(
             c, length=self.data.x_train.shape[1], patch=m["patch"], stride=m.get("stride"), **kw
         )

@@ -712,3 +712,18 @@ def test_property_aurc_bounds(pairs):
     value = aurc(unc, ok)
     assert 0.0 <= value <= 1.0
     assert value == pytest.approx(float(np.mean(ref_risks(unc, ok))), abs=1e-12)
+
+
+def test_accuracy_at_coverage_keeps_the_most_certain_examples():
+    from bayesattn.calibration import accuracy_at_coverage
+
+    u = torch.tensor([0.1, 0.9, 0.2, 0.8, 0.3, 0.7, 0.4, 0.6, 0.5, 1.0])
+    ok = torch.tensor([1, 0, 1, 1, 1, 0, 1, 1, 0, 0]).bool()
+    # by hand: the 9 most certain (all but u=1.0) hold 6 correct; the 8 most certain 6 of 8
+    assert accuracy_at_coverage(u, ok, 0.9) == pytest.approx(6 / 9)
+    assert accuracy_at_coverage(u, ok, 0.8) == pytest.approx(6 / 8)
+    assert accuracy_at_coverage(u, ok, 1.0) == pytest.approx(6 / 10)
+    assert accuracy_at_coverage(u, ok, 0.1) == 1.0
+    for bad in (0.0, 1.5, True):
+        with pytest.raises(ValueError, match="coverage"):
+            accuracy_at_coverage(u, ok, bad)

@@ -56,10 +56,13 @@ def test_rotated_study_writes_everything_and_is_reproducible(tmp_path):
     for run in block["runs"]:
         row = run["methods"]["knn"]
         assert row["params"]["k"] in (1, 5) and 0 <= row["held_out"]["auroc_own"] <= 1
-        assert set(row["far_ood"]) == {"uniform", "inverted", "permuted"}
+        assert set(row["far_ood"]) == {"uniform", "inverted", "permuted", "moments"}
+        assert 0 <= row["auroc_far"] <= 1 and 0 <= row["auroc_shift"] <= 1
+        assert 0 <= row["selective"]["aurc"] <= 1 and row["selective"]["aurc_own"] is not None
+        assert 0 <= row["selective"]["acc_at_80"] <= 1 and 0 <= row["selective"]["acc_at_90"] <= 1
         assert run["methods"]["deterministic"]["held_out"]["auroc_own"] is None
-        if laplace:
-            assert run["methods"]["laplace"]["params"]["prior_precision"] > 0
+        if laplace:  # by marginal likelihood: inside the old grid, not on its upper end
+            assert 0 < run["methods"]["laplace"]["params"]["prior_precision"] < 1e4
         assert set(run["ensemble_curve"]) == {"1", "2"}
         # the ensemble of one member is the deterministic network
         assert run["ensemble_curve"]["1"]["nll"] == pytest.approx(
@@ -78,8 +81,12 @@ def test_rotated_study_writes_everything_and_is_reproducible(tmp_path):
     report = (tmp_path / "a" / "report.md").read_text()
     for text in ("95% t-interval", "How hyperparameters are chosen", "Paired differences against "
                  "`ensemble`", "Ensemble size curve", "Appendix: per held-out pair",
-                 "pareto_digits.png", "Resolved:", format_table(r1).splitlines()[2]):  # fmt: skip
+                 "pareto_digits.png", "Resolved after Holm:", "### Near / far / shift",
+                 "### Selective prediction", "own: kNN distance", "Many comparisons",
+                 format_table(r1).splitlines()[2]):  # fmt: skip
         assert text in report, text
+    if laplace:
+        assert "**Laplace.** `laplace`" in report
     for f in saved["files"]:
         assert (tmp_path / "a" / f).stat().st_size > 0
 

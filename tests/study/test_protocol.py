@@ -66,9 +66,11 @@ def test_config_pairs_presets_and_errors():
     assert StudyConfig.quick(holdout_rotation=3).pairs() == rotation_pairs(3)
     full = StudyConfig.full()
     assert full.dataset_list == ("digits", "mnist1d") and full.seeds == 5 and full.jobs == 2
-    assert full.methods[: len(StudyConfig().methods) + 3] == (
-        *StudyConfig().methods, "posthoc_gp", "posthoc_gp_mf", "sgpa"
+    assert full.methods[: len(StudyConfig().methods) + 2] == (
+        *StudyConfig().methods, "dirichlet", "sgpa"
     )
+    # the main job runs the README's lead methods (issue 28)
+    assert {"posthoc_gp", "posthoc_gp_mf", "density"} <= set(StudyConfig().methods)
     assert {"density", "density_gda", "spectral", "spectral_density", "spectral_gp"} <= set(
         full.methods
     )
@@ -398,3 +400,24 @@ def test_the_study_records_the_kl_of_a_variational_posterior_and_none_elsewhere(
     assert get({"kl_local": None}, keys["kl_local"]) is None
     assert get({}, keys["kl_global"]) is None  # a study written before the KL was recorded
     assert torch.is_tensor(want_local) and want_local.shape == (len(run.data.x_train),)
+
+
+@pytest.mark.skipif(
+    not __import__("pathlib").Path("/usr/share/games/fortunes/art").is_file(),
+    reason="Debian's fortunes package (.ci/run installs it)",
+)
+def test_a_fortunes_run_has_token_sets_and_a_token_network():
+
+    from bayesattn.data.token_ood import TOKEN_CORRUPTIONS
+    from bayesattn.study.runs import Run
+
+    cfg = StudyConfig.quick(dataset="fortunes", epochs=1, progress=False)
+    assert "fortunes" not in StudyConfig.full().dataset_list  # by name only
+    run = Run.load(cfg, "fortunes", (8, 9), 0)
+    assert set(run.far) == {"uniform", "reversed", "permuted", "moments"}
+    assert {k for k, _ in run.corrupted} == set(TOKEN_CORRUPTIONS)
+    net = run.network(None)
+    assert net.vocab_size == run.data.vocab_size
+    logits = net.eval()(run.data.x_test[:5])
+    assert logits.shape == (5, run.data.num_classes)
+    assert run.features("val").shape == (len(run.data.x_val), run.model["d_model"])

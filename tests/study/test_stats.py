@@ -53,3 +53,27 @@ def test_paired_differences_are_unit_by_unit_and_say_when_they_resolve():
     assert t_interval(better)["lo"] < t_interval(ref)["hi"]
     noisy = [r + d for r, d in zip(ref, [0.05, -0.04, 0.03, -0.05, 0.02], strict=True)]
     assert not paired_interval(noisy, ref)["resolved"]
+
+
+def test_paired_p_value_is_scipys_t_test_and_agrees_with_the_interval():
+    from bayesattn.study.stats import paired_interval
+
+    a = [0.91, 0.95, 0.93, 0.97, 0.90, 0.94]
+    b = [0.90, 0.92, 0.93, 0.93, 0.91, 0.90]
+    r = paired_interval(a, b)
+    want = stats.ttest_rel(a, b).pvalue
+    assert r["p"] == pytest.approx(want)
+    assert r["resolved"] == (r["p"] < 0.05)
+    assert math.isnan(paired_interval([1.0], [0.0])["p"])
+
+
+def test_holm_matches_a_hand_computation_and_statsmodels_order():
+    from bayesattn.study.stats import holm
+
+    # sorted 0.01, 0.02, 0.03, 0.5 → ×4, ×3, ×2, ×1 = .04, .06, .06 (monotone), .5
+    got = holm([0.03, 0.01, 0.5, 0.02, math.nan])
+    assert got[:4] == pytest.approx([0.06, 0.04, 0.5, 0.06])
+    assert math.isnan(got[4])
+    assert holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])  # capped at 1
+    with pytest.raises(ValueError, match="pvalues"):
+        holm([1.5])
