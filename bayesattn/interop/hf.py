@@ -120,7 +120,8 @@ def _as_log_prior(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
 #: already carries causality and sliding windows), so do we
 _IGNORED_KWARGS = frozenset({
     "sliding_window", "is_causal", "position_ids", "cache_position", "cu_seq_lens_q",
-    "cu_seq_lens_k", "max_length_q", "max_length_k", "output_attentions", "use_cache",
+    "cu_seq_lens_k", "max_length_q", "max_length_k", "output_attentions", "output_hidden_states",
+    "return_dict", "use_cache",
     "layer_idx", "head_mask", "query_length", "target_dtype", "implementation",
 })  # fmt: skip
 
