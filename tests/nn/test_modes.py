@@ -86,14 +86,14 @@ def test_reduced_supports_with_a_family(support):
     _check_layer(lambda: m(x, x, x, need_weights=False)[0], m)
 
 
-def test_gp_read_with_and_without_a_family():
-    for family in (None, "dirichlet"):
-        gp = SparseGP(H, E // H, E // H, num_inducing=4)
-        m = BayesianMultiheadAttention(E, H, batch_first=True, family=family, gp_read=gp)
-        x = torch.randn(B, T, E)
-        m.train()
-        m(x, x, x)  # initialises the inducing keys from a training batch
-        _check_layer(lambda: m(x, x, x)[0], m)
+@pytest.mark.parametrize("family", [None, "dirichlet"])
+def test_gp_read_with_and_without_a_family(family):
+    gp = SparseGP(H, E // H, E // H, num_inducing=4)
+    m = BayesianMultiheadAttention(E, H, batch_first=True, family=family, gp_read=gp)
+    x = torch.randn(B, T, E)
+    m.train()
+    m(x, x, x)  # initialises the inducing keys from a training batch
+    _check_layer(lambda: m(x, x, x)[0], m)
 
 
 def test_sparse_gp_alone():
