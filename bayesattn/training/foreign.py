@@ -95,7 +95,15 @@ class ModuleClassifier(BayesianNetwork):
 
     def _logits(self, x: Tensor, rows: int) -> Tensor:
         self._register_params()
-        out = self._forward(self.wrapped, x)
+        try:
+            out = self._forward(self.wrapped, x)
+        except (RuntimeError, IndexError) as e:  # the model cannot take x as fit batches it
+            raise ValueError(
+                f"{type(self.wrapped).__name__} failed on a batch x of shape {tuple(x.shape)} and "
+                f"dtype {x.dtype} ({type(e).__name__}: {e}); fit calls forward(model, x), by "
+                "default model(x): give ModuleClassifier(model, forward=lambda m, x: ...) that "
+                "maps x to logits (B, C)"
+            ) from e
         if not isinstance(out, Tensor) or not out.is_floating_point():
             raise TypeError(
                 f"{type(self.module).__name__}'s forward must return floating-point logits "

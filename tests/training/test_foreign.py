@@ -140,6 +140,10 @@ def test_errors_name_the_way():
         fit(object(), _task(8), progress=False)
     with pytest.raises(ValueError, match="forward="):
         fit(nn.Embedding(V, 2), _task(8), epochs=1, progress=False)  # (B, T, 2): not (B, C)
+    with pytest.raises(
+        ValueError, match=r"Linear failed on a batch x .* dtype torch.int64.*forward="
+    ):
+        fit(nn.Linear(T, 2), _task(8), epochs=1, progress=False)  # ids into a float layer
     with pytest.raises(ValueError, match=r"y must be \(B,\)"):
         x, y = _task(8)
         fit(Encoder(), (x, y[:, None]), epochs=1, progress=False)
