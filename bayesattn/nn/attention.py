@@ -9,7 +9,9 @@ posterior over which key each query reads.
 * With ``family=`` a family from :mod:`bayesattn.families`: the attention weights are a
   ``pyro.sample`` site ``"<module path>.latent"`` (``"latent"`` for a root layer) drawn from the
   family's weight model in ``"model"`` mode and from its amortised guide in ``"guide"`` mode;
-  see :mod:`bayesattn.nn.modes`. In ``"model"`` mode the simplex weights are also
+  see :mod:`bayesattn.nn.modes`. Without a mode set the layer follows torch's ``train()``/
+  ``eval()``: it draws in training mode and is the deterministic posterior mean in eval mode,
+  unless draws are asked for (``num_samples=``, ``bayesattn.num_samples(S)``). In ``"model"`` mode the simplex weights are also
   recorded as the deterministic site ``"<path>.weights"``.
 
 The module owns the torch surface (constructor, parameters, fast path, layouts); the argument
