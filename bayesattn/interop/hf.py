@@ -11,9 +11,10 @@ interface (BERT, ViT, GPT-2, Llama and most current architectures) work unchange
 Per attention module and query :math:`i`, with transformers' own scores
 :math:`\ell_{ij} = s\,q_i\cdot k_j` (its scaling :math:`s`) and additive mask :math:`m_{ij}`:
 
-* ``"mean"`` mode: :math:`w_i = \operatorname{softmax}(\ell_i + m_i)`, exactly transformers'
-  eager attention (the model's own output);
-* ``"guide"``/``"model"``/``"elbo"`` modes: :math:`w_i` drawn from the module's family
+* ``"mean"`` mode (the default in eval mode, as in torch: see :func:`~bayesattn.nn.modes.default_mode`):
+  :math:`w_i = \operatorname{softmax}(\ell_i + m_i)`, exactly transformers' eager attention (the
+  model's own output);
+* ``"guide"`` (the default in training mode and under ``bayesattn.num_samples``)/``"model"``/``"elbo"`` modes: :math:`w_i` drawn from the module's family
   :math:`q(w_i\mid\ell_i, \log\pi_i)` (or its prior), masked keys (``m_{ij}`` at the dtype's
   minimum) getting zero weight, exactly as in :class:`~bayesattn.nn.attention.BayesianMultiheadAttention`.
 
@@ -52,7 +53,7 @@ from torch import Tensor, nn
 
 from .._deprecation import renamed_submodule_hook
 from ..families import AttentionFamily, FamilyName, get_family
-from ..nn.modes import AttentionMode, context_mode
+from ..nn.modes import AttentionMode, default_mode
 from ..nn.read import AttentionRead
 from ..nn.sampling import context_num_samples, current_num_samples, num_samples
 
@@ -87,11 +88,13 @@ def register() -> None:
     AttentionMaskInterface.register(ATTN_NAME, eager_mask)
 
 
-def _mode(fam: AttentionFamily | None) -> AttentionMode:
+def _mode(fam: AttentionFamily | None, training: bool) -> AttentionMode:
+    """``"mean"`` without a family; else the context's mode or torch's train/eval
+    (:func:`~bayesattn.nn.modes.default_mode`: drawn in training mode or under
+    ``bayesattn.num_samples``, the model's own softmax in eval mode)."""
     if fam is None:
         return "mean"
-    m = context_mode()
-    return "guide" if m is None else m
+    return default_mode(training)
 
 
 def _repeat_kv(x: Tensor, n_rep: int) -> Tensor:
@@ -117,7 +120,8 @@ def _as_log_prior(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
 #: already carries causality and sliding windows), so do we
 _IGNORED_KWARGS = frozenset({
     "sliding_window", "is_causal", "position_ids", "cache_position", "cu_seq_lens_q",
-    "cu_seq_lens_k", "max_length_q", "max_length_k", "output_attentions", "use_cache",
+    "cu_seq_lens_k", "max_length_q", "max_length_k", "output_attentions", "output_hidden_states",
+    "return_dict", "use_cache",
     "layer_idx", "head_mask", "query_length", "target_dtype", "implementation",
 })  # fmt: skip
 
@@ -172,7 +176,7 @@ def bayesian_attention_forward(
     logits = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, Tq, Tk)
     logits = _scores(logits, position_bias, softcap)
     fam = getattr(module, _FAMILY_ATTR, None)
-    mode = _mode(fam)
+    mode = _mode(fam, module.training)
     lp = None
     if mode != "mean":
         S = context_num_samples()

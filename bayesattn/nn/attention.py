@@ -9,7 +9,9 @@ posterior over which key each query reads.
 * With ``family=`` a family from :mod:`bayesattn.families`: the attention weights are a
   ``pyro.sample`` site ``"<module path>.latent"`` (``"latent"`` for a root layer) drawn from the
   family's weight model in ``"model"`` mode and from its amortised guide in ``"guide"`` mode;
-  see :mod:`bayesattn.nn.modes`. In ``"model"`` mode the simplex weights are also
+  see :mod:`bayesattn.nn.modes`. Without a mode set the layer follows torch's ``train()``/
+  ``eval()``: it draws in training mode and is the deterministic posterior mean in eval mode,
+  unless draws are asked for (``num_samples=``, ``bayesattn.num_samples(S)``). In ``"model"`` mode the simplex weights are also
   recorded as the deterministic site ``"<path>.weights"``.
 
 The module owns the torch surface (constructor, parameters, fast path, layouts); the argument
@@ -49,7 +51,7 @@ from .mha_checks import (
     support_outputs,
     to_batch_first,
 )
-from .modes import AttentionMode, context_mode, current_mode
+from .modes import AttentionMode, default_mode
 from .read import AttentionRead
 from .sampling import layer_num_samples
 from .supports import DENSE, AttentionSupport, SupportName, get_support
@@ -294,7 +296,7 @@ class BayesianMultiheadAttention(PyroModule):
     def _matches_torch(self) -> bool:
         """True when torch's fused kernels compute exactly this layer *now*: uniform prior, every
         key, no GP read, weights not recorded, no sampled projections, and deterministic (no
-        family) or in ``"mean"`` mode. Only then may torch's layers skip our ``forward``. (Read
+        family) or in ``"mean"`` mode (set, or eval mode's default: :func:`default_mode`). Only then may torch's layers skip our ``forward``. (Read
         straight from the instance dicts: torch asks on every call, and
         ``PyroModule.__getattr__`` is slow.)"""
         d = self.__dict__
@@ -309,8 +311,8 @@ class BayesianMultiheadAttention(PyroModule):
             return False
         if mods.get("family", d.get("family")) is None:
             return True
-        # the mode is read from a context variable: inside torch.compile stay on our forward
-        return not torch.compiler.is_compiling() and current_mode() == "mean"
+        # the mode is read from context variables: inside torch.compile stay on our forward
+        return not torch.compiler.is_compiling() and default_mode(d["training"]) == "mean"
 
     @property
     def _qkv_same_embed_dim(self) -> bool:
@@ -406,13 +408,16 @@ class BayesianMultiheadAttention(PyroModule):
         """True when the layer has a family over its attention weights or a GP read."""
         return self.family is not None or self.gp_read is not None
 
-    def mode(self) -> AttentionMode:
-        """The effective mode: the context's (:func:`~bayesattn.nn.modes.attention_mode`) or the
-        layer default (``"guide"`` with a family or a GP read, ``"mean"`` without)."""
+    def mode(self, draws: bool = False) -> AttentionMode:
+        """The effective mode: ``"mean"`` without a family or a GP read; else the context's
+        (:func:`~bayesattn.nn.modes.attention_mode`) or, without one, torch's ``train()``/
+        ``eval()`` (:func:`~bayesattn.nn.modes.default_mode`): ``"guide"`` in training mode,
+        ``"mean"`` (the posterior mean, deterministic) in eval mode unless draws are asked for
+        (``draws``: a ``num_samples`` keyword; or a ``bayesattn.num_samples(S)`` context).
+        Inside ``torch.compile`` the contexts are read once, at trace time."""
         if not self.is_bayesian:
             return "mean"
-        m = context_mode()  # read once at trace time inside torch.compile (compile in one mode)
-        return "guide" if m is None else m
+        return default_mode(self.training, draws)
 
     def site_name(self, name: str) -> str:
         """The Pyro site ``"<module path>.<name>"`` of this layer (``name`` for a root layer):
@@ -421,8 +426,9 @@ class BayesianMultiheadAttention(PyroModule):
 
     def attention_read(self, num_samples: int | None) -> AttentionRead:
         """This call's :class:`~bayesattn.nn.read.AttentionRead`: the family, mode and sites of
-        the layer, its attention dropout (training only), recording and GP term."""
-        mode = self.mode()
+        the layer, its attention dropout (training only), recording and GP term (a
+        ``num_samples`` asks for draws, in eval mode too)."""
+        mode = self.mode(draws=num_samples is not None)
         drawn = self.family is not None and mode != "mean"  # sites only where there are draws
         return AttentionRead(
             self.family,

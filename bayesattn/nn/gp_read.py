@@ -16,7 +16,9 @@ random-feature GP read-out with a Laplace covariance (less accurate and worse ca
 the deterministic network, no better held-out AUROC). For a GP read of a trained network use
 :func:`~bayesattn.interop.posthoc_gp.fit_posthoc_gp`.
 
-How the global value is drawn, by attention mode (:mod:`bayesattn.nn.modes`):
+How the global value is drawn, by attention mode (:mod:`bayesattn.nn.modes`; inside an attention
+layer the layer's mode, alone the module's own: drawn in training mode, the mean in eval mode
+unless ``num_samples`` is given):
 
 ``"mean"``: :math:`E_q f = a^\top m` (deterministic). ``"guide"``/``"model"``: a value set by
 :func:`~bayesattn.nn.modes.global_values` (networks draw it once, outside the data plate, in
@@ -51,7 +53,7 @@ from ..functional.gaussian_process import (
     whitened_kl,
     whitened_projection,
 )
-from .modes import current_global_values, current_kl_collector, current_mode
+from .modes import AttentionMode, current_global_values, current_kl_collector, default_mode
 
 __all__ = ["SparseGP"]
 
@@ -222,9 +224,15 @@ class SparseGP(PyroModule):
         return draw_global(self, mode, num_samples)
 
     def forward(
-        self, x: Tensor, num_samples: int | None = None, leading_samples: int | None = None
+        self,
+        x: Tensor,
+        num_samples: int | None = None,
+        leading_samples: int | None = None,
+        mode: AttentionMode | None = None,
     ) -> Tensor:
-        """``f(x)`` in the current attention mode.
+        """``f(x)`` in ``mode`` (the attention layer's; ``None``: the module's own,
+        :func:`~bayesattn.nn.modes.default_mode`: drawn in training mode or when ``num_samples``
+        is given, the mean :math:`E_q f` in eval mode).
 
         ``num_samples=S``: ``x`` has no sample dim; draw ``S`` values, output ``(S, *, G, N, P)``.
         ``leading_samples=S``: ``x``'s leading dim is already a sample dim of size ``S``; draw
@@ -235,7 +243,8 @@ class SparseGP(PyroModule):
             )
         if self.training and not bool(self.initialised):
             self._init_from(x)
-        mode = current_mode() or "guide"
+        if mode is None:
+            mode = default_mode(self.training, draws=num_samples is not None)
         a, r = whitened_projection(
             x, self.inducing, self.lengthscale, self.outputscale, self.covariance, self.jitter
         )  # (*, G, N, M), (*, G, N)

@@ -24,7 +24,8 @@ How the draws travel (attention mode, :mod:`bayesattn.nn.modes`):
 the likelihood over the pass's sample dim (not a sum). ``"guide"`` (``predict``): ``S`` draws
 stratified the same way; ``S > 1`` must be a multiple of ``K`` (``ValueError`` naming
 ``num_samples`` and ``K``); ``S = 1`` is one draw of a component chosen uniformly at random (a
-single posterior draw). ``"model"``: draws from the prior. ``"mean"``: the K component means in
+single posterior draw). ``"model"``: draws from the prior. ``"mean"`` (also the default in eval
+mode when no mode is set, :func:`~bayesattn.nn.modes.default_mode`): the K component means in
 one pass, their predictive averaged into the logits, :math:`\log\frac1K\sum_k
 \operatorname{softmax}(f_{\mu_k}(x))` (so ``net(x)``, and the validation loss, is the mixture's
 mean-component predictive).
@@ -52,7 +53,7 @@ from torch import Tensor, nn
 
 from .._validation import check_int, check_real
 from ..functional.mixture import mixture_kl_bound, mixture_log_prob, rank1_weight, stratified_draws
-from .modes import current_global_values, current_kl_collector, current_mode
+from .modes import current_global_values, current_kl_collector, default_mode
 from .networks import BayesianNetwork, TransformerClassifier
 
 __all__ = ["MixturePosterior", "Rank1Mixture", "rank1_mixture", "swapped_parameters"]
@@ -254,7 +255,7 @@ class Rank1Mixture(PyroModule):
         preset = current_global_values()
         if preset is not None and name in preset:
             return preset[name]
-        mode = current_mode() or "guide"
+        mode = default_mode(self.training)  # set by the network's passes; alone: train/eval
         K = self.num_components
         if mode == "mean":  # every component's mean (K, D), combined in read_logits
             return self.mean if K > 1 else self.mean[0]
@@ -299,7 +300,7 @@ class Rank1Mixture(PyroModule):
         r"""In ``"mean"`` mode, the K components' logits ``(K, B, ..., C)`` become
         :math:`\log\frac1K\sum_k\operatorname{softmax}` ``(B, ..., C)`` (expanded to
         ``(S, B, ..., C)`` for ``num_samples = S > 1``); unchanged in other modes."""
-        if (current_mode() or "guide") != "mean" or self.num_components == 1:
+        if default_mode(self.training) != "mean" or self.num_components == 1:
             return logits
         out = torch.logsumexp(torch.log_softmax(logits, -1), 0) - math.log(self.num_components)
         return out.expand((num_samples,) + out.shape) if num_samples > 1 else out

@@ -1,8 +1,11 @@
 """How Bayesian attention layers draw their weights: one switch shared by a whole network.
 
-Modes are named after what the weights are drawn from, in Pyro's terms (set with
-:func:`attention_mode`; the default is ``"guide"`` for layers that have a family and ``"mean"``
-otherwise):
+Modes are named after what the weights are drawn from, in Pyro's terms, set with
+:func:`attention_mode`. Without it a layer that has a family (or a GP read) follows torch's
+``train()``/``eval()`` (:func:`default_mode`): it draws (``"guide"``) in training mode, and in
+eval mode it is deterministic (``"mean"``, the posterior mean) unless draws are asked for: an
+explicit ``num_samples=`` keyword or a :func:`bayesattn.num_samples` context (``predict`` sets
+the mode itself). A layer without a family is always ``"mean"``:
 
 ``"mean"``
     deterministic: the exact posterior weights (softmax attention under the key-relevance prior);
@@ -37,6 +40,9 @@ __all__ = [
     "attention_mode",
     "current_mode",
     "context_mode",
+    "default_mode",
+    "asking_for_draws",
+    "draws_asked",
     "collect_kl",
     "current_kl_collector",
     "KLCollector",
@@ -52,6 +58,7 @@ _OLD_MODES = {"posterior": "guide", "prior": "model"}
 _MODE: ContextVar[AttentionMode | None] = ContextVar("bayesattn_attention_mode", default=None)
 _KL: ContextVar[KLCollector | None] = ContextVar("bayesattn_kl", default=None)
 _GLOBALS: ContextVar[dict[str, Tensor] | None] = ContextVar("bayesattn_globals", default=None)
+_DRAWS: ContextVar[bool] = ContextVar("bayesattn_draws", default=False)
 
 
 def _renamed_hint(mode: object) -> str:
@@ -80,6 +87,44 @@ def context_mode() -> AttentionMode | None:
     """:func:`current_mode`, read once at trace time inside ``torch.compile`` (a compiled model
     runs in the mode it was compiled in)."""
     return _current_mode_at_trace() if torch.compiler.is_compiling() else current_mode()
+
+
+def draws_asked() -> bool:
+    """True inside :func:`asking_for_draws` (entered by :func:`bayesattn.num_samples`)."""
+    return _DRAWS.get()
+
+
+#: read once at trace time inside torch.compile, like the mode
+_draws_asked_at_trace = torch.compiler.assume_constant_result(draws_asked)
+
+
+@contextlib.contextmanager
+def asking_for_draws() -> Iterator[None]:
+    """Context manager: layers inside that have no :func:`attention_mode` draw their weights
+    even in eval mode (``bayesattn.num_samples(S)`` enters it; so does a converted transformers
+    model that repeats its inputs ``S`` times)."""
+    token = _DRAWS.set(True)
+    try:
+        yield
+    finally:
+        _DRAWS.reset(token)
+
+
+def default_mode(training: bool, draws: bool = False) -> AttentionMode:
+    """The mode of a layer with a family or a GP read, as torch's ``train()``/``eval()`` says.
+
+    The innermost :func:`attention_mode` if one is set; else ``"guide"`` (a draw from the
+    posterior) in training mode, or when draws are asked for (``draws``: the layer was called
+    with ``num_samples=``; or inside :func:`asking_for_draws`, i.e. ``bayesattn.num_samples(S)``);
+    else ``"mean"``: in eval mode a layer is deterministic, the posterior mean, as every torch
+    module is. Inside ``torch.compile`` the contexts are read once, at trace time."""
+    m = context_mode()
+    if m is not None:
+        return m
+    if training or draws:
+        return "guide"
+    asked = _draws_asked_at_trace() if torch.compiler.is_compiling() else draws_asked()
+    return "guide" if asked else "mean"
 
 
 @contextlib.contextmanager

@@ -282,11 +282,11 @@ class AttentionRead:
         assert gp is not None
         if S is not None and res.drawn:  # the family drew S weights: S GP draws too
             qs = q.expand((S,) + q.shape)  # (S, …, B, H, Tq, Dh)
-            res.out = res.out + gp(qs, leading_samples=S)
+            res.out = res.out + gp(qs, leading_samples=S, mode=self.mode)
         elif S is None and q.dim() > 4:  # the input carries sample dims already:
-            res.out = res.out + gp(q, leading_samples=q.shape[0])  # one draw per sample
+            res.out = res.out + gp(q, leading_samples=q.shape[0], mode=self.mode)  # one per sample
         else:
-            res.out = res.out + gp(q, num_samples=S)  # (S?, …, B, H, Tq, Dh)
+            res.out = res.out + gp(q, num_samples=S, mode=self.mode)  # (S?, …, B, H, Tq, Dh)
             if S is not None and self.mode != "mean":
                 res.drawn = True
                 if res.weights is not None:

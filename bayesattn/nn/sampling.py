@@ -32,6 +32,7 @@ from contextvars import ContextVar
 import torch
 
 from .._validation import check_int
+from .modes import asking_for_draws
 
 __all__ = ["num_samples", "current_num_samples", "layer_num_samples"]
 
@@ -69,10 +70,17 @@ def layer_num_samples(num_samples: int | None, *, reads_context: bool) -> int | 
 @contextlib.contextmanager
 def num_samples(n: int | None) -> Iterator[None]:
     """Context manager: Bayesian attention layers inside that see an input without sample dims
-    draw ``n`` samples per pass (the default of their ``num_samples`` keyword)."""
+    draw ``n`` samples per pass (the default of their ``num_samples`` keyword). ``n`` not
+    ``None`` also asks for draws (:func:`~bayesattn.nn.modes.asking_for_draws`): layers in eval
+    mode draw from the guide instead of taking the posterior mean, down to those that see the
+    sample dim; ``num_samples(None)`` clears the count only."""
     check_int("num_samples", n, 1, allow_none=True)
     token = _NUM_SAMPLES.set(n)
     try:
-        yield
+        if n is None:
+            yield
+        else:
+            with asking_for_draws():
+                yield
     finally:
         _NUM_SAMPLES.reset(token)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyro
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .._validation import torch_generator
 from ..nn.networks import BayesianNetwork
@@ -29,6 +29,7 @@ from .config import TrainConfig, resolve_config
 from .data import DataSource, as_train_data
 from .data import fork_rng as _fork_rng
 from .early_stopping import EarlyStopping
+from .foreign import as_network
 from .history import History
 from .loop import EpochState, epoch_record, train_epochs
 from .objective import ElboObjective
@@ -42,10 +43,14 @@ __all__ = ["Trainer", "fit", "sync_param_store"]
 
 
 class Trainer:
-    """Trains a :class:`~bayesattn.nn.networks.BayesianNetwork` (see the module docstring).
+    """Trains a :class:`~bayesattn.nn.networks.BayesianNetwork` (see the module docstring), or
+    any ``nn.Module`` that returns logits ``(B, C)``.
 
     Args:
-        network: the network to train (moved to ``config.device``).
+        network: the network to train (moved to ``config.device``); a plain ``nn.Module`` (a
+            converted torch or transformers model) is wrapped in a
+            :class:`~bayesattn.training.foreign.ModuleClassifier` (``self.network``) and trained
+            in place; wrap it yourself to give ``forward=``.
         config: a :class:`TrainConfig` (or a dict of its fields); ``overrides`` replace fields.
 
     Attributes:
@@ -71,15 +76,11 @@ class Trainer:
 
     def __init__(
         self,
-        network: BayesianNetwork,
+        network: BayesianNetwork | nn.Module,
         config: TrainConfig | dict | None = None,
         **overrides: Any,
     ) -> None:
-        if not isinstance(network, BayesianNetwork):
-            raise TypeError(
-                f"network must be a bayesattn BayesianNetwork; got {type(network).__name__}"
-            )
-        self.network = network
+        self.network = as_network(network)
         self.config = resolve_config(config, overrides)
         self._reset()
 
@@ -358,7 +359,7 @@ class Trainer:
 
 
 def fit(
-    network: BayesianNetwork,
+    network: BayesianNetwork | nn.Module,
     train_data: Any,
     val_data: Any = None,
     config: TrainConfig | dict | None = None,
@@ -368,6 +369,12 @@ def fit(
     **overrides: Any,
 ) -> History:
     """Train ``network`` on ``train_data``: ``Trainer(network, config, **overrides).fit(...)``.
+
+    ``network`` is a :class:`~bayesattn.nn.networks.BayesianNetwork` or any ``nn.Module`` whose
+    forward returns class logits ``(B, C)`` (a transformers output's ``.logits`` included), e.g.
+    a model converted by :func:`bayesattn.convert` or :func:`bayesattn.interop.hf.convert_hf`: it
+    is trained in place through :class:`~bayesattn.training.foreign.ModuleClassifier` (use
+    ``fit(ModuleClassifier(model, forward=...), ...)`` when ``model(x)`` is not the logits).
 
     Keyword overrides are :class:`TrainConfig` fields (``fit(net, data, method="svi", epochs=5)``).
     See :class:`Trainer` and :meth:`Trainer.fit`. With ``resume=True`` (or ``"auto"`` and an

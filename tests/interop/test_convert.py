@@ -48,7 +48,8 @@ class TinyViT(nn.Module):
 
 
 def _sites(model, *args) -> list[str]:
-    tr = poutine.trace(model).get_trace(*args)
+    with attention_mode("guide"):  # eval() alone is the posterior mean: no sites
+        tr = poutine.trace(model).get_trace(*args)
     return [n for n, s in tr.nodes.items() if s["type"] == "sample"]
 
 

@@ -102,8 +102,11 @@ def test_mean_mode_is_the_models_own_output_and_sites_are_per_layer(name, build)
     with torch.no_grad():
         with attention_mode("mean"):
             torch.testing.assert_close(model(**inputs)[0], want, rtol=0, atol=0)
-        tr = poutine.trace(lambda: model(**inputs)).get_trace()
-        sampled = model(**inputs)[0]
+        eval_out = model(**inputs)[0]  # eval() without a mode: the posterior mean
+        with attention_mode("guide"):
+            tr = poutine.trace(lambda: model(**inputs)).get_trace()
+            sampled = model(**inputs)[0]
+    torch.testing.assert_close(eval_out, want, rtol=0, atol=0)
     sites = [n for n, s in tr.nodes.items() if s["type"] == "sample"]
     assert sites == [f"{p}.latent" for p in mods]
     if PATHS[name]:

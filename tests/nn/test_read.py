@@ -49,7 +49,8 @@ def _seeded(fn):
 @pytest.fixture
 def layer_and_input():
     torch.manual_seed(0)
-    m = BayesianMultiheadAttention(E, H, batch_first=True, family="logistic_normal").eval()
+    # training mode: a layer without an attention mode draws from the guide (eval(): the mean)
+    m = BayesianMultiheadAttention(E, H, batch_first=True, family="logistic_normal").train()
     x = torch.randn(B, T, E)
     return m, x
 
@@ -108,7 +109,8 @@ def test_hf_interop_draws_the_layer_draw(layer_and_input, calls):
     )  # fmt: skip
     bert = hf.convert_hf(transformers.BertModel(cfg).eval(), family=m.family)  # a copy of it
     (path, module), *_ = hf.hf_attention_modules(bert).items()
-    _, w_hf = _seeded(lambda: hf.bayesian_attention_forward(module, q, k, v, None, Dh**-0.5))
+    with attention_mode("guide"):  # eval() alone: the model's own softmax, no draw
+        _, w_hf = _seeded(lambda: hf.bayesian_attention_forward(module, q, k, v, None, Dh**-0.5))
     _, w = _seeded(lambda: m(x, x.clone(), x.clone(), average_attn_weights=False))
     torch.testing.assert_close(w_hf, w)
     assert calls == [("guide", f"{path}.latent"), ("guide", "latent")]

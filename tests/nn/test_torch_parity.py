@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+import bayesattn
 from bayesattn import BayesianMultiheadAttention as BMHA
 from bayesattn import DecoderLayer, EncoderLayer, attention_mode
 from bayesattn.priors import DistanceDecayPrior
@@ -83,11 +84,17 @@ def test_bayesian_layer_keeps_torch_layer_off_its_fast_path():
     with torch.no_grad():
         det = layer(x)
         attn.family = "dirichlet" and __import__("bayesattn").DirichletWeights(num_heads=H)
-        assert not attn._qkv_same_embed_dim  # draws weights: fast path off
-        with attention_mode("mean"):
-            assert attn._qkv_same_embed_dim  # torch's computation exactly: fast path on
-            torch.testing.assert_close(layer(x), det, atol=1e-5, rtol=0)
-        assert (layer(x) - det).abs().max() > 1e-3  # sampled: our forward ran
+        # eval() without a mode: the posterior mean, torch's computation exactly: fast path on
+        assert attn._qkv_same_embed_dim
+        torch.testing.assert_close(layer(x), det, atol=1e-5, rtol=0)
+        with attention_mode("guide"):
+            assert not attn._qkv_same_embed_dim  # draws weights: fast path off
+            assert (layer(x) - det).abs().max() > 1e-3  # sampled: our forward ran
+        with bayesattn.num_samples(2):
+            assert not attn._qkv_same_embed_dim  # draws asked for: fast path off
+        layer.train()
+        assert not attn._qkv_same_embed_dim  # training mode draws
+        layer.eval()
         attn.family = None
         assert attn._qkv_same_embed_dim
         attn.prior = DistanceDecayPrior(H)  # a prior torch's kernel cannot compute
@@ -133,7 +140,10 @@ def test_bayesian_layer_in_mean_mode_keeps_torchs_fast_path():
                 h.remove()
                 layer(x)
                 assert len(calls) == 2
-            layer(x)  # "guide": drawn weights need our forward
+            layer(x)  # eval() without a mode is "mean" too: the fused path
+            assert len(calls) == 2
+            with attention_mode("guide"):
+                layer(x)  # drawn weights need our forward
             assert len(calls) == 3
         finally:
             type(attn).forward = orig
