@@ -59,7 +59,7 @@ from .priors import (
     register_prior,
 )
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 _SUBMODULES = (
     "calibration",
