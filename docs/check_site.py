@@ -111,8 +111,11 @@ _MOBILE_JS = """() => {
   const cut = [];
   for (const m of root.querySelectorAll('.MathJax_Display, mjx-container[display="true"]')) {
     let box = m.closest('div.arithmatex') || m.parentElement;
+    const clipsY = e => !['visible', 'auto', 'scroll'].includes(getComputedStyle(e).overflowY)
+        && e.scrollHeight > e.clientHeight + 1;
     if (m.scrollWidth > m.clientWidth + 1 && !scrolls(m) && !scrolls(box)) cut.push(name(box));
     else if (box.scrollWidth > box.clientWidth + 1 && !scrolls(box)) cut.push(name(box));
+    else if (clipsY(m) || clipsY(box)) cut.push(name(box) + ' (a line hidden)');
   }
   return {viewport: vw, page_wider: document.documentElement.scrollWidth > vw + 1,
           sticking_out: out, equations_cut: cut};

@@ -475,6 +475,7 @@ def test_mobile_check_can_fail():
     bad = (
         '<html><body style="margin:0;overflow-x:hidden"><article>'
         f'<div>{wide}</div><div class="arithmatex" style="overflow:hidden">{eq.format("overflow:hidden")}</div>'
+        f'<div class="arithmatex" style="overflow-x:auto;overflow-y:hidden;height:10px">{eq.format("height:40px")}</div>'
         "</article></body></html>"
     )
     good = (
@@ -493,6 +494,7 @@ def test_mobile_check_can_fail():
         browser.close()
     assert any("past the window" in p for p in problems), problems
     assert any("equations cut off" in p for p in problems), problems
+    assert any("a line hidden" in p for p in problems), problems  # clipped below, not beside
     assert fine == [], fine
 
 
