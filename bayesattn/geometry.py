@@ -442,8 +442,10 @@ def geometry_report(
     * ``distance``: mean attention distance per head (:func:`spatial_attention_distance` of the
       posterior-mean weights, pixels for a ViT), and ``distance_mean`` over heads — does reading
       go from local to global with depth (``local_to_global``: the mean grows layer on layer)?
-    * ``entropy``: entropy per head of the posterior-mean weights (nats; uniform =
-      ``log T``), the spread of the categorical posterior over keys.
+    * ``entropy``: entropy per head of the posterior-mean weights over all ``T`` keys (CLS
+      included; nats), the spread of the categorical posterior over keys; ``entropy_uniform`` =
+      :math:`\log T`, its value for uniform weights (the largest it can be), with ``num_keys = T``
+      read from the recorded weights.
     * ``posterior_sd``: mean across-draw sd of the weights; ``spread_by_distance``: mass, sd and
       their ratio by query–key distance (:func:`spread_by_distance`).
     * ``subspace_angle``: mean principal angle (degrees) between the query subspaces of each pair
@@ -470,6 +472,8 @@ def geometry_report(
         "distance_mean": {},
         "entropy": {},
         "entropy_mean": {},
+        "num_keys": T,
+        "entropy_uniform": math.log(T),  # uniform weights over the T keys the entropy sums over
         "posterior_sd": {},
         "spread_by_distance": {},
         "subspace_angle": {},
@@ -497,11 +501,11 @@ def geometry_report(
     report["local_to_global"] = bool(all(b > a for a, b in zip(dm, dm[1:], strict=False)))
     report["figures"] = []
     if figures:
-        report["figures"] = _geometry_figures(report, Path(out_dir), T - first)
+        report["figures"] = _geometry_figures(report, Path(out_dir))
     return report
 
 
-def _geometry_figures(report: dict[str, Any], out: str | Path, num_content: int) -> list[str]:
+def _geometry_figures(report: dict[str, Any], out: str | Path) -> list[str]:
     from . import plots
 
     names = report["layers"]
@@ -536,7 +540,9 @@ def _geometry_figures(report: dict[str, Any], out: str | Path, num_content: int)
     ax1, ax2 = fig.subplots(1, 2)
     xs = list(range(len(names)))
     ax1.plot(xs, [report["entropy_mean"][n] for n in names], marker="o")
-    ax1.axhline(math.log(num_content), color="grey", linestyle=":", label="uniform")
+    uniform = report["entropy_uniform"]  # log of the number of keys the entropy is over
+    ax1.axhline(uniform, color="grey", linestyle=":",
+                label=f"uniform over {report['num_keys']} keys (log {report['num_keys']})")  # fmt: skip
     ax1.set(xticks=xs, xticklabels=short, ylabel="entropy of the mean weights (nats)",
             title="Posterior over keys: entropy by depth")  # fmt: skip
     ax1.legend(fontsize="small")

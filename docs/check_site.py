@@ -7,9 +7,12 @@ Serves ``site/`` on 127.0.0.1, opens the main pages with Playwright driving the 
   error box, and no raw ``\\(`` / ``\\[`` / ``$$`` left in the visible text (code excluded);
 * every image is loaded (``naturalWidth > 0``); notebook pages show their stored figures;
 * no request leaves the machine: every request is recorded, any to another host is blocked and
-  fails the check; no uncaught JavaScript error.
+  fails the check; no uncaught JavaScript error;
+* on a phone (390 px wide), every page of the site: the page does not scroll sideways, nothing in
+  its content sticks out of the window unless inside its own scrolling box (a wide table), and no
+  display equation is cut off (:func:`mobile_problems`).
 
-Screenshots of the landing page and of a notebook page, and ``report.json``, go to ``--out``
+Screenshots of the landing page and of a notebook page (desktop and 390 px), and ``report.json``, go to ``--out``
 (default ``site-check/``). Exit status 0 when every check passes, 1 otherwise, 2 when no Chromium
 is found (set ``CHROMIUM=/path/to/chromium``).
 
@@ -83,6 +86,86 @@ _PAGE_STATE_JS = """() => ({
   notebook_images: document.querySelectorAll('.jupyter-wrapper img').length,
   wide_overflow: document.documentElement.scrollWidth > window.innerWidth + 1,
 })"""
+
+
+# at a phone's width: what sticks out of the window and is not inside its own scrolling box, and
+# display equations wider than their box where that box does not scroll (cut off)
+MOBILE_VIEWPORT = {"width": 390, "height": 844}
+_MOBILE_JS = """() => {
+  const vw = document.documentElement.clientWidth;
+  const root = document.querySelector('article') || document.body;
+  const scrolls = e => ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
+  const name = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '')
+      + (typeof e.className === 'string' && e.className ? '.' + e.className.trim().split(/\\s+/)[0] : '');
+  const out = [];
+  for (const e of root.querySelectorAll('*')) {
+    const r = e.getBoundingClientRect();
+    if (r.width === 0 || r.right <= vw + 1) continue;
+    let a = e.parentElement, held = false;
+    for (; a && a !== document.body; a = a.parentElement) {
+      if (scrolls(a) && a.getBoundingClientRect().right <= vw + 1) { held = true; break; }
+    }
+    if (!held) out.push(`${name(e)} ends at ${Math.round(r.right)} px`);
+    if (out.length >= 5) break;
+  }
+  const cut = [];
+  for (const m of root.querySelectorAll('.MathJax_Display, mjx-container[display="true"]')) {
+    let box = m.closest('div.arithmatex') || m.parentElement;
+    const clipsY = e => !['visible', 'auto', 'scroll'].includes(getComputedStyle(e).overflowY)
+        && e.scrollHeight > e.clientHeight + 1;
+    if (m.scrollWidth > m.clientWidth + 1 && !scrolls(m) && !scrolls(box)) cut.push(name(box));
+    else if (box.scrollWidth > box.clientWidth + 1 && !scrolls(box)) cut.push(name(box));
+    else if (clipsY(m) || clipsY(box)) cut.push(name(box) + ' (a line hidden)');
+  }
+  return {viewport: vw, page_wider: document.documentElement.scrollWidth > vw + 1,
+          sticking_out: out, equations_cut: cut};
+}"""
+
+
+def mobile_problems(page: Any) -> list[str]:
+    """At the current (phone) viewport: the page scrolling sideways, content sticking out of the
+    window outside any scrolling container, display equations cut off; empty when it fits."""
+    state = page.evaluate(_MOBILE_JS)
+    problems = []
+    if state["page_wider"]:
+        problems.append(f"the page is wider than the {state['viewport']} px window")
+    if state["sticking_out"]:
+        problems.append(f"content past the window's edge: {state['sticking_out']}")
+    if state["equations_cut"]:
+        problems.append(f"display equations cut off (no scrolling box): {state['equations_cut']}")
+    return problems
+
+
+def site_pages(site: Path) -> list[str]:
+    """Every page of the built site, as paths under it (``""`` for the landing page)."""
+    pages = []
+    for f in sorted(site.rglob("index.html")):
+        rel = f.parent.relative_to(site).as_posix()
+        if not rel.startswith(("assets", "search")):
+            pages.append("" if rel == "." else rel + "/")
+    return pages
+
+
+def check_mobile(context: Any, base: str, pages: list[str], out: Path) -> dict[str, list[str]]:
+    """:func:`mobile_problems` of every page at :data:`MOBILE_VIEWPORT` (maths typeset first);
+    screenshots of the landing page and of the priors page at that width go to ``out``."""
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    results: dict[str, list[str]] = {}
+    shots = {"": "landing-390.png", "priors-and-posteriors/": "priors-390.png"}
+    for path in pages:
+        page.goto(base + path, wait_until="load")
+        try:
+            page.wait_for_function(_MATHJAX_IDLE_JS, timeout=30_000, polling=200)
+            page.wait_for_timeout(300)
+        except Exception:
+            results[f"390px /{path}"] = ["MathJax did not finish typesetting in 30 s"]
+            continue
+        results[f"390px /{path}"] = mobile_problems(page)
+        if path in shots:
+            page.screenshot(path=str(out / shots[path]))
+    page.close()
+    return results
 
 
 def find_chromium() -> str | None:
@@ -213,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
                 if "screenshot" in want:
                     page.screenshot(path=str(out / want["screenshot"]))
             context.close()
+            phone = browser.new_context(viewport=MOBILE_VIEWPORT)
+            phone.route("**/*", route)
+            results.update(check_mobile(phone, base, site_pages(site), out))
+            phone.close()
             browser.close()
     finally:
         server.shutdown()
@@ -230,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     for p, probs in results.items():
-        print(f"  {'FAIL' if probs else 'ok  '} {p}" + "".join(f"\n       {x}" for x in probs))
+        if probs or not p.startswith("390px"):  # the phone pages only when they fail
+            print(f"  {'FAIL' if probs else 'ok  '} {p}" + "".join(f"\n       {x}" for x in probs))
     print(
         f"docs-check: {len(results)} pages, {len(requests)} requests, {len(external)} to other "
         f"hosts, {len(missing)} missing files, {len(js_errors)} JS errors, {seconds:.1f} s; "

@@ -8,6 +8,8 @@
   ``benchmarks/results/*.json`` (schema in ``benchmarks/_results.py``) rendered as Markdown tables,
   with a line plot for each table whose first column is a numeric sweep (T, S, lengths, ...) and
   the figures a result file lists (files beside it).
+* ``docs/changelog.md`` holds the marker ``<!-- changelog -->``; it is replaced by the repository's
+  ``CHANGELOG.md`` (its title dropped), so the version history lives on one page of the site.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 MARKER = "<!-- benchmark-results -->"
+CHANGELOG_MARKER = "<!-- changelog -->"
+CHANGELOG = ROOT / "CHANGELOG.md"
 PLOT_DIR = "benchmarks-plots"  # under site/
 
 # nbconvert's <script src="https://...">, its MathJax configuration block, and the mermaid loader
@@ -171,7 +175,15 @@ def draw_plot(
 # --- mkdocs events -----------------------------------------------------------------------------
 
 
+def changelog_markdown(path: Path = CHANGELOG) -> str:
+    """``CHANGELOG.md`` without its ``# Changelog`` title (the page has its own)."""
+    text = path.read_text(encoding="utf-8")
+    return re.sub(r"\A#\s+Changelog\s*\n", "", text, count=1)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if CHANGELOG_MARKER in markdown:
+        markdown = markdown.replace(CHANGELOG_MARKER, changelog_markdown())
     if MARKER in markdown:
         _pending_plots.clear()
         _pending_figures.clear()

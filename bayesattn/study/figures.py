@@ -109,41 +109,60 @@ def _err(r: dict[str, Any]) -> float:
     return 0.0 if h != h else float(h)  # NaN (one run): no bar
 
 
+# one (colour, marker) pair per method: 10 colours × 7 markers, distinct for up to 70 methods
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
+def method_styles(methods: list[str]) -> dict[str, tuple[Any, str]]:
+    """A distinct ``(colour, marker)`` for every method, in order (tab10 colours; the marker
+    changes too, so the 11th method never repeats the 1st's look)."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return {m: (cmap(k % 10), _MARKERS[k % len(_MARKERS)]) for k, m in enumerate(methods)}
+
+
 def _pareto(out: Path, dataset: str, pooled: dict[str, Any]) -> str:
     """Quality (NLL, held-out AUROC) against cost (inference ms/example at batch 512, training
-    seconds); means with 95% intervals over runs."""
-    from matplotlib import colormaps
-    from matplotlib.ticker import FormatStrFormatter, LogLocator
+    seconds); means with 95% intervals over runs. Each method has its own colour and marker and is
+    named in one legend (no labels on the points, which overlap); every panel says which way is
+    better."""
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
     from .. import plots
 
-    fig = plots._new_figure(figsize=(10.0, 7.5), layout="constrained")
-    axes = fig.subplots(2, 2)
-    # one colour per method (tab10 repeats after 10; the full protocol has 13)
-    cmap = colormaps["tab10" if len(pooled) <= 10 else "tab20"]
-    colour = {m: cmap(k % cmap.N) for k, m in enumerate(pooled)}
-    qs = (("nll", "NLL (lower is better)"), ("auroc_primary", "held-out AUROC, primary score"))
-    cs = (("infer_ms_batch512", "inference ms / example (batch 512)"),
-          ("train_seconds", "training seconds"))  # fmt: skip
+    fig = plots._new_figure(figsize=(10.0, 8.0), layout="constrained")
+    axes = fig.subplots(2, 2, sharey="row")
+    style = method_styles(list(pooled))
+    qs = (("nll", "test NLL  (↓ lower is better)"),
+          ("auroc_primary", "held-out AUROC  (↑ higher is better)"))  # fmt: skip
+    cs = (("infer_ms_batch512", "inference ms / example, batch 512  (← cheaper)"),
+          ("train_seconds", "training seconds  (← cheaper)"))  # fmt: skip
     for i, (q, qlabel) in enumerate(qs):
         for j, (c, clabel) in enumerate(cs):
             ax = axes[i][j]
             for m, r in pooled.items():
+                colour, marker = style[m]
                 ax.errorbar(r[c]["mean"], r[q]["mean"], xerr=_err(r[c]), yerr=_err(r[q]),
-                            fmt="o", capsize=3, label=m, color=colour[m])  # fmt: skip
-                ax.annotate(m, (r[c]["mean"], r[q]["mean"]), textcoords="offset points",
-                            xytext=(4, 4), fontsize=8)  # fmt: skip
+                            fmt=marker, ms=7, capsize=2, elinewidth=0.8, alpha=0.9, label=m,
+                            color=colour, markeredgecolor="black", markeredgewidth=0.4)  # fmt: skip
             ax.set_xscale("log")
-            # plain numbers at 1, 2, 5 × 10^k: readable whether the span is under a decade or not
+            # labels at 1, 2, 5 × 10^k only: never more than three to a decade, so none overlap
+            ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
             ax.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
-            for fmt in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
-                fmt(FormatStrFormatter("%g"))
-            ax.set_xlabel(clabel)
-            ax.set_ylabel(qlabel)
-            ax.grid(alpha=0.3)
+            ax.xaxis.set_minor_formatter(FormatStrFormatter("%g"))
+            if len(ax.get_xticks(minor=True)) > 6:  # a wide span: the decades alone
+                ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.tick_params(axis="x", which="both", labelsize=8)
+            ax.set_xlabel(clabel, fontsize=9)
+            if j == 0:
+                ax.set_ylabel(qlabel, fontsize=9)
+            ax.grid(alpha=0.3, which="both")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=8, loc="outside lower center", ncols=min(7, len(labels)))
-    fig.suptitle(f"{dataset}: quality against cost (mean, 95% interval over runs)")
+    fig.legend(handles, labels, fontsize=9, loc="outside lower center", ncols=min(5, len(labels)),
+               title="method (mean, 95% interval over runs)", title_fontsize=9)  # fmt: skip
+    fig.suptitle(f"{dataset}: uncertainty quality against cost. Best: top row low, bottom row "
+                 "high, both at the left", fontsize=11)  # fmt: skip
     path = register_output(out, f"pareto_{dataset}.png")
     plots._finish(fig, path)
     return path.name

@@ -17,7 +17,9 @@ window.MathJax = {
     preferredFont: null,
     webFont: "STIX-Web",
     imageFont: null,
-    linebreaks: { automatic: true },
+    // no automatic line breaks: MathJax 2.7 measures the column wrongly inside flex boxes and
+    // breaks short equations, hiding their second line; a wide equation scrolls (docs/css/extra.css)
+    linebreaks: { automatic: false },
   },
   "fast-preview": { disabled: true },  // its preview uses TeX fonts the package does not ship
   // its hidden MathML copy asks for TeX fonts the package does not ship

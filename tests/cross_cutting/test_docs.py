@@ -460,3 +460,47 @@ def test_site_in_a_real_browser(built_site: Path):
     assert rc == 0, json.dumps(report, indent=1)
     assert report["external_requests"] == [] and report["passed"]
     assert (ROOT / "site-check" / "landing.png").is_file()
+
+
+def test_mobile_check_can_fail():
+    """``mobile_problems`` at 390 px in a real Chromium: a page with content wider than the
+    window and a display equation cut off by its box fails; the same content in scrolling boxes
+    (a wide table in its own container, an equation that scrolls) passes."""
+    check = _load("check_site")
+    if check.find_chromium() is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium): browser check skipped")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    wide = '<table><tr><td style="white-space:nowrap">' + "wide_cell " * 40 + "</td></tr></table>"
+    eq = '<span class="MathJax_Display" style="display:block;{}"><span style="display:inline-block;width:900px">x</span></span>'
+    bad = (
+        '<html><body style="margin:0;overflow-x:hidden"><article>'
+        f'<div>{wide}</div><div class="arithmatex" style="overflow:hidden">{eq.format("overflow:hidden")}</div>'
+        f'<div class="arithmatex" style="overflow-x:auto;overflow-y:hidden;height:10px">{eq.format("height:40px")}</div>'
+        "</article></body></html>"
+    )
+    good = (
+        '<html><body style="margin:0"><article>'
+        f'<div style="overflow-x:auto">{wide}</div>'
+        f'<div class="arithmatex" style="overflow-x:auto">{eq.format("")}</div>'
+        "<p>text that wraps " + "word " * 100 + "</p></article></body></html>"
+    )
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=check.find_chromium(), args=check.CHROMIUM_FLAGS)
+        page = browser.new_context(viewport=check.MOBILE_VIEWPORT).new_page()
+        page.set_content(bad)
+        problems = check.mobile_problems(page)
+        page.set_content(good)
+        fine = check.mobile_problems(page)
+        browser.close()
+    assert any("past the window" in p for p in problems), problems
+    assert any("equations cut off" in p for p in problems), problems
+    assert any("a line hidden" in p for p in problems), problems  # clipped below, not beside
+    assert fine == [], fine
+
+
+def test_changelog_page_includes_the_changelog():
+    hooks = _load("hooks")
+    page = (DOCS / "changelog.md").read_text(encoding="utf-8")
+    assert hooks.CHANGELOG_MARKER in page
+    text = hooks.changelog_markdown()
+    assert not text.startswith("# Changelog") and "## Unreleased" in text

@@ -133,12 +133,33 @@ def test_geometry_report_writes_figures_and_json_ready_numbers(tmp_path):
     max_d = 2 * math.sqrt(18)
     for n in r["layers"]:
         assert len(r["distance"][n]) == 2 and all(0 <= v <= max_d for v in r["distance"][n])
-        assert 0 <= r["entropy_mean"][n] <= math.log(17) + 1e-6
+        assert 0 <= r["entropy_mean"][n] <= r["entropy_uniform"] + 1e-6
         assert r["posterior_sd"][n] > 0  # Dirichlet draws differ
         ang = torch.tensor(r["subspace_angle"][n])
         assert ang.shape == (2, 2) and float(ang.diagonal().abs().max()) < 1e-3
     dm = [r["distance_mean"][n] for n in r["layers"]]
     assert r["local_to_global"] == (dm[1] > dm[0])
+    # 16 patches + CLS: the entropy is over 17 keys, so "uniform" is log 17 (not log 16)
+    assert r["num_keys"] == 17 and math.isclose(r["entropy_uniform"], math.log(17))
     det = geometry_report(_vit(None), x, tmp_path / "det", num_samples=2, figures=False)
     assert det["figures"] == [] and not (tmp_path / "det").exists()
     assert all(v == 0.0 for v in det["posterior_sd"].values())
+
+
+def test_geometry_uniform_line_is_log_of_the_keys_the_entropy_is_over(tmp_path, monkeypatch):
+    """The "uniform" reference in the entropy-by-depth figure is log T over all T keys, so no
+    entropy can plot above it (it was log 16 for 17 keys)."""
+    from matplotlib.figure import Figure
+
+    saved: dict[str, Figure] = {}
+    real = Figure.savefig
+    monkeypatch.setattr(
+        Figure,
+        "savefig",
+        lambda self, f, **kw: (saved.setdefault(Path(f).name, self), real(self, f, **kw)),
+    )
+    r = geometry_report(_vit(), torch.rand(4, 8, 8), tmp_path, num_samples=2)
+    ax = saved["spread_by_depth.png"].axes[0]
+    (line,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("uniform")]
+    assert math.isclose(line.get_ydata()[0], math.log(17), rel_tol=1e-9)
+    assert max(r["entropy_mean"].values()) <= line.get_ydata()[0] + 1e-6
