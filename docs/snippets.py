@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import re
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,8 +111,22 @@ def output_mismatches(printed: str, shown: str) -> list[str]:
     return problems
 
 
+def seed_page() -> None:
+    """Seed torch, ``random`` and NumPy before a page runs: its output does not depend on the
+    pages run before it (a page whose printed numbers are random seeds itself too, for readers)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+
+
 def refresh(path: Path) -> list[str]:
     """Run the page's blocks and write each one's printed output into its ``text`` block."""
+    seed_page()
     ns: dict[str, Any] = {"__name__": "__docs__"}
     lines = path.read_text(encoding="utf-8").splitlines()
     edits: list[tuple[int, int, list[str]]] = []  # (start, end) 0-based lines to replace
@@ -140,12 +156,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("pages", nargs="+", type=Path)
     args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))  # this checkout's bayesattn, wherever it is run from
     import matplotlib
 
     matplotlib.use("Agg")
-    for page in args.pages:
-        for line in refresh(page.resolve()):
-            print(line, file=sys.stderr)
+    pages = [page.resolve() for page in args.pages]
+    home = os.getcwd()
+    for page in pages:
+        with tempfile.TemporaryDirectory() as tmp:  # what a snippet writes goes nowhere
+            os.chdir(tmp)
+            try:
+                for line in refresh(page):
+                    print(line, file=sys.stderr)
+            finally:
+                os.chdir(home)
     return 0
 
 

@@ -87,6 +87,7 @@ def _run_page(path: Path, tmp_path: Path, monkeypatch, skip_undefined: bool) -> 
     import matplotlib
 
     matplotlib.use("Agg")
+    _snippets.seed_page()
     ns: dict = {"__name__": "__docs__"}
     skipped, problems, printed = [], [], []
     for b in python_blocks(path):
