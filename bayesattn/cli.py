@@ -106,8 +106,12 @@ def _add_run_options(s: argparse.ArgumentParser, d: Any, q: Any, f: Any) -> None
     g.add_argument("--holdout-rotation", type=int, default=None, metavar="K",
                    help=f"rotate over K disjoint held-out pairs (default: {len(d.pairs())}; "
                    f"--protocol full: {f.holdout_rotation})")  # fmt: skip
-    s.add_argument("--samples", type=int, default=None,
-                   help=f"posterior samples per prediction (default: {d.num_samples})")
+    s.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help=f"posterior samples per prediction (default: {d.num_samples})",
+    )
     s.add_argument("--ensemble-size", type=int, default=None,
                    help=f"ensemble members (default: {d.ensemble_size}; --quick: "
                    f"{q.ensemble_size})")  # fmt: skip
@@ -146,9 +150,8 @@ def method_listing() -> str:
     width = max(len(m) for m in METHODS)
     lines = [f"{'method':{width}}  {'runs in':13}  description"]
     for name in METHODS:
-        runs = "default, full" if name in DEFAULT_METHODS else (
-            "full" if name in FULL_METHODS else "by name"
-        )
+        runs = "full" if name in FULL_METHODS else "by name"
+        runs = "default, full" if name in DEFAULT_METHODS else runs
         lines.append(f"{name:{width}}  {runs:13}  {get_method(name).description}")
     return "\n".join(lines)
 

@@ -21,9 +21,24 @@ Writes ``training_history.png``, ``reliability_diagram.png`` and ``ood_entropy.p
 
 Run: ``python examples/03_train_classifier.py [--quick] [--out DIR] [--family NAME]``
 
-Prints (the full run, about a minute on one thread; the epochs cut here)::
+Prints (the full run, without ``--quick``: about 14 s on one thread of a shared 2-core machine)::
 
-EXPECTED
+    Bayesian attention layers: ['encoder.layers.1.self_attn']
+    epoch  1  -ELBO/N   15.100  val acc 0.560
+    epoch  2  -ELBO/N    3.997  val acc 0.884
+    …
+    epoch 15  -ELBO/N    0.320  val acc 0.888
+
+    32 posterior samples; test set of 500 (10% label noise)
+    accuracy 0.890  NLL 0.363  ECE 0.031  Brier 0.201
+    temperature 1.21: NLL 0.355  ECE 0.022
+    in-domain: entropy 0.274 = aleatoric 0.274 + epistemic (MI) 3.28e-06
+    unseen tokens: entropy 0.394, MI 3.26e-05
+    OOD AUROC: entropy 0.893, MI 0.917
+    selective prediction: AURC 0.136
+    attention encoder.layers.1.self_attn: mean posterior std 0.0498
+
+    wrote OUT/training_history.png, reliability_diagram.png and ood_entropy.png
 """
 
 from __future__ import annotations
@@ -101,7 +116,8 @@ def main() -> None:
         nhead=4,
         num_layers=2,
         dim_feedforward=2 * d_model,
-        attention=AttentionConfig(family=args.family) if every_layer
+        attention=AttentionConfig(family=args.family)
+        if every_layer
         else AttentionConfig.recommended(),
     )
     print(f"Bayesian attention layers: {net.bayesian_layers}")

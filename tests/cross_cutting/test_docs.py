@@ -5,6 +5,11 @@ namespace per page (later blocks may use names defined by earlier ones), from a 
 directory and with one torch thread. A block directly preceded by ``<!-- skip -->`` is not run.
 README blocks that use names defined nowhere (illustrations with the user's own data) must carry
 that mark: ``test_readme_blocks_are_self_contained`` fails on any other.
+
+A block that prints shows what it prints in the ``text`` block under it; the run compares them
+(``docs/snippets.py``: same words, numbers within tolerance; ``python docs/snippets.py PAGE``
+rewrites them after a change), and ``RANGES`` checks what the numbers must say whatever the page
+shows: accuracy well above chance, uncertainty larger off the data than on it.
 """
 
 from __future__ import annotations
@@ -121,27 +126,45 @@ def _run_page(path: Path, tmp_path: Path, monkeypatch, skip_undefined: bool) -> 
 RANGES: dict[str, list[tuple[str, Callable[..., bool], str]]] = {
     "README.md": [
         (r"accuracy ([\d.]+)", lambda a: a >= 0.9, "the network learns its task"),
-        (r"MI test ([\d.e+-]+) +MI unseen tokens ([\d.e+-]+)", lambda on, off: off > 2 * on,
-         "the network is more unsure off the data"),
+        (
+            r"MI test ([\d.e+-]+) +MI unseen tokens ([\d.e+-]+)",
+            lambda on, off: off > 2 * on,
+            "the network is more unsure off the data",
+        ),
         (r"'accuracy': ([\d.]+)", lambda a: a >= 0.9, "the converted model keeps its accuracy"),
         (r"'ood_auroc': ([\d.]+)", lambda a: a >= 0.7, "its entropy finds noise inputs"),
-        (r"GP spread test ([\d.e+-]+) +noise ([\d.e+-]+)", lambda on, off: off > on > 0,
-         "the GP read's draws disagree more off the data"),
-        (r"density score test ([\d.e+-]+) +noise ([\d.e+-]+)", lambda on, off: off > on,
-         "the density read scores noise as unlike training"),
+        (
+            r"GP spread test ([\d.e+-]+) +noise ([\d.e+-]+)",
+            lambda on, off: off > on > 0,
+            "the GP read's draws disagree more off the data",
+        ),
+        (
+            r"density score test ([\d.e+-]+) +noise ([\d.e+-]+)",
+            lambda on, off: off > on,
+            "the density read scores noise as unlike training",
+        ),
     ],
     "getting-started.md": [
         (r"accuracy ([\d.]+)", lambda a: a >= 0.9, "the network learns its task"),
-        (r"MI test ([\d.e+-]+) +MI unseen tokens ([\d.e+-]+)", lambda on, off: off > 10 * on,
-         "the network is more unsure off the data"),
+        (
+            r"MI test ([\d.e+-]+) +MI unseen tokens ([\d.e+-]+)",
+            lambda on, off: off > 10 * on,
+            "the network is more unsure off the data",
+        ),
     ],
     "uncertainty.md": [
         (r"acc ([\d.]+)", lambda a: a >= 0.8, "well above chance (10% of the labels are flipped)"),
         (r"AUROC MI +([\d.]+)", lambda a: a >= 0.75, "mutual information finds unseen tokens"),
-        (r"ensemble/mean: MI test ([\d.e+-]+) +MI unseen tokens ([\d.e+-]+)",
-         lambda on, off: off > 2 * on, "the ensemble's members disagree more off the data"),
-        (r"NLL ([\d.]+) -> ([\d.]+)", lambda raw, cal: cal <= raw + 1e-3,
-         "temperature scaling does not worsen the NLL it minimises on validation"),
+        (
+            r"ensemble/mean: MI test ([\d.e+-]+) +MI unseen tokens ([\d.e+-]+)",
+            lambda on, off: off > 2 * on,
+            "the ensemble's members disagree more off the data",
+        ),
+        (
+            r"NLL ([\d.]+) -> ([\d.]+)",
+            lambda raw, cal: cal <= raw + 1e-3,
+            "temperature scaling does not worsen the NLL it minimises on validation",
+        ),
     ],
 }
 
