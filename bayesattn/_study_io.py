@@ -300,7 +300,7 @@ def validate_study_config(cfg: Any) -> None:
         raise ValueError(f"severities must be a non-empty list in 1..5; got {cfg.severities!r}")
     for s in cfg.severities:
         check_int("severities[i]", s, 1, 5)
-    for name in ("progress", "geometry", "figures"):
+    for name in ("progress", "geometry", "figures", "smoke"):
         if not isinstance(getattr(cfg, name), bool):
             raise TypeError(f"{name} must be a bool; got {getattr(cfg, name)!r}")
     if not isinstance(cfg.extra, dict):

@@ -7,67 +7,130 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "method_listing"]
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default: ``(default: X)`` where the option has a plain
+    default; an option whose default depends on the preset says so in its own help."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            "default" in text
+            or not action.option_strings
+            or any(action.default is v for v in (None, False, argparse.SUPPRESS))
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .study import DATASETS, METHODS
+    from . import __version__
 
-    p = argparse.ArgumentParser(prog="bayesattn", description="Bayesian attention toolkit")
+    p = argparse.ArgumentParser(
+        prog="bayesattn", description="Bayesian attention toolkit", formatter_class=_HelpFormatter
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    _add_study_parser(sub)
+    return p
+
+
+def _add_study_parser(sub: Any) -> None:
+    """``bayesattn study`` and its options, each help with its default (from the presets)."""
+    from .study import DATASETS, METHODS, StudyConfig
+
+    d, q, f = StudyConfig(), StudyConfig.quick(), StudyConfig.full()
     s = sub.add_parser(
         "study",
         help="train and compare uncertainty methods (digits, MNIST-1D, fortunes)",
+        formatter_class=_HelpFormatter,
         description="Train and score every uncertainty method (deterministic, temperature "
         "scaling, MC dropout, deep ensembles and their size curve, kNN and relative-Mahalanobis "
         "feature scores, last-layer Laplace, the recommended and every-layer Bayesian "
         "attentions, the post-hoc GP and density reads) on held-out class pairs × seeds; report "
         "means with 95% intervals, paired differences (Holm-corrected marks), AUROCs by each "
         "method's primary score near / far / shift, selective prediction, corruption curves, "
-        "costs, with figures and ArviZ files. Default: the digits, 2 held-out pairs × 3 seeds "
-        "(about 8 minutes on 2 cores); --protocol full: digits and MNIST-1D, 5 pairs × 5 seeds; "
-        "--dataset fortunes: tokens (Debian's fortunes package).",
+        "costs, with figures and ArviZ files. Default: the digits, "
+        f"{len(d.pairs())} held-out pairs × {d.seeds} seeds (about 8 minutes on an idle 2-core "
+        "machine); --protocol full: both datasets, 5 pairs × 5 seeds (about 2 h); --dataset "
+        "fortunes: tokens (Debian's fortunes package); --quick: a smoke run that checks "
+        "everything runs (its numbers are not results). --list-methods describes every method.",
     )
-    s.add_argument("--out", default="bayesattn-study", help="output folder (a folder of its own)")
+    s.add_argument("--out", default=d.out, help="output folder (a folder of its own)")
     s.add_argument(
         "--force",
         action="store_true",
         help="replace the study in the output folder: only the files its manifest lists (those "
         "a study run wrote) are removed; a folder with other files and no manifest is refused",
     )
-    s.add_argument("--quick", action="store_true", help="a smoke run of a minute or two")
+    s.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a smoke run of a minute or two ({q.seeds} seeds, {q.epochs} epochs, held-out "
+        f"classes {' '.join(map(str, q.holdout_classes))}): checks that everything runs; its "
+        "numbers are not results, and the report says so",
+    )
     s.add_argument("--protocol", choices=["default", "full"], default="default",
-                   help="full: both datasets, 5 held-out pairs, 5 seeds, 2 jobs (about 2 h on 2 cores; "
-                   "docs/which-attention.md)")
+                   help="full: both datasets, 5 held-out pairs, 5 seeds, 2 jobs (about 2 h on "
+                   "2 cores; docs/which-attention.md)")  # fmt: skip
     s.add_argument("--dataset", default=None, choices=list(DATASETS),
-                   help="dataset (default digits; --protocol full runs digits and mnist1d; fortunes: "
-                   "tokens, needs apt-get install fortunes)")
-    s.add_argument("--methods", nargs="+", choices=list(METHODS), default=None,
-                   help="methods to run")
-    s.add_argument("--epochs", type=int, default=None)
-    s.add_argument("--seed", type=int, default=0, help="first seed")
+                   help=f"dataset (default: {d.dataset}; --protocol full runs "
+                   f"{' and '.join(f.dataset_list)}; fortunes: tokens, needs apt-get install "
+                   "fortunes)")  # fmt: skip
+    s.add_argument("--methods", nargs="+", choices=list(METHODS), default=None, metavar="METHOD",
+                   help=f"methods to run (default: the {len(d.methods)} of the default "
+                   f"protocol; --protocol full: {len(f.methods)}; --list-methods lists and "
+                   "describes them all)")  # fmt: skip
+    s.add_argument("--list-methods", action="store_true",
+                   help="print every method with its description and the protocols that run "
+                   "it, then exit")  # fmt: skip
+    _add_run_options(s, d, q, f)
+
+
+def _add_run_options(s: argparse.ArgumentParser, d: Any, q: Any, f: Any) -> None:
+    """The options of a study run's size, seeds, workers and merging."""
+    from .study import MODEL_DEFAULTS
+
+    epochs = ", ".join(f"{k} {v['epochs']}" for k, v in MODEL_DEFAULTS.items())
+    s.add_argument("--epochs", type=int, default=None,
+                   help=f"training epochs (default: by dataset, {epochs}; --quick: "
+                   f"{q.epochs})")  # fmt: skip
+    s.add_argument("--seed", type=int, default=d.seed, help="first seed")
     s.add_argument("--seeds", type=int, default=None,
-                   help="number of seeds (seed, seed+1, …); default 3 (full: 5)")
+                   help=f"number of seeds (seed, seed+1, …) (default: {d.seeds}; --quick: "
+                   f"{q.seeds}; --protocol full: {f.seeds})")  # fmt: skip
     g = s.add_mutually_exclusive_group()
     g.add_argument("--holdout-classes", type=int, nargs="+", default=None, metavar="CLASS",
-                   help="one held-out class set (e.g. 8 9) instead of the rotation")
+                   help="one held-out class set (e.g. 8 9) instead of the rotation (default: "
+                   f"the rotation; --quick: {' '.join(map(str, q.holdout_classes))})")  # fmt: skip
     g.add_argument("--holdout-rotation", type=int, default=None, metavar="K",
-                   help="rotate over K disjoint held-out pairs (default 2; full: 5)")
-    s.add_argument("--samples", type=int, default=None, help="posterior samples per prediction")
-    s.add_argument("--ensemble-size", type=int, default=None)
+                   help=f"rotate over K disjoint held-out pairs (default: {len(d.pairs())}; "
+                   f"--protocol full: {f.holdout_rotation})")  # fmt: skip
+    s.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help=f"posterior samples per prediction (default: {d.num_samples})",
+    )
+    s.add_argument("--ensemble-size", type=int, default=None,
+                   help=f"ensemble members (default: {d.ensemble_size}; --quick: "
+                   f"{q.ensemble_size})")  # fmt: skip
     s.add_argument(
         "--threads",
         type=int,
         default=1,
-        help="torch threads (default 1: the study's models are small, so one thread is fastest "
-        "and gives the same numbers on any machine)",
+        help="torch threads (default: 1: the study's models are small, so one thread is "
+        "fastest and gives the same numbers on any machine)",
     )
     s.add_argument(
         "--jobs",
         type=int,
         default=None,
-        help="runs in parallel worker processes (default 1; --protocol full: 2); the numbers do "
-        "not change, only the wall time (each worker uses --threads torch threads)",
+        help=f"runs in parallel worker processes (default: {d.jobs}; --protocol full: "
+        f"{f.jobs}); the numbers do not change, only the wall time (each worker uses --threads "
+        "torch threads)",
     )
     s.add_argument(
         "--merge",
@@ -76,10 +139,23 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="instead of running: merge finished studies of the same settings into --out, "
         "pooled again: a method added later on the same runs, or the same methods on other "
-        "seeds (a protocol split over machines); a method in several must agree",
+        "seeds (a protocol split over machines); a method in several must agree (default: "
+        "run, not merge)",
     )
-    s.add_argument("--no-progress", action="store_true")
-    return p
+    s.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def method_listing() -> str:
+    """Every registered study method: its name, the protocols that run it and its description."""
+    from .study import DEFAULT_METHODS, FULL_METHODS, METHODS, get_method
+
+    width = max(len(m) for m in METHODS)
+    lines = [f"{'method':{width}}  {'runs in':13}  description"]
+    for name in METHODS:
+        runs = "full" if name in FULL_METHODS else "by name"
+        runs = "default, full" if name in DEFAULT_METHODS else runs
+        lines.append(f"{name:{width}}  {runs:13}  {get_method(name).description}")
+    return "\n".join(lines)
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -116,6 +192,9 @@ def _study(args: argparse.Namespace) -> int:
     from ._study_io import prepare_out_dir
     from .study import format_table, run_study
 
+    if args.list_methods:
+        print(method_listing())
+        return 0
     if args.threads < 0:
         print(f"bayesattn: --threads must be >= 1 (0: torch's default); got {args.threads}",
               file=sys.stderr)  # fmt: skip
@@ -141,6 +220,9 @@ def _study(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    if cfg.smoke:
+        print("bayesattn: a smoke run (--quick): it checks that the study runs end to end; "
+              "its numbers are not results (run without --quick for those)")  # fmt: skip
     try:
         results = run_study(cfg)
     except ImportError as e:  # a method's or dataset's optional dependency is missing

@@ -16,6 +16,17 @@ log-prior linear in distance) and causal + ALiBi; a key-padding mask is one more
 ``exact_posterior.png``: the posterior of one head under each prior.
 
 Run: ``python examples/01_exact_posterior.py [--quick] [--out DIR]``
+
+Prints (the full run, without ``--quick``: about 74 s on one thread of a shared 2-core machine)::
+
+    prior             |closed - enum|  |closed - SVI|
+    uniform                  5.96e-08        4.89e-04
+    causal                   5.96e-08        2.25e-04
+    window ±1                1.19e-07        4.38e-05
+    ALiBi                    8.94e-08        4.84e-04
+    causal + ALiBi           5.96e-08        5.84e-04
+    causal + pad             2.98e-08
+    wrote OUT/exact_posterior.png
 """
 
 from __future__ import annotations

@@ -12,6 +12,17 @@
 Writes ``attention_uncertainty.png`` (mean and std heatmaps of one head).
 
 Run: ``python examples/02_drop_in_attention.py [--quick] [--out DIR]``
+
+Prints (the full run, without ``--quick``: about 19 s on one thread of a shared 2-core machine)::
+
+    <All keys matched successfully>
+    max |output difference| after the swap: 2.38e-07
+    outputs (256, 2, 8, 32), weights (256, 2, 4, 8, 8)  (S, B, ...)
+    mean of 256 draws vs exact posterior mean: max |difference| = 0.019
+    average posterior std of a weight: 0.0531
+    average 90% interval width: 0.1636
+    (query, key) pairs read with weight > 0.2 at 90% credibility: 56
+    wrote OUT/attention_uncertainty.png
 """
 
 from __future__ import annotations

@@ -1,23 +1,44 @@
-"""Train a classifier with Dirichlet attention, then predict with uncertainty and check calibration.
+"""Train a classifier with Bayesian attention, then predict with uncertainty and check calibration.
 
 The task is synthetic: sequences of 8 tokens drawn from ids 1..12, label 1 if token 3 occurs, with
 10 % of the labels flipped (so a calibrated model is at most 90 % sure). A
-``bayesattn.TransformerClassifier`` whose attention weights have a Dirichlet posterior
-(``AttentionConfig(family="dirichlet")``) is trained with ``bayesattn.training.fit`` (the
-one-pass "hybrid" ELBO, with KL annealing), then
+``bayesattn.TransformerClassifier`` with the recommended Bayesian attention
+(``AttentionConfig.recommended()``: logistic-normal weights in the last layer, the plain ELBO;
+``--family NAME`` puts that family in every layer instead, on a tempered ELBO, ``kl_weight=1e-3``)
+is trained with ``bayesattn.training.fit`` (the one-pass "hybrid" ELBO, with KL annealing), then
 
 * ``bayesattn.uncertainty.predict`` draws posterior-predictive samples in one vectorised pass and
   splits the predictive entropy into expected entropy (aleatoric) + mutual information (epistemic);
 * ``bayesattn.calibration`` scores accuracy, NLL, ECE and Brier, before and after temperature
   scaling fitted on the validation set;
 * out-of-distribution inputs (token ids never seen in training) are scored by their predictive
-  entropy and mutual information (AUROC), and selective prediction by the AURC. Whether a shift
-  is detectable is an empirical question: sequences of unseen tokens contain no marker, and a
-  model that has learnt "no 3 → class 0" may be *more* confident on them (AUROC < 0.5).
+  entropy and mutual information (AUROC), and selective prediction by the AURC. Sequences of
+  unseen tokens contain no marker, and a model that has learnt "no 3 → class 0" may be *more*
+  confident on them (entropy AUROC < 0.5); the mutual information, the epistemic part, is what
+  finds them: the posterior draws disagree on inputs unlike the training data.
 
 Writes ``training_history.png``, ``reliability_diagram.png`` and ``ood_entropy.png``.
 
 Run: ``python examples/03_train_classifier.py [--quick] [--out DIR] [--family NAME]``
+
+Prints (the full run, without ``--quick``: about 14 s on one thread of a shared 2-core machine)::
+
+    Bayesian attention layers: ['encoder.layers.1.self_attn']
+    epoch  1  -ELBO/N   15.100  val acc 0.560
+    epoch  2  -ELBO/N    3.997  val acc 0.884
+    …
+    epoch 15  -ELBO/N    0.320  val acc 0.888
+
+    32 posterior samples; test set of 500 (10% label noise)
+    accuracy 0.890  NLL 0.363  ECE 0.031  Brier 0.201
+    temperature 1.21: NLL 0.355  ECE 0.022
+    in-domain: entropy 0.274 = aleatoric 0.274 + epistemic (MI) 3.28e-06
+    unseen tokens: entropy 0.394, MI 3.26e-05
+    OOD AUROC: entropy 0.893, MI 0.917
+    selective prediction: AURC 0.136
+    attention encoder.layers.1.self_attn: mean posterior std 0.0498
+
+    wrote OUT/training_history.png, reliability_diagram.png and ood_entropy.png
 """
 
 from __future__ import annotations
@@ -53,12 +74,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--family",
-        default="dirichlet",
-        choices=["dirichlet", "logistic_normal", "weibull", "concrete"],
-        help="variational family over the attention weights",
+        default="recommended",
+        choices=["recommended", "dirichlet", "logistic_normal", "weibull", "concrete"],
+        help="AttentionConfig.recommended(), or this family in every layer",
     )
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--kl-weight", type=float, default=1.0, help="final KL weight (1 = the ELBO)")
+    p.add_argument("--epochs", type=int, default=None, help="default: 15 (--quick: 10)")
+    p.add_argument(
+        "--kl-weight",
+        type=float,
+        default=None,
+        help="final KL weight (default: 1, the ELBO, for recommended; 1e-3 for a family in "
+        "every layer)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads (tiny models: 1 is best)")
     return p.parse_args()
 
@@ -69,8 +96,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    n_train, n_eval = (256, 128) if args.quick else (2000, 500)
-    epochs = args.epochs or (2 if args.quick else 15)
+    n_train, n_eval = (512, 128) if args.quick else (2000, 500)
+    batch = 32 if args.quick else 64
+    epochs = args.epochs or (10 if args.quick else 15)
+    every_layer = args.family != "recommended"
+    kl_weight = args.kl_weight or (1e-3 if every_layer else 1.0)
     d_model, samples = (16, 8) if args.quick else (32, 32)
 
     x_train, y_train = make_task(n_train, args.seed)
@@ -86,21 +116,23 @@ def main() -> None:
         nhead=4,
         num_layers=2,
         dim_feedforward=2 * d_model,
-        attention=AttentionConfig(family=args.family),
+        attention=AttentionConfig(family=args.family)
+        if every_layer
+        else AttentionConfig.recommended(),
     )
     print(f"Bayesian attention layers: {net.bayesian_layers}")
-    steps_per_epoch = -(-n_train // 64)
+    steps_per_epoch = -(-n_train // batch)
     history = fit(
         net,
         (x_train, y_train),
         val_data=(x_val, y_val),
         method="hybrid",
         epochs=epochs,
-        batch_size=64,
+        batch_size=batch,
         lr=3e-3,
         warmup_steps=steps_per_epoch,
         kl_anneal_steps=2 * steps_per_epoch,
-        kl_weight=args.kl_weight,
+        kl_weight=kl_weight,
         seed=args.seed,
         progress=False,
     )
@@ -145,6 +177,8 @@ def main() -> None:
     correct = res.predictions == y_test
     print(f"selective prediction: AURC {C.aurc(res.predictive_entropy, correct):.3f}")
     for name, a in res.attention.items():
+        if name not in net.bayesian_layers:  # a softmax layer: no posterior spread to show
+            continue
         print(f"attention {name}: mean posterior std {float(a.mean_key_std().mean()):.4f}")
 
     plot_reliability_diagram(p, y_test, title="test set", path=out / "reliability_diagram.png")

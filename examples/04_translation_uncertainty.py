@@ -20,6 +20,31 @@ is therefore a tempered ELBO, ``--kl-weight 0.01``.
 Writes ``token_mutual_information.png`` and ``cross_attention.png``.
 
 Run: ``python examples/04_translation_uncertainty.py [--quick] [--out DIR] [--kl-weight W]``
+
+Prints (the full run, without ``--quick``: about 72 s on one thread of a shared 2-core machine)::
+
+    1600 training pairs, e.g. 'he can buy the house today' -> 'er kann heute das haus kaufen'
+    Bayesian attention layers: ['decoder.layers.0.multihead_attn']
+    validation token accuracy by epoch: [0.378, 0.703, 0.842, 0.945, 0.99, 0.999, 0.998, 0.999, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    exact translations: 199/200; token accuracy 0.999
+
+      you have bought the table yesterday
+      gold: du hast gestern den tisch gekauft
+      du(0.039)  hast(0.025)  gestern(0.001)  den(0.002)  tisch(0.007)  gekauft(0.008)  <eos>(0.000)
+
+      you must find the child
+      gold: du musst das kind finden
+      du(0.002)  musst(0.050)  das(0.127)  kind(0.037)  finden(0.002)  <eos>(0.030)
+
+      you must buy the dog today
+      gold: du musst heute den hund kaufen
+      du(0.002)  musst(0.036)  heute(0.038)  den(0.017)  hund(0.018)  kaufen(0.005)  <eos>(0.000)
+
+    MI on correct tokens 0.0218, on wrong tokens 0.1601
+    AUROC of MI for spotting wrong tokens: 0.967
+    cross-attention argmax = gold alignment for 83% of the words of sentence 0
+
+    wrote OUT/token_mutual_information.png and OUT/cross_attention.png
 """
 
 from __future__ import annotations

@@ -17,6 +17,20 @@ Writes ``belief_updates.png``: the posterior mean relevance of every key against
 queries seen, with ±2 sd bands and the true relevance dashed.
 
 Run: ``python examples/05_online_belief_updates.py [--quick] [--out DIR]``
+
+Prints (the full run, without ``--quick``: about 47 s on one thread of a shared 2-core machine)::
+
+    after    5 queries: 0.39±0.15  0.20±0.12  0.20±0.12  0.10±0.09  0.11±0.09
+    after   20 queries: 0.37±0.09  0.20±0.08  0.18±0.08  0.12±0.06  0.13±0.07
+    after   50 queries: 0.49±0.07  0.21±0.05  0.15±0.05  0.08±0.04  0.08±0.04
+    after  100 queries: 0.47±0.05  0.24±0.04  0.12±0.03  0.10±0.03  0.07±0.02
+    after  400 queries: 0.46±0.02  0.26±0.02  0.12±0.02  0.09±0.01  0.07±0.01
+    true relevance:     0.45       0.25       0.15       0.10       0.05
+    total concentration 405.0 = prior 5 + 400
+    closed-form mean [0.464, 0.26, 0.117, 0.09, 0.069]
+    SVI mean         [0.465, 0.262, 0.114, 0.09, 0.069]
+    max |difference| 0.004
+    wrote OUT/belief_updates.png
 """
 
 from __future__ import annotations

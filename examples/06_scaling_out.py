@@ -19,6 +19,11 @@ Run (see docs/scaling-out.md):
 * GPUs: ``python examples/06_scaling_out.py --accelerator gpu --devices 4``
 * torchrun: ``torchrun --nproc_per_node=2 examples/06_scaling_out.py --devices 2``
 * SLURM: ``srun python examples/06_scaling_out.py --accelerator gpu --devices 4 --num-nodes 2``
+
+Prints (the full run, without ``--quick``: about 137 s on one thread of a shared 2-core machine)::
+
+    1 process(es), 450 steps: val acc 0.963 nll 0.103 ece 0.026; test acc 0.972 ece 0.037
+    figures in OUT
 """
 
 from __future__ import annotations

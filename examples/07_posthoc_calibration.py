@@ -21,6 +21,27 @@ before (the trained model), with temperature scaling only, and after.
 Writes ``posthoc_<model>_reliability.png`` and ``posthoc_<model>_ood_entropy.png``.
 
 Run: ``python examples/07_posthoc_calibration.py [--quick] [--out DIR] [--model torch|hf|both]``
+
+Prints (the full run, without ``--quick``: about 198 s on one thread of a shared 2-core machine)::
+
+
+    [torch] test n=288, OOD n=354, S=64
+                                          acc    ECE    NLL  Brier  AUROC
+    before                              0.986  0.011  0.058  0.022  0.924
+    temperature only (T=1.35)           0.986  0.009  0.052  0.022  0.925
+    posteriors + T (T=1.17)             0.990  0.014  0.054  0.022  0.925
+    GP read, 64 samples                 0.990  0.013  0.053  0.022  0.931
+    GP read, mean-field (a=8.7e+05)     0.986  0.013  0.059  0.022  0.934
+
+    [hf] test n=1000, OOD n=1000, S=64
+                                          acc    ECE    NLL  Brier  AUROC
+    before                              0.905  0.016  0.316  0.173  0.627
+    temperature only (T=0.93)           0.905  0.001  0.314  0.172  0.627
+    posteriors + T (T=0.92)             0.905  0.013  0.316  0.173  0.564
+    GP read, 64 samples                 0.905  0.003  0.314  0.172  0.254
+    GP read, mean-field (a=9.7e-05)     0.905  0.001  0.314  0.172  0.627
+
+    figures in OUT
 """
 
 from __future__ import annotations

@@ -17,6 +17,13 @@ against predictive entropy, the read's KL (nats) and the mutual information of i
 classifier on and off the data, and writes ``density_scores.png`` (score histograms).
 
 Run: ``python examples/08_class_density.py [--quick] [--out DIR]``
+
+Prints (the full run, without ``--quick``: about 14 s on one thread of a shared 2-core machine)::
+
+    accuracy 0.958; NLL: density read 0.122, temperature scaling 0.155 (T = 0.78; read: sqrt(T² + b·u) with T = 0.00, b = 0.30)
+    held-out classes 8, 9 — AUROC by density 0.976, by entropy 0.834
+    KL of the class posteriors from their prior 20210 nats; generative classifier MI on the data 0.0042, off it 0.1181
+    wrote OUT/density_scores.png
 """
 
 from __future__ import annotations

@@ -89,7 +89,8 @@ class StudyConfig:
     initialisation and sampling). Model fields left at ``None`` take :data:`MODEL_DEFAULTS`
     of the dataset. ``jobs > 1`` runs the (pair, seed) runs of a dataset on that many worker
     processes (same numbers, less wall time on a machine with the cores). ``quick()`` is the
-    smoke preset, ``full()`` the whole protocol.
+    smoke preset (``smoke=True``: the run checks that everything runs, its numbers are not
+    results, and the report and the terminal table say so), ``full()`` the whole protocol.
     """
 
     out: str = "bayesattn-study"
@@ -121,6 +122,7 @@ class StudyConfig:
     figures: bool = True
     progress: bool = True
     jobs: int = 1
+    smoke: bool = False
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -128,7 +130,7 @@ class StudyConfig:
         """A smoke run of a minute or two: one pair, 2 seeds, 5 epochs, an ensemble of 2."""
         base: dict[str, Any] = dict(
             epochs=5, seeds=2, holdout_classes=(8, 9), num_samples=8, ensemble_size=2,
-            severities=(3,), arviz_examples=4, geometry=False,
+            severities=(3,), arviz_examples=4, geometry=False, smoke=True,
         )  # fmt: skip
         if "holdout_rotation" in kw:
             base.pop("holdout_classes")

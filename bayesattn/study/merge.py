@@ -30,6 +30,8 @@ __all__ = ["merge_studies", "without_times"]
 _FREE = ("methods", "out", "jobs", "progress", "figures", "geometry")
 #: config fields that may differ between studies of other runs (their seeds)
 _RUNS = ("seed", "seeds")
+#: config fields newer than some studies, with their value in a study written before them
+_ABSENT = {"smoke": False}
 
 
 def without_times(o: Any) -> Any:
@@ -124,7 +126,8 @@ def merge_studies(sources: Sequence[str | Path], out: str | Path) -> dict[str, A
     for src, r in zip(sources[1:], loaded[1:], strict=True):
         diff = sorted(
             k for k in set(base["config"]) | set(r["config"])
-            if k not in _FREE + _RUNS and base["config"].get(k) != r["config"].get(k)
+            if k not in _FREE + _RUNS
+            and base["config"].get(k, _ABSENT.get(k)) != r["config"].get(k, _ABSENT.get(k))
         )  # fmt: skip
         if diff or set(r["datasets"]) != set(base["datasets"]):
             raise ValueError(

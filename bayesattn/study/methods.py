@@ -139,6 +139,11 @@ def register_method(method: Method, default: bool = False) -> Method:
     """Add ``method`` under ``method.name`` (``default``: run it when no methods are named)."""
     if not isinstance(method, Method) or not method.name or not method.name.isidentifier():
         raise ValueError(f"method must be a Method with an identifier name; got {method!r}")
+    if not isinstance(method.description, str) or not method.description.strip():
+        raise ValueError(
+            f"method {method.name!r} needs a description (one line: what it is; shown by "
+            "`bayesattn study --list-methods` and in the report)"
+        )
     _REGISTRY.register(method.name, method)  # a name already taken: ValueError
     if default:
         _DEFAULT.append(method.name)

@@ -70,9 +70,23 @@ def _table(pooled: dict[str, Any], cols: list[tuple[str, str, int]]) -> list[str
     return lines
 
 
+#: what a smoke run's report and table say first (``StudyConfig.quick()``, ``--quick``)
+SMOKE_NOTE = (
+    "**A smoke run (`--quick`), not results.** It checks that the study runs end to end on a "
+    "reduced protocol (few epochs, runs and ensemble members): its numbers say nothing about "
+    "the methods. The results are those of `bayesattn study` without `--quick` (`make study`)."
+)
+
+
+def is_smoke(results: dict[str, Any]) -> bool:
+    """Whether ``results`` come from a smoke run (``smoke`` in their configuration)."""
+    return bool(results.get("config", {}).get("smoke", False))
+
+
 def format_table(results: dict[str, Any]) -> str:
-    """The pooled table of every dataset (mean ± half-width of the 95% t-interval over runs)."""
-    parts = []
+    """The pooled table of every dataset (mean ± half-width of the 95% t-interval over runs),
+    under :data:`SMOKE_NOTE` for a smoke run."""
+    parts = [SMOKE_NOTE, ""] if is_smoke(results) else []
     for ds, block in results["datasets"].items():
         n = len(block["runs"])
         parts += [f"**{ds}** ({n} runs: held-out pairs × seeds; ± = 95% t-interval)", ""]
@@ -361,8 +375,9 @@ def render(results: dict[str, Any]) -> str:
     cfg = results["config"]
     methods = ", ".join(f"`{m}` ({get_method(m).description})" for m in results["methods"])
     parts = [
-        "# bayesattn uncertainty study",
+        "# bayesattn uncertainty study" + (" (smoke run)" if is_smoke(results) else ""),
         "",
+        *([f"> {SMOKE_NOTE}", ""] if is_smoke(results) else []),
         f"Datasets {', '.join(results['datasets'])}; held-out class pairs {results['pairs']} "
         f"(each pair its own runs); seeds {results['seeds']}; {cfg['num_samples']} posterior "
         f"samples; ensemble of {cfg['ensemble_size']}; corruption severities "

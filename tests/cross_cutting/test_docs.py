@@ -5,6 +5,11 @@ namespace per page (later blocks may use names defined by earlier ones), from a 
 directory and with one torch thread. A block directly preceded by ``<!-- skip -->`` is not run.
 README blocks that use names defined nowhere (illustrations with the user's own data) must carry
 that mark: ``test_readme_blocks_are_self_contained`` fails on any other.
+
+A block that prints shows what it prints in the ``text`` block under it; the run compares them
+(``docs/snippets.py``: same words, numbers within tolerance; ``python docs/snippets.py PAGE``
+rewrites them after a change), and ``RANGES`` checks what the numbers must say whatever the page
+shows: accuracy well above chance, uncertainty larger off the data than on it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,47 +33,22 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-SKIP_MARK = "<!-- skip -->"
-_FENCE = re.compile(r"^```\s*(?P<lang>[\w+-]*)")
 
 
-@dataclass
-class Block:
-    path: Path
-    line: int  # 1-based line of the opening fence
-    code: str
-    skip: bool
-
-    @property
-    def where(self) -> str:
-        path = self.path.relative_to(ROOT) if self.path.is_relative_to(ROOT) else self.path
-        return f"{path}:{self.line}"
+def _load(name: str):
+    """A script of ``docs/`` (not a package) as a module."""
+    spec = importlib.util.spec_from_file_location(f"_docs_{name}", DOCS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def python_blocks(path: Path) -> list[Block]:
-    """Top-level fenced ``python`` blocks of a Markdown file, with their skip marks."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    blocks: list[Block] = []
-    prev = ""  # last non-blank line outside code blocks
-    i = 0
-    while i < len(lines):
-        m = _FENCE.match(lines[i])
-        if not m:
-            if lines[i].strip():
-                prev = lines[i].strip()
-            i += 1
-            continue
-        start = i
-        i += 1
-        body: list[str] = []
-        while i < len(lines) and not lines[i].startswith("```"):
-            body.append(lines[i])
-            i += 1
-        if m["lang"] in ("python", "py"):
-            blocks.append(Block(path, start + 1, "\n".join(body) + "\n", prev == SKIP_MARK))
-        prev = ""
-        i += 1  # closing fence
-    return blocks
+_snippets = _load("snippets")
+SKIP_MARK = _snippets.SKIP_MARK
+Block = _snippets.Block
+python_blocks = _snippets.python_blocks
 
 
 def undefined_names(code: str, known: set[str]) -> set[str]:
@@ -103,13 +83,18 @@ def _pages() -> list[Path]:
 
 
 def _run_page(path: Path, tmp_path: Path, monkeypatch, skip_undefined: bool) -> list[str]:
-    """Run every block of a page in one namespace; returns descriptions of skipped blocks."""
+    """Run every block of a page in one namespace; returns descriptions of skipped blocks.
+
+    What a block prints must match the ``text`` block under it (``docs/snippets.py``: same words,
+    numbers within tolerance) and a block that prints must show it; then the page's printed
+    output must satisfy its ``RANGES``."""
     monkeypatch.chdir(tmp_path)
     import matplotlib
 
     matplotlib.use("Agg")
+    _snippets.seed_page()
     ns: dict = {"__name__": "__docs__"}
-    skipped = []
+    skipped, problems, printed = [], [], []
     for b in python_blocks(path):
         if b.skip:
             skipped.append(f"{b.where} (marked {SKIP_MARK})")
@@ -120,12 +105,107 @@ def _run_page(path: Path, tmp_path: Path, monkeypatch, skip_undefined: bool) -> 
                 skipped.append(f"{b.where} (undefined: {', '.join(sorted(missing))})")
                 continue
         try:
-            exec(compile(b.code, b.where, "exec"), ns)
+            out = _snippets.run_block(b, ns)
         except Exception as e:
             raise AssertionError(
                 f"snippet at {b.where} failed: {type(e).__name__}: {e}\n{b.code}"
             ) from e
+        printed.append(out)
+        if b.expected is None and out.strip():
+            problems.append(f"{b.where} prints but shows no ```text block under it:\n{out}")
+        elif b.expected is not None:
+            problems += [f"{b.where}: {m}" for m in _snippets.output_mismatches(out, b.expected)]
+    problems += range_violations(path.name, "".join(printed))
+    assert not problems, "\n\n".join(problems) + "\n(python docs/snippets.py PAGE rewrites them)"
     return skipped
+
+
+#: what the printed output of a page must say, whatever its ``text`` blocks show: page name ->
+#: (pattern whose groups are numbers, the condition they meet, what it means). Every pattern
+#: must match at least once. Accuracy of the two-class token tasks: chance is 0.5.
+RANGES: dict[str, list[tuple[str, Callable[..., bool], str]]] = {
+    "README.md": [
+        (r"accuracy ([\d.]+)", lambda a: a >= 0.9, "the network learns its task"),
+        (
+            r"MI test ([\d.e+-]+) +MI unseen tokens ([\d.e+-]+)",
+            lambda on, off: off > 2 * on,
+            "the network is more unsure off the data",
+        ),
+        (r"'accuracy': ([\d.]+)", lambda a: a >= 0.9, "the converted model keeps its accuracy"),
+        (r"'ood_auroc': ([\d.]+)", lambda a: a >= 0.7, "its entropy finds noise inputs"),
+        (
+            r"GP spread test ([\d.e+-]+) +noise ([\d.e+-]+)",
+            lambda on, off: off > on > 0,
+            "the GP read's draws disagree more off the data",
+        ),
+        (
+            r"density score test ([\d.e+-]+) +noise ([\d.e+-]+)",
+            lambda on, off: off > on,
+            "the density read scores noise as unlike training",
+        ),
+    ],
+    "getting-started.md": [
+        (r"accuracy ([\d.]+)", lambda a: a >= 0.9, "the network learns its task"),
+        (
+            r"MI test ([\d.e+-]+) +MI unseen tokens ([\d.e+-]+)",
+            lambda on, off: off > 10 * on,
+            "the network is more unsure off the data",
+        ),
+    ],
+    "uncertainty.md": [
+        (r"acc ([\d.]+)", lambda a: a >= 0.8, "well above chance (10% of the labels are flipped)"),
+        (r"AUROC MI +([\d.]+)", lambda a: a >= 0.75, "mutual information finds unseen tokens"),
+        (
+            r"ensemble/mean: MI test ([\d.e+-]+) +MI unseen tokens ([\d.e+-]+)",
+            lambda on, off: off > 2 * on,
+            "the ensemble's members disagree more off the data",
+        ),
+        (
+            r"NLL ([\d.]+) -> ([\d.]+)",
+            lambda raw, cal: cal <= raw + 1e-3,
+            "temperature scaling does not worsen the NLL it minimises on validation",
+        ),
+    ],
+}
+
+
+def range_violations(page: str, printed: str) -> list[str]:
+    """The ``RANGES`` of ``page`` that ``printed`` does not meet (or never prints)."""
+    problems = []
+    for pattern, ok, meaning in RANGES.get(page, []):
+        found = re.findall(pattern, printed)
+        if not found:
+            problems.append(f"{page}: nothing printed matches {pattern!r} ({meaning})")
+        for groups in found:
+            values = [float(v) for v in (groups if isinstance(groups, tuple) else (groups,))]
+            if not ok(*values):
+                problems.append(f"{page}: {pattern!r} printed {values}: not {meaning}")
+    return problems
+
+
+def test_output_checks_can_fail(tmp_path, monkeypatch):
+    """A snippet whose output differs from the page, shows none, or misses its ranges fails."""
+    page = tmp_path / "getting-started.md"
+    good = "```python\nprint('accuracy', 0.95, 'MI test 1e-05  MI unseen tokens 0.01')\n```\n"
+    page.write_text(good + "\n```text\naccuracy 0.95 MI test 1e-05  MI unseen tokens 0.01\n```\n")
+    assert _run_page(page, tmp_path, monkeypatch, skip_undefined=False) == []
+    for shown, why in [
+        ("accuracy 0.5 MI test 1e-05  MI unseen tokens 0.01", "printed 0.95"),  # a stale number
+        ("acc 0.95 MI test 1e-05  MI unseen tokens 0.01", "but the page shows"),  # other words
+    ]:
+        page.write_text(good + f"\n```text\n{shown}\n```\n")
+        with pytest.raises(AssertionError, match=why):
+            _run_page(page, tmp_path, monkeypatch, skip_undefined=False)
+    page.write_text(good)
+    with pytest.raises(AssertionError, match="shows no ```text block"):
+        _run_page(page, tmp_path, monkeypatch, skip_undefined=False)
+    bad = "print('accuracy 0.6 MI test 0.02  MI unseen tokens 0.01')"
+    page.write_text(f"```python\n{bad}\n```\n\n```text\n{bad[7:-2]}\n```\n")
+    with pytest.raises(AssertionError) as err:
+        _run_page(page, tmp_path, monkeypatch, skip_undefined=False)
+    assert "learns its task" in str(err.value) and "more unsure off the data" in str(err.value)
+    never = range_violations("README.md", "")  # a check never printed fails
+    assert len(never) == len(RANGES["README.md"]) and any("GP spread" in v for v in never)
 
 
 @pytest.mark.parametrize(
@@ -206,15 +286,6 @@ def test_every_api_page_is_in_the_nav():
 _HAVE_MKDOCS = all(
     importlib.util.find_spec(m) is not None for m in ("mkdocs", "mkdocstrings_handlers.python")
 )
-
-
-def _load(name: str):
-    """A script of ``docs/`` (not a package) as a module."""
-    spec = importlib.util.spec_from_file_location(f"_docs_{name}", DOCS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")

@@ -104,6 +104,7 @@ def test_full_protocol_path_runs_both_datasets_into_one_report(tmp_path, capsys)
     assert list(saved["datasets"]) == ["digits", "mnist1d"]
     report = (out / "report.md").read_text()
     assert "## digits" in report and "## mnist1d" in report and "pareto_mnist1d.png" in report
+    assert "smoke" not in report and "smoke" not in printed  # not a --quick run: results
     run = saved["datasets"]["mnist1d"]["runs"][0]
     assert run["pair"] == [3, 4] and set(run["methods"]) == {"deterministic"}
     assert set(run["methods"]["deterministic"]["corruptions"]) == {

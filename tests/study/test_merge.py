@@ -47,6 +47,24 @@ def test_a_merge_of_copies_is_the_study_itself(study, tmp_path):
     assert set(json.loads((a / RESULTS).read_text())["files"]) <= set(merged["files"])
 
 
+def _edit_config(folder, edit):
+    results = json.loads((folder / RESULTS).read_text())
+    edit(results["config"])
+    (folder / RESULTS).write_text(json.dumps(results))
+
+
+def test_a_study_from_before_the_smoke_field_counts_as_not_smoke(study, tmp_path):
+    """``smoke`` (issue 31) is absent from older studies: they merge with ``smoke=False`` ones,
+    and a smoke run never merges into one that is not."""
+    a, b = _copy(study, tmp_path, "a"), _copy(study, tmp_path, "b")
+    _edit_config(a, lambda c: c.update(smoke=False))
+    _edit_config(b, lambda c: c.pop("smoke"))
+    assert merge_studies([a, b], tmp_path / "m")["config"]["smoke"] is False
+    _edit_config(a, lambda c: c.update(smoke=True))
+    with pytest.raises(ValueError, match=r"differs .* in \['smoke'\]"):
+        merge_studies([a, b], tmp_path / "m2")
+
+
 def test_sources_that_are_not_studies_are_refused(study, tmp_path):
     a = _copy(study, tmp_path, "a")
     other = tmp_path / "other"
