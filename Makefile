@@ -76,7 +76,7 @@ $(VENV)/.study-installed: $(VENV)/.installed
 	$(PIP) install -c constraints.txt mnist1d scikit-learn
 	touch $@
 
-# the main job (about 8 minutes on 2 cores); ARGS="--protocol full" for the whole protocol
+# the main job (6.5 minutes measured on 2 cores); ARGS="--protocol full" for the whole protocol
 # (about 2 hours); ARGS="--dataset fortunes" the token dataset (apt-get install fortunes)
 study: $(VENV)/.study-installed
 	$(VENV)/bin/bayesattn study $(ARGS)

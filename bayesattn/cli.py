@@ -53,7 +53,7 @@ def _add_study_parser(sub: Any) -> None:
         "means with 95% intervals, paired differences (Holm-corrected marks), AUROCs by each "
         "method's primary score near / far / shift, selective prediction, corruption curves, "
         "costs, with figures and ArviZ files. Default: the digits, "
-        f"{len(d.pairs())} held-out pairs × {d.seeds} seeds (about 8 minutes on an idle 2-core "
+        f"{len(d.pairs())} held-out pairs × {d.seeds} seeds (about 7 minutes on an idle 2-core "
         "machine); --protocol full: both datasets, 5 pairs × 5 seeds (about 2 h); --dataset "
         "fortunes: tokens (Debian's fortunes package); --quick: a smoke run that checks "
         "everything runs (its numbers are not results). --list-methods describes every method.",
