@@ -55,7 +55,9 @@ def strip_cdn_scripts(page_html: str) -> str:
 
 
 def _cell(v: Any) -> str:
-    if isinstance(v, bool) or v is None:
+    if v is None:  # not run / not applicable: the row's note says why
+        return "–"
+    if isinstance(v, bool):
         return str(v)
     if isinstance(v, int):
         return str(v)

@@ -458,6 +458,7 @@ def test_benchmark_results_render_as_tables_and_plots(tmp_path: Path):
     hooks.draw_plot(tmp_path / "p.svg", title, xlabel, x, ys)
     assert (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
     assert "No benchmark results" in hooks.render_results(tmp_path / "empty")
+    assert "| None |" not in hooks.render_results(ROOT / "benchmarks" / "results")  # "–" instead
 
 
 def test_committed_benchmark_results_follow_the_schema():
