@@ -57,12 +57,14 @@ def _imported(node: ast.AST, module: str, is_pkg: bool) -> list[str]:
 def arrows(pkg: Path = PKG) -> dict[str, set[str]]:
     """``{unit: units it imports}`` between the package's top-level units."""
     out: dict[str, set[str]] = defaultdict(set)
+    units = {f"{pkg.name}.{p.stem}" for p in pkg.iterdir() if p.suffix == ".py"}
+    units |= {f"{pkg.name}.{p.name}" for p in pkg.iterdir() if (p / "__init__.py").is_file()}
     for path in sorted(pkg.rglob("*.py")):
         module = _module_name(path, pkg)
         src = _unit(module)
         for node in ast.walk(ast.parse(path.read_text())):
             for name in _imported(node, module, path.name == "__init__.py"):
-                if name.startswith(pkg.name + ".") and _unit(name) != src:
+                if _unit(name) in units and _unit(name) != src:  # modules, not attributes
                     out[src].add(_unit(name))
     return out
 

@@ -22,7 +22,7 @@ DATA_ALL = [
     "train_val_test_split",
 ]  # fmt: skip
 INFERENCE_ALL = [
-    "TrainConfig", "History", "Trainer", "fit", "ScaleLatents", "kl_beta", "lr_factor",
+    "TrainConfig", "History", "Trainer", "fit", "ModuleClassifier", "ScaleLatents", "kl_beta", "lr_factor",
     "lr_scheduler", "save_checkpoint", "load_checkpoint", "prepare_checkpoint_path",
     "CheckpointError",
 ]  # fmt: skip
