@@ -478,12 +478,10 @@ class BayesianMultiheadAttention(PyroModule):
             )  # fmt: skip
             return renest(out, q_len, query.layout), w
         support = self.support if self.support is not None else DENSE
-        if is_causal and attn_mask is not None and not support.supports_masks and support.supports_causal:
-            # a support that takes is_causal but no attn_mask (cluster_topk): the causal mask
-            # given with the hint is read as the hint, with or without padding
-            attn_mask = None
-        else:
-            attn_mask, is_causal = causal_hint(attn_mask, key_padding_mask, is_causal, need_weights)
+        hint_only = not support.supports_masks and support.supports_causal  # cluster_topk
+        attn_mask, is_causal = causal_hint(
+            attn_mask, key_padding_mask, is_causal, need_weights, hint_only
+        )
         check_inputs(
             query, key, value, key_padding_mask, attn_mask,
             dims=(self.embed_dim, self.kdim, self.vdim), num_heads=self.num_heads,
@@ -492,7 +490,8 @@ class BayesianMultiheadAttention(PyroModule):
         )  # fmt: skip
         # the one way in: the keyword, defaulting to bayesattn.num_samples(S) for an input
         # without sample dims (bayesattn.nn.sampling.layer_num_samples)
-        num_samples = layer_num_samples(num_samples, reads_context=query.dim() == 3 and self.is_bayesian)
+        reads_context = query.dim() == 3 and self.is_bayesian
+        num_samples = layer_num_samples(num_samples, reads_context=reads_context)
         self_attn = query is key and key is value
         unbatched = query.dim() == 2
         query, key, value, key_padding_mask = to_batch_first(

@@ -51,10 +51,18 @@ _CAUSAL_HINT_ERROR = (
 
 
 def causal_hint(
-    attn_mask: Tensor | None, key_padding_mask: Tensor | None, is_causal: bool, need_weights: bool
+    attn_mask: Tensor | None,
+    key_padding_mask: Tensor | None,
+    is_causal: bool,
+    need_weights: bool,
+    hint_only: bool = False,
 ) -> tuple[Tensor | None, bool]:
     """torch's reading of ``is_causal``: a hint that ``attn_mask`` is causal, which it needs; the
-    causal structure replaces the mask without padding and weights, else the mask is used."""
+    causal structure replaces the mask without padding and weights, else the mask is used.
+    ``hint_only``: a support that takes ``is_causal`` but no ``attn_mask`` (cluster top-k) reads
+    the causal mask given with the hint as the hint, with or without padding."""
+    if is_causal and attn_mask is not None and hint_only:
+        return None, True
     if not is_causal:
         return attn_mask, False
     if attn_mask is None:
