@@ -26,10 +26,9 @@ DEFAULT_ROTATION = 2
 
 Dataset = Literal["digits", "mnist1d", "fortunes"]
 DATASETS: tuple[Dataset, ...] = ("digits", "mnist1d", "fortunes")
-#: the datasets of the full protocol (``fortunes``, tokens, by name only: ``--dataset fortunes``
-#: or ``datasets=(..., "fortunes")``; it needs Debian's ``fortunes`` package, and the full
-#: protocol already takes about two hours on 2 cores)
-FULL_DATASETS: tuple[Dataset, ...] = ("digits", "mnist1d")
+#: the datasets of the full protocol: two of signals and one of tokens (``fortunes`` needs
+#: Debian's ``fortunes`` package: ``apt-get install fortunes``)
+FULL_DATASETS: tuple[Dataset, ...] = ("digits", "mnist1d", "fortunes")
 
 #: per-dataset architecture and training defaults (a ``StudyConfig`` field left at ``None``
 #: takes the dataset's value). digits: a ViT over 2×2 patches (16 tokens + CLS); mnist1d: a

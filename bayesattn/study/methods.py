@@ -122,12 +122,12 @@ METHODS: Sequence[str] = _Names(lambda: list(_REGISTRY))
 #: the methods a plain ``run_study``/``bayesattn study`` runs
 DEFAULT_METHODS: Sequence[str] = _Names(lambda: list(_DEFAULT))
 #: the methods the full protocol runs (:meth:`StudyConfig.full`, ``--protocol full``): the
-#: defaults plus the global, distance-aware posteriors of issue 17 that earned their place and
-#: the distance-aware reads and trunks of issue 30 (:mod:`.density_methods`)
-#: with the mixture posterior and its ablations (:mod:`.mixture_methods`; ``mixture_k2`` by name)
-_FULL_EXTRA = ("dirichlet", "posthoc_gp", "posthoc_gp_mf", "sgpa", "density", "density_cls", "density_gda",
-               "spectral", "spectral_density", "spectral_gp", "mixture", "mixture_point",
-               "mixture_k1", "mixture_wide")  # fmt: skip
+#: defaults plus the global, distance-aware posteriors of issue 17 that earned their place, the
+#: class-conditional density read of issue 30 (:mod:`.density_methods`) and its mixture posterior
+#: over the trunk (:mod:`.mixture_methods`). The ablations that decided (``density_cls``,
+#: ``density_gda``, the spectrally normalised trunk ``spectral*``, ``mixture_point``/``_k1``/
+#: ``_k2``/``_wide``) run by name; their full-protocol numbers are in docs/which-attention.md.
+_FULL_EXTRA = ("dirichlet", "posthoc_gp", "posthoc_gp_mf", "sgpa", "density", "mixture")
 FULL_METHODS: Sequence[str] = _Names(
     lambda: [*_DEFAULT, *(m for m in _FULL_EXTRA if m in _REGISTRY and m not in _DEFAULT)]
 )
