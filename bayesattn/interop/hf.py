@@ -53,9 +53,11 @@ from torch import Tensor, nn
 
 from .._deprecation import renamed_submodule_hook
 from ..families import AttentionFamily, FamilyName, get_family
+from ..nn.config import AttentionConfig
 from ..nn.modes import AttentionMode, default_mode
 from ..nn.read import AttentionRead
 from ..nn.sampling import context_num_samples, current_num_samples, num_samples
+from .recipe import UNSET
 
 __all__ = [
     "ATTN_NAME",
@@ -310,8 +312,10 @@ def _heads(m: nn.Module) -> tuple[int, int]:
 
 def convert_hf(
     model: nn.Module,
-    family: FamilyName | AttentionFamily | None = "dirichlet",
-    layers: str | list[int] | list[str] = "all",
+    family: FamilyName | AttentionFamily | None = UNSET,
+    layers: str | list[int] | list[str] = UNSET,
+    *,
+    config: AttentionConfig | None = None,
     **family_kwargs: Any,
 ) -> nn.Module:
     """Make the attention of a transformers ``PreTrainedModel`` Bayesian, in place.
@@ -323,7 +327,13 @@ def convert_hf(
             before 0.3 with the families under ``bayesattn_posterior.*`` load as
             ``bayesattn_family.*``.
         layers: ``"all"``, ``"last"`` or module paths / indices into :func:`hf_attention_modules`.
+        config: an :class:`~bayesattn.nn.config.AttentionConfig` as the recipe instead of
+            ``family``/``layers``/``family_kwargs`` (uniform prior only;
+            :mod:`bayesattn.interop.recipe`), e.g. ``AttentionConfig.recommended()``. Arguments
+            that conflict with it are a ``ValueError``.
         family_kwargs: passed to :func:`~bayesattn.families.get_family`.
+
+    Defaults (without ``config``): ``family="dirichlet"``, ``layers="all"``.
 
     Returns:
         ``model``; its mean-mode output equals its own eager-attention output.
@@ -331,7 +341,9 @@ def convert_hf(
     import copy
 
     from .convert import select_layers
+    from .recipe import candidates, hf_recipe, roles  # noqa: PLC0415 - beside select_layers
 
+    family, layers, family_kwargs = hf_recipe(config, family, layers, family_kwargs)
     register()
     mods = hf_attention_modules(model)
     if not mods:
@@ -340,7 +352,7 @@ def convert_hf(
             "transformers' AttentionInterface"
         )
     roots = _hf_roots(model)  # checked before anything changes
-    chosen = select_layers(layers, list(mods), model)
+    chosen = select_layers(layers, candidates(model, list(mods), roles(config)), model)
     if family is not None and not isinstance(family, (str, AttentionFamily)):
         raise TypeError(f"family must be a name, an AttentionFamily or None; got {family!r}")
     # build every family first; change the model only when all were built, and undo every
