@@ -98,9 +98,7 @@ def candidates(model: nn.Module, names: list[str], which: set[str] | None) -> li
     return [n for n in names if role(n, model.get_submodule(n)) in which]
 
 
-def torch_recipe(
-    config: Any, family: Any, prior: Any, layers: Any
-) -> tuple[Any, Any, Any]:
+def torch_recipe(config: Any, family: Any, prior: Any, layers: Any) -> tuple[Any, Any, Any]:
     """``(family, prior, layers)`` for :func:`bayesattn.convert`: the config's when given (the
     family and prior built per layer, ``None`` for the uniform prior), else the arguments with
     their defaults."""

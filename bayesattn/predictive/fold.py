@@ -160,7 +160,8 @@ def folded(plan: FoldPlan, S: int, B: int) -> Iterator[None]:
         return _flatten_samples(out, S, m.self_attn.batch_first)
 
     def torch_later(m: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
-        kw = dict(zip(("src_mask", "src_key_padding_mask", "is_causal"), args[1:])) | kwargs
+        kw = dict(zip(("src_mask", "src_key_padding_mask", "is_causal"), args[1:], strict=False))
+        kw |= kwargs
         pad, mask = kw.get("src_key_padding_mask"), kw.get("src_mask")
         if isinstance(pad, Tensor):
             kw["src_key_padding_mask"] = _repeat(pad, S, B)  # (B, T) -> (S*B, T)
