@@ -115,7 +115,7 @@ def torch_recipe(config: Any, family: Any, prior: Any, layers: Any) -> tuple[Any
 
     def fam(path: str, mha: Any) -> Any:
         H = mha.num_heads
-        return get_family(cfg.family, num_heads=H, head_dim=mha.embed_dim // H,
+        return get_family(str(cfg.family), num_heads=H, head_dim=mha.embed_dim // H,
                           **cfg.family_kwargs)  # fmt: skip
 
     def pri(path: str, mha: Any) -> Any:

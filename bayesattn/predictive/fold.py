@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor, nn
 
@@ -157,7 +157,7 @@ def folded(plan: FoldPlan, S: int, B: int) -> Iterator[None]:
     def torch_first_out(m: nn.Module, args: Any, kwargs: dict[str, Any], out: Any) -> Tensor:
         state["ctx"].__exit__(None, None, None)
         state["ctx"] = None
-        return _flatten_samples(out, S, m.self_attn.batch_first)
+        return _flatten_samples(out, S, bool(cast(Any, m).self_attn.batch_first))
 
     def torch_later(m: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
         kw = dict(zip(("src_mask", "src_key_padding_mask", "is_causal"), args[1:], strict=False))
@@ -166,7 +166,7 @@ def folded(plan: FoldPlan, S: int, B: int) -> Iterator[None]:
         if isinstance(pad, Tensor):
             kw["src_key_padding_mask"] = _repeat(pad, S, B)  # (B, T) -> (S*B, T)
         if isinstance(mask, Tensor) and mask.dim() == 3:  # (B*H, T, T); (T, T) broadcasts
-            kw["src_mask"] = _repeat(mask, S, B, m.self_attn.num_heads)
+            kw["src_mask"] = _repeat(mask, S, B, int(cast(Any, m).self_attn.num_heads))
         return args[:1], kw
 
     def hf_layer(m: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
