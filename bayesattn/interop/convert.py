@@ -151,16 +151,7 @@ def convert(
     foreign = _foreign_subclasses(model)
     _refuse_named_subclasses(foreign, layers)
     if not names:
-        extra = (
-            "; its only attention modules are subclasses with their own forward, which cannot "
-            f"be converted: {_listed(foreign)}"
-            if foreign
-            else ""
-        )
-        raise ValueError(
-            f"model has no torch.nn.MultiheadAttention (or Bayesian) modules: nothing to "
-            f"convert{extra}"
-        )
+        _nothing_to_convert(foreign)
     _warn_foreign_subclasses(foreign, layers)
     chosen = select_layers(layers, candidates(model, names, roles(config)), model)
     if not chosen:
@@ -199,6 +190,19 @@ def convert(
             setattr(parent, last, new)
         _name_sites(new, path)
     return model
+
+
+def _nothing_to_convert(foreign: dict[str, str]) -> None:
+    extra = (
+        "; its only attention modules are subclasses with their own forward, which cannot "
+        f"be converted: {_listed(foreign)}"
+        if foreign
+        else ""
+    )
+    raise ValueError(
+        f"model has no torch.nn.MultiheadAttention (or Bayesian) modules: nothing to "
+        f"convert{extra}"
+    )
 
 
 def _is_bayesian(m: nn.Module) -> bool:

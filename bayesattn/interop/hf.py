@@ -45,6 +45,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any
 
@@ -57,7 +58,7 @@ from ..nn.config import AttentionConfig
 from ..nn.modes import AttentionMode, default_mode
 from ..nn.read import AttentionRead
 from ..nn.sampling import context_num_samples, current_num_samples, num_samples
-from .recipe import UNSET
+from .recipe import UNSET, candidates, hf_recipe, roles
 
 __all__ = [
     "ATTN_NAME",
@@ -324,24 +325,18 @@ def convert_hf(
         model: a transformers model whose attention modules use ``AttentionInterface``.
         family: family name or an :class:`~bayesattn.families.AttentionFamily` (deep-copied
             per module); ``None`` installs the deterministic function only. State_dicts saved
-            before 0.3 with the families under ``bayesattn_posterior.*`` load as
-            ``bayesattn_family.*``.
+            before 0.3 (families under ``bayesattn_posterior.*``) load.
         layers: ``"all"``, ``"last"`` or module paths / indices into :func:`hf_attention_modules`.
-        config: an :class:`~bayesattn.nn.config.AttentionConfig` as the recipe instead of
-            ``family``/``layers``/``family_kwargs`` (uniform prior only;
-            :mod:`bayesattn.interop.recipe`), e.g. ``AttentionConfig.recommended()``. Arguments
-            that conflict with it are a ``ValueError``.
+        config: an :class:`~bayesattn.nn.config.AttentionConfig` as the recipe (uniform prior
+            only; :mod:`bayesattn.interop.recipe`), e.g. ``AttentionConfig.recommended()``.
         family_kwargs: passed to :func:`~bayesattn.families.get_family`.
 
-    Defaults (without ``config``): ``family="dirichlet"``, ``layers="all"``.
+    Without ``config``: ``family="dirichlet"``, ``layers="all"`` by default.
 
     Returns:
         ``model``; its mean-mode output equals its own eager-attention output.
     """
-    import copy
-
     from .convert import select_layers
-    from .recipe import candidates, hf_recipe, roles  # noqa: PLC0415 - beside select_layers
 
     family, layers, family_kwargs = hf_recipe(config, family, layers, family_kwargs)
     register()
