@@ -180,7 +180,8 @@ def _repeated(
     and repeated whole, from the same random state."""
     b = input_batch_size(xb)
     if plan is not None and (batch_size is None or S * b <= batch_size):
-        state = torch.random.get_rng_state()
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        state = (torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
         try:
             with folded(plan, S, b):
                 out = fwd(model, xb)  # (S*b, C)
@@ -190,7 +191,9 @@ def _repeated(
             reason = f"the forward returned {got}, not {S * b} rows"
         except (FoldError, RuntimeError, IndexError, ValueError) as e:
             reason = f"{type(e).__name__}: {e}"
-        torch.random.set_rng_state(state)
+        torch.random.set_rng_state(state[0])  # the fallback draws what it would have drawn
+        if state[1] is not None:
+            torch.cuda.set_rng_state_all(state[1])
         warnings.warn(
             f"predict: could not start the samples at the first Bayesian layer of "
             f"{type(model).__name__} ({reason}); drawing them by batched repetition of the "
