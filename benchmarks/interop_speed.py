@@ -8,7 +8,12 @@ One process, candidates timed alternately (median ms), ratios against torch (low
   attention there, so torch's fast path stays on (goal: within 1.05x of torch), with and without
   a padding mask;
 * the same in ``"guide"`` mode, and the posterior predictive of ``S`` samples by batched
-  repetition vs vectorised (``bayesattn.num_samples``), each against ``S`` torch passes.
+  repetition vs vectorised (``bayesattn.num_samples``), each against ``S`` torch passes;
+* the recommended recipe (``convert(model, config=AttentionConfig.recommended())``: the last
+  layer Bayesian) and its 8-sample predictive (``bayesattn.uncertainty.predict``, folded: the
+  layers before the last run once) against ONE torch forward (goal: within 2x), with the full
+  batched repetition (every layer on ``8·B`` rows) for reference; the same for a small
+  Hugging Face BERT (``convert_hf``; skipped without transformers) against its eager forward.
 
 Usage: python benchmarks/interop_speed.py [--quick] [--threads N] [--repeats R] [--inference-only]
 """
@@ -24,8 +29,10 @@ from _timing import interleaved
 from torch import nn
 
 import bayesattn
-from bayesattn import attention_mode
+from bayesattn import AttentionConfig, attention_mode
 from bayesattn.interop import posthoc
+from bayesattn.predictive.foreign import sample_foreign
+from bayesattn.uncertainty import predict
 
 
 class Classifier(nn.Module):
@@ -106,7 +113,46 @@ def main() -> None:
     tables.append(
         _table(f"Posterior predictive of {S} samples against {S} torch passes", r, "torch x S")
     )
+    tables += _recommended(ref, x, reps, D, H, L)
     _write(tables, shapes)
+
+
+def _recommended(ref: nn.Module, x: torch.Tensor, reps: int, D: int, H: int, L: int) -> list:
+    """The recommended recipe's 8-sample predictive against one torch forward (torch and HF)."""
+    S, out = 8, []
+    rec = bayesattn.convert(copy.deepcopy(ref), config=AttentionConfig.recommended())
+    models = [("torch encoder", ref, rec, x, None)]
+    try:
+        import transformers
+
+        from bayesattn.interop.hf import convert_hf
+
+        cfg = transformers.BertConfig(
+            hidden_size=D, num_hidden_layers=L, num_attention_heads=H, intermediate_size=4 * D,
+            vocab_size=100, max_position_embeddings=x.shape[1], num_labels=10,
+            attn_implementation="eager",
+        )  # fmt: skip
+        bert = transformers.BertForSequenceClassification(cfg).eval()
+        ids = {"input_ids": torch.randint(0, 100, x.shape[:2])}
+        hf = convert_hf(copy.deepcopy(bert), config=AttentionConfig.recommended())
+        models.append(("HF BERT", bert, hf, ids, lambda m, v: m(**v).logits))
+    except ImportError:
+        print("(transformers not installed: the HF BERT row is skipped)")
+    for name, base, conv, inp, fwd in models:
+        with torch.no_grad():
+            r = interleaved(
+                {"torch x 1": lambda b=base, i=inp, f=fwd: f(b, i) if f else b(i),
+                 "folded (predict)": lambda c=conv, i=inp, f=fwd: predict(c, i, S, forward=f),
+                 "full repetition": lambda c=conv, i=inp, f=fwd: sample_foreign(
+                     c, i, S, None, "guide", f, 1.0, False, fold=False)},
+                max(3, reps // 3),
+            )  # fmt: skip
+        print(f"\n{name}, recommended recipe, {S}-sample predictive vs ONE forward:")
+        for k, v in r.items():
+            print(f"  {k:18s} {v:8.3f} ms  x{v / r['torch x 1']:.2f}")
+        title = f"Recommended recipe ({name}): {S}-sample predictive against one torch forward"
+        out.append(_table(title, r, "torch x 1"))
+    return out
 
 
 def _write(tables: list[dict], shapes: str) -> None:

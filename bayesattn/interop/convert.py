@@ -42,7 +42,9 @@ from ..nn.attention import (
     TorchMultiheadAttention,
     mha_constructor_args,
 )
+from ..nn.config import AttentionConfig
 from ..priors import KeyRelevancePrior
+from .recipe import UNSET, candidates, roles, torch_recipe
 
 __all__ = ["convert", "unconvert", "bayesian_attention_modules"]
 
@@ -110,9 +112,11 @@ def _name_sites(layer: BayesianMultiheadAttention, path: str) -> None:
 
 def convert(
     model: nn.Module,
-    family: str | AttentionFamily | Callable | None = None,
-    prior: KeyRelevancePrior | Callable | None = None,
-    layers: LayerSelector = "all",
+    family: str | AttentionFamily | Callable | None = UNSET,
+    prior: KeyRelevancePrior | Callable | None = UNSET,
+    layers: LayerSelector = UNSET,
+    *,
+    config: AttentionConfig | None = None,
 ) -> nn.Module:
     """Replace ``torch.nn.MultiheadAttention`` modules of ``model`` by Bayesian ones, in place.
 
@@ -127,30 +131,29 @@ def convert(
             ``(path, mha) -> KeyRelevancePrior | None``, or ``None`` (uniform: outputs unchanged).
         layers: ``"all"``, ``"last"``, a list of module paths or of indices into the model's
             attention modules (in ``named_modules`` order), or a predicate ``(path, module) -> bool``.
+        config: an :class:`~bayesattn.nn.config.AttentionConfig` as the recipe instead of
+            ``family``/``prior``/``layers`` (:mod:`bayesattn.interop.recipe`), e.g.
+            ``AttentionConfig.recommended()``: logistic-normal weights in the last attention
+            module, guide and weight model centred on the softmax. Arguments that conflict with
+            it are a ``ValueError``.
+
+    Defaults (without ``config``): ``family=None``, ``prior=None``, ``layers="all"``.
 
     Returns:
         ``model`` (converted in place), or the new layer if ``model`` was an attention module.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
+    family, prior, layers = torch_recipe(config, family, prior, layers)
     if _convertible(model):
         return _convert_one(cast(TorchMultiheadAttention, model), family, prior, "")
     names = [n for n, m in model.named_modules() if _convertible(m) or _is_bayesian(m)]
     foreign = _foreign_subclasses(model)
     _refuse_named_subclasses(foreign, layers)
     if not names:
-        extra = (
-            "; its only attention modules are subclasses with their own forward, which cannot "
-            f"be converted: {_listed(foreign)}"
-            if foreign
-            else ""
-        )
-        raise ValueError(
-            f"model has no torch.nn.MultiheadAttention (or Bayesian) modules: nothing to "
-            f"convert{extra}"
-        )
+        _nothing_to_convert(foreign)
     _warn_foreign_subclasses(foreign, layers)
-    chosen = select_layers(layers, names, model)
+    chosen = select_layers(layers, candidates(model, names, roles(config)), model)
     if not chosen:
         raise ValueError(
             f"layers={layers!r} selected none of the model's {len(names)} attention modules "
@@ -187,6 +190,19 @@ def convert(
             setattr(parent, last, new)
         _name_sites(new, path)
     return model
+
+
+def _nothing_to_convert(foreign: dict[str, str]) -> None:
+    extra = (
+        "; its only attention modules are subclasses with their own forward, which cannot "
+        f"be converted: {_listed(foreign)}"
+        if foreign
+        else ""
+    )
+    raise ValueError(
+        f"model has no torch.nn.MultiheadAttention (or Bayesian) modules: nothing to "
+        f"convert{extra}"
+    )
 
 
 def _is_bayesian(m: nn.Module) -> bool:

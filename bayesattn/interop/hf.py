@@ -45,6 +45,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any
 
@@ -53,9 +54,11 @@ from torch import Tensor, nn
 
 from .._deprecation import renamed_submodule_hook
 from ..families import AttentionFamily, FamilyName, get_family
+from ..nn.config import AttentionConfig
 from ..nn.modes import AttentionMode, default_mode
 from ..nn.read import AttentionRead
 from ..nn.sampling import context_num_samples, current_num_samples, num_samples
+from .recipe import UNSET, candidates, hf_recipe, roles
 
 __all__ = [
     "ATTN_NAME",
@@ -310,8 +313,10 @@ def _heads(m: nn.Module) -> tuple[int, int]:
 
 def convert_hf(
     model: nn.Module,
-    family: FamilyName | AttentionFamily | None = "dirichlet",
-    layers: str | list[int] | list[str] = "all",
+    family: FamilyName | AttentionFamily | None = UNSET,
+    layers: str | list[int] | list[str] = UNSET,
+    *,
+    config: AttentionConfig | None = None,
     **family_kwargs: Any,
 ) -> nn.Module:
     """Make the attention of a transformers ``PreTrainedModel`` Bayesian, in place.
@@ -320,18 +325,20 @@ def convert_hf(
         model: a transformers model whose attention modules use ``AttentionInterface``.
         family: family name or an :class:`~bayesattn.families.AttentionFamily` (deep-copied
             per module); ``None`` installs the deterministic function only. State_dicts saved
-            before 0.3 with the families under ``bayesattn_posterior.*`` load as
-            ``bayesattn_family.*``.
+            before 0.3 (families under ``bayesattn_posterior.*``) load.
         layers: ``"all"``, ``"last"`` or module paths / indices into :func:`hf_attention_modules`.
+        config: an :class:`~bayesattn.nn.config.AttentionConfig` as the recipe (uniform prior
+            only; :mod:`bayesattn.interop.recipe`), e.g. ``AttentionConfig.recommended()``.
         family_kwargs: passed to :func:`~bayesattn.families.get_family`.
+
+    Without ``config``: ``family="dirichlet"``, ``layers="all"`` by default.
 
     Returns:
         ``model``; its mean-mode output equals its own eager-attention output.
     """
-    import copy
-
     from .convert import select_layers
 
+    family, layers, family_kwargs = hf_recipe(config, family, layers, family_kwargs)
     register()
     mods = hf_attention_modules(model)
     if not mods:
@@ -340,7 +347,7 @@ def convert_hf(
             "transformers' AttentionInterface"
         )
     roots = _hf_roots(model)  # checked before anything changes
-    chosen = select_layers(layers, list(mods), model)
+    chosen = select_layers(layers, candidates(model, list(mods), roles(config)), model)
     if family is not None and not isinstance(family, (str, AttentionFamily)):
         raise TypeError(f"family must be a name, an AttentionFamily or None; got {family!r}")
     # build every family first; change the model only when all were built, and undo every

@@ -10,6 +10,7 @@ by batched repetition (every example ``S`` times in the batch; any model). Used 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 
 from ..nn.modes import AttentionMode, attention_mode
 from ..nn.sampling import num_samples as num_samples_ctx
+from .fold import FoldError, FoldPlan, fold_plan, folded
 from .result import PredictionResult
 
 __all__ = ["Inputs", "default_forward", "input_batch_size", "sample_foreign", "take_rows"]
@@ -100,13 +102,16 @@ def sample_foreign(
     forward: Callable[[nn.Module, Any], Tensor] | None,
     temperature: float,
     vectorised: bool,
+    fold: bool = True,
 ) -> PredictionResult:
     """The predictive path for a model we did not write (attention made Bayesian by
     :func:`bayesattn.convert` or :func:`bayesattn.interop.hf.convert_hf`): ``S`` draws of
     ``softmax(f(x, w_s) / T)``. ``vectorised``: one pass under :func:`bayesattn.num_samples`
     (the model must broadcast a leading sample dim and return ``(S, B, C)``); otherwise batched
     repetition: every example ``S`` times in the batch (any model). Either way at most
-    ``batch_size`` rows (example × sample) go through the model per pass."""
+    ``batch_size`` rows (example × sample) go through the model per pass. ``fold``: batched
+    repetition starts at the first Bayesian layer (:mod:`bayesattn.predictive.fold`: the layers
+    before it run once), where the model allows; ``False``: the whole model on ``S·b`` rows."""
     fwd = forward or default_forward
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)) or not (
         temperature > 0
@@ -117,6 +122,7 @@ def sample_foreign(
         raise ValueError("x must hold at least one input; got a batch of 0")
     saved = [(m, m.training) for m in model.modules()]
     model.eval()
+    plan = fold_plan(model) if fold and not vectorised and S > 1 else None
     try:
         with torch.no_grad(), poutine.block(), attention_mode(mode):
             per = max(1, (batch_size or 4096) // S)  # examples per pass (S rows each)
@@ -147,16 +153,8 @@ def sample_foreign(
                             "method='repeat' in sample_probs)"
                         )
                     chunks.append(out)
-                else:  # S*b rows, at most batch_size per pass (S > batch_size: split S too)
-                    rows = _repeat_rows(xb, S) if S > 1 else xb  # (S*b, ...)
-                    step = batch_size or S * b
-                    outs = [
-                        _check_logits(fwd(model, take_rows(rows, slice(j, j + step))),
-                                      min(step, S * b - j), b, xb)
-                        for j in range(0, S * b, step)
-                    ]  # fmt: skip
-                    out = torch.cat(outs)  # (S*b, C)
-                    chunks.append(out.reshape((S, b) + out.shape[1:]))  # (S, b, C)
+                else:
+                    chunks.append(_repeated(model, fwd, xb, S, batch_size, plan))  # (S, b, C)
             logits = torch.cat(chunks, dim=1)  # (S, B, C)
     finally:
         for m, flag in saved:
@@ -165,3 +163,50 @@ def sample_foreign(
     if S != num_samples:
         probs = probs.expand((num_samples,) + probs.shape[1:])
     return PredictionResult(probs=probs, kind=mode)
+
+
+def _repeated(
+    model: nn.Module,
+    fwd: Callable[[nn.Module, Any], Tensor],
+    xb: Inputs,
+    S: int,
+    batch_size: int | None,
+    plan: FoldPlan | None,
+) -> Tensor:
+    """Batched repetition of ``xb`` (``b`` examples): logits ``(S, b, C)``, every example ``S``
+    times (sample-major), at most ``batch_size`` rows per pass (``S > batch_size``: ``S`` split
+    too). With a ``plan`` and all ``S·b`` rows in one pass, folded at the first Bayesian layer
+    (:func:`~bayesattn.predictive.fold.folded`); a model the fold cannot follow is warned about
+    and repeated whole, from the same random state."""
+    b = input_batch_size(xb)
+    if plan is not None and (batch_size is None or S * b <= batch_size):
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        state = (torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
+        try:
+            with folded(plan, S, b):
+                out = fwd(model, xb)  # (S*b, C)
+            if isinstance(out, Tensor) and out.dim() == 2 and out.shape[0] == S * b:
+                return out.reshape((S, b) + out.shape[1:])  # (S, b, C)
+            got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            reason = f"the forward returned {got}, not {S * b} rows"
+        except (FoldError, RuntimeError, IndexError, ValueError) as e:
+            reason = f"{type(e).__name__}: {e}"
+        torch.random.set_rng_state(state[0])  # the fallback draws what it would have drawn
+        if state[1] is not None:
+            torch.cuda.set_rng_state_all(state[1])
+        warnings.warn(
+            f"predict: could not start the samples at the first Bayesian layer of "
+            f"{type(model).__name__} ({reason}); drawing them by batched repetition of the "
+            "whole model (S times the cost of one pass)",
+            UserWarning,
+            stacklevel=4,
+        )
+    rows = _repeat_rows(xb, S) if S > 1 else xb  # (S*b, ...)
+    step = batch_size or S * b
+    outs = [
+        _check_logits(fwd(model, take_rows(rows, slice(j, j + step))),
+                      min(step, S * b - j), b, xb)
+        for j in range(0, S * b, step)
+    ]  # fmt: skip
+    out = torch.cat(outs)  # (S*b, C)
+    return out.reshape((S, b) + out.shape[1:])  # (S, b, C)
