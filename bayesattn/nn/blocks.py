@@ -80,6 +80,7 @@ class _FeedForward(PyroModule):
         attn_mask: Tensor | None,
         key_padding_mask: Tensor | None,
         is_causal: bool,
+        num_samples: int | None = None,
     ) -> Tensor:
         y = self.self_attn(
             x,
@@ -89,6 +90,7 @@ class _FeedForward(PyroModule):
             key_padding_mask=key_padding_mask,
             need_weights=False,
             is_causal=is_causal,
+            num_samples=num_samples,
         )[0]
         return self.dropout1(y)
 
@@ -177,13 +179,19 @@ class EncoderLayer(_FeedForward):
         src_mask: Tensor | None = None,
         src_key_padding_mask: Tensor | None = None,
         is_causal: bool = False,
+        *,
+        num_samples: int | None = None,
     ) -> Tensor:
+        """torch's arguments; ``num_samples`` draws that many attention samples in one pass from
+        the shared input (the projections, scores and the guide's parameters computed once),
+        prepending ``S`` to the output (as :meth:`forward_rows`)."""
         x = src
+        sa = self._sa_block
         if self.norm_first:
-            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+            x = x + sa(self.norm1(x), src_mask, src_key_padding_mask, is_causal, num_samples)
             x = x + self._ff_block(self.norm2(x))
         else:
-            x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
+            x = self.norm1(x + sa(x, src_mask, src_key_padding_mask, is_causal, num_samples))
             x = self.norm2(x + self._ff_block(x))
         return x
 

@@ -12,7 +12,27 @@ from .base import gather_attend
 from .local import local_attend
 from .results import ReducedSupport
 
-__all__ = ["support_attend"]
+__all__ = ["support_attend", "sample_matmul"]
+
+
+def sample_matmul(weights: Tensor, v: Tensor) -> Tensor:
+    r"""``weights @ v`` for weights with more leading (sample) dims than ``v``: the extra dims
+    are folded into the rows, :math:`(\ldots, S\cdot T_q, K) @ (\ldots, K, D)`, one GEMM per
+    shared ``v`` instead of ``v`` copied ``S`` times and ``S·…`` tiny GEMMs (each row is the
+    same dot product: equal to ``torch.matmul``). Other shapes: ``torch.matmul``.
+
+    Shape:
+        weights ``(*S, …, Tq, K)``, v ``(…, K, D)`` → ``(*S, …, Tq, D)``.
+    """
+    extra = weights.dim() - v.dim()
+    if extra <= 0 or v.dim() < 2 or weights.shape[extra:-2] != v.shape[:-2]:
+        return torch.matmul(weights, v)
+    lead, (Tq, K) = weights.shape[:extra], weights.shape[-2:]
+    # (*S, …, Tq, K) → (…, *S, Tq, K) → (…, S·Tq, K)
+    w = weights.movedim(tuple(range(extra)), tuple(range(-extra - 2, -2)))
+    out = torch.matmul(w.reshape(v.shape[:-2] + (-1, K)), v)  # (…, S·Tq, D)
+    out = out.reshape(v.shape[:-2] + lead + (Tq, v.shape[-1]))  # (…, *S, Tq, D)
+    return out.movedim(tuple(range(-extra - 2, -2)), tuple(range(extra)))  # (*S, …, Tq, D)
 
 
 def support_attend(
@@ -39,13 +59,13 @@ def support_attend(
             f"weights last dim must be the support size {support.size}; got {tuple(weights.shape)}"
         )
     if support.name == "lowrank" or support.index is None:
-        return torch.matmul(weights, v)
+        return sample_matmul(weights, v)
     if v.shape[-2] != support.num_keys:
         raise ValueError(f"v must have Tk={support.num_keys} rows; got shape {tuple(v.shape)}")
     if weights.shape[-2] == 0:
         return weights.new_zeros(weights.shape[:-1] + (v.shape[-1],))  # no query rows
     if support.name == "dense":
-        return torch.matmul(weights, v)
+        return sample_matmul(weights, v)
     if support.name in ("local", "local_global"):
         if support.window is None:
             raise ValueError(f"a {support.name!r} support needs its window; got window=None")

@@ -145,16 +145,16 @@ class TransformerClassifier(BayesianNetwork):
             num_samples = num_samples if S is None else S
             first, by_attention = self._first_random() if num_samples > 1 else (n, False)
             for i, layer in enumerate(layers):
-                rows_only = cls_only and i == n - 1
                 # the layer draws the S samples itself when its attention is the first random
-                # thing
-                draws = rows_only and i == first and by_attention
+                # thing: its projections, scores and guide are computed once for all S
+                draws = i == first and by_attention
                 if i == first and not draws:
                     h = with_samples(h, num_samples)  # (S, B, T', E)
-                if rows_only:
-                    h = layer.forward_rows(h, 1, pad, num_samples if draws else None)
+                S_i = num_samples if draws else None
+                if cls_only and i == n - 1:
+                    h = layer.forward_rows(h, 1, pad, S_i)  # (S, B, 1, E)
                 else:
-                    h = layer(h, src_key_padding_mask=pad)
+                    h = layer(h, src_key_padding_mask=pad, num_samples=S_i)  # (S, B, T', E)
         if first >= n:
             h = with_samples(h, num_samples)  # nothing random: S identical copies
         norm = self.encoder.norm
