@@ -47,6 +47,14 @@ def check_tokens(name: str, x: Tensor, vocab_size: int) -> None:
         )
 
 
+def _flag(m: nn.Module, name: str) -> bool:
+    """``getattr(m, name, False) is True`` without a ``PyroModule``'s slow lookup of a name it
+    does not have (most modules): only a plain instance or class attribute can be ``True``."""
+    if name not in m.__dict__ and not hasattr(type(m), name):
+        return False
+    return getattr(m, name, False) is True
+
+
 def _finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t.detach()).all())
 
@@ -192,7 +200,7 @@ class BayesianNetwork(PyroModule):
         Gaussian-process read-outs (a module inside one already listed is not listed again)."""
         out: list[str] = []
         for n, m in self.named_modules():
-            if getattr(m, "is_bayesian", False) is True and not any(
+            if _flag(m, "is_bayesian") and not any(
                 n.startswith(o + ".") for o in out
             ):
                 out.append(n)
@@ -202,7 +210,7 @@ class BayesianNetwork(PyroModule):
         """Modules with a global latent (``global_latent = True``: sparse-GP inducing values):
         drawn once per pass and posterior sample, outside the data plate, shared by every
         example; each has ``site_name``, ``prior()``, ``posterior()`` and ``kl()``."""
-        return [m for m in self.modules() if getattr(m, "global_latent", False) is True]
+        return [m for m in self.modules() if _flag(m, "global_latent")]
 
     def draw_globals(
         self, mode: AttentionMode, num_samples: int | None = None, site: bool = False
