@@ -179,12 +179,25 @@ class EncoderLayer(_FeedForward):
         src_mask: Tensor | None = None,
         src_key_padding_mask: Tensor | None = None,
         is_causal: bool = False,
-        *,
-        num_samples: int | None = None,
     ) -> Tensor:
-        """torch's arguments; ``num_samples`` draws that many attention samples in one pass from
-        the shared input (the projections, scores and the guide's parameters computed once),
-        prepending ``S`` to the output (as :meth:`forward_rows`)."""
+        return self.forward_samples(src, None, src_mask, src_key_padding_mask, is_causal)
+
+    def forward_samples(
+        self,
+        src: Tensor,
+        num_samples: int | None,
+        src_mask: Tensor | None = None,
+        src_key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        """:meth:`forward` drawing ``num_samples`` attention samples in one pass from the shared
+        input: the projections, scores and the guide's parameters are computed once, not per
+        sample; equal to ``forward(src.expand(S, *src.shape), ...)`` under the same seed
+        (``None``: :meth:`forward`).
+
+        Shape:
+            src as :meth:`forward`'s → ``(S, *src.shape)`` (``num_samples = S``).
+        """
         x = src
         sa = self._sa_block
         if self.norm_first:

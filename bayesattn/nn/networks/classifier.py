@@ -124,9 +124,11 @@ class TransformerClassifier(BayesianNetwork):
     ) -> tuple[Tensor, Tensor | None]:
         """Encoder states ``(*S, B, T', E)`` and the padding mask ``(B, T')``.
 
-        Particles enter just before the first layer that is random in the current mode (see
+        Samples enter at the first layer that is random in the current mode (see
         :meth:`first_stochastic_layer`): everything before it is computed once and shared by
-        all ``S`` samples. With ``cls_only`` (CLS pooling) the last layer computes only the CLS
+        all ``S`` samples; when that layer's randomness is its attention alone, the layer draws
+        the ``S`` samples itself from the shared input (projections, scores and the guide's
+        parameters once: :meth:`EncoderLayer.forward_samples`). With ``cls_only`` (CLS pooling) the last layer computes only the CLS
         row, the one row the head reads (``(*S, B, 1, E)``): exact, since attention rows,
         feed-forward and LayerNorm act on each query token separately.
         """
@@ -153,8 +155,10 @@ class TransformerClassifier(BayesianNetwork):
                 S_i = num_samples if draws else None
                 if cls_only and i == n - 1:
                     h = layer.forward_rows(h, 1, pad, S_i)  # (S, B, 1, E)
+                elif draws:
+                    h = layer.forward_samples(h, S_i, src_key_padding_mask=pad)  # (S,B,T',E)
                 else:
-                    h = layer(h, src_key_padding_mask=pad, num_samples=S_i)  # (S, B, T', E)
+                    h = layer(h, src_key_padding_mask=pad)
         if first >= n:
             h = with_samples(h, num_samples)  # nothing random: S identical copies
         norm = self.encoder.norm
