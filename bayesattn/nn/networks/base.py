@@ -200,9 +200,7 @@ class BayesianNetwork(PyroModule):
         Gaussian-process read-outs (a module inside one already listed is not listed again)."""
         out: list[str] = []
         for n, m in self.named_modules():
-            if _flag(m, "is_bayesian") and not any(
-                n.startswith(o + ".") for o in out
-            ):
+            if _flag(m, "is_bayesian") and not any(n.startswith(o + ".") for o in out):
                 out.append(n)
         return out
 
