@@ -68,11 +68,13 @@ def check_kl_shapes(p: Distribution, q: Distribution) -> None:
         ) from None
 
 
-def _in_place_ok(*params: Tensor) -> bool:
-    """Whether a draw may be finished in place (no autograd graph: grad mode off, or no
-    parameter requires a gradient): the same kernels, bit for bit, without a fresh buffer per
-    step (at ``(S, B, H, Tq, Tk)`` the allocations and their page faults cost as much as the
-    arithmetic)."""
+def _in_place_ok(draw: Tensor, *params: Tensor) -> bool:
+    """Whether ``draw`` may be finished in place with ``params``: no autograd graph (grad mode
+    off, or no parameter requires a gradient) and no type promotion (every parameter of the
+    draw's dtype). The same kernels, bit for bit, without a fresh buffer per step (at
+    ``(S, B, H, Tq, Tk)`` the allocations and their page faults cost as much as the arithmetic)."""
+    if any(p.dtype != draw.dtype for p in params):
+        return False
     return not torch.is_grad_enabled() or not any(p.requires_grad for p in params)
 
 
@@ -177,7 +179,7 @@ class MaskedDirichlet(_Masked):
         g = torch._standard_gamma(conc.to(_sampling_dtype(conc)).expand(shape))  # (*S,…,Tq,Tk)
         g = self._keep(g, 0.0)  # torch floors its Gamma draws at tiny: g > 0 on allowed keys
         tot = g.sum(-1, keepdim=True).clamp_min(tiny(g))  # (*S, …, Tq, 1)
-        w = g.div_(tot) if _in_place_ok(conc) else g / tot  # >= 0: no clamp needed
+        w = g.div_(tot) if _in_place_ok(g, tot) else g / tot  # >= 0: no clamp needed
         return w.to(conc.dtype)
 
     @property
@@ -237,7 +239,7 @@ class MaskedNormal(_Masked):
     def rsample(self, sample_shape: _Shape = torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
         eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
-        if _in_place_ok(self.loc, self.scale):
+        if _in_place_ok(eps, self.loc, self.scale):
             return torch.addcmul(self.loc, self.scale, eps, out=eps)  # into ε's buffer
         return torch.addcmul(self.loc, self.scale, eps)  # loc + scale·ε in one pass
 
@@ -296,7 +298,7 @@ class MaskedWeibull(_Masked):
         shape = self._extended_shape(sample_shape)
         u = torch.rand(shape, dtype=self.scale.dtype, device=self.scale.device)
         lo, hi = tiny(u), 1.0 - torch.finfo(u.dtype).eps
-        if _in_place_ok(self.scale, self._k):  # the same steps in u's buffer
+        if _in_place_ok(u, self.scale, self._k):  # the same steps in u's buffer
             g = u.clamp_(lo, hi).log_().neg_().pow_(1.0 / self._k).mul_(self.scale)
         else:
             g = self.scale * (-torch.log(u.clamp(lo, hi))).pow(1.0 / self._k)
@@ -417,7 +419,7 @@ class MaskedConcrete(_Masked):
         shape = self._extended_shape(sample_shape)
         u = torch.rand(shape, dtype=self.logits.dtype, device=self.logits.device)
         lo, hi = tiny(u), 1.0 - torch.finfo(u.dtype).eps
-        if _in_place_ok(self.logits, self.temperature):  # the same steps in u's buffer
+        if _in_place_ok(u, self.logits, self.temperature):  # the same steps in u's buffer
             # logits - t == -t + logits exactly (IEEE subtraction adds the negation)
             y = u.clamp_(lo, hi).log_().neg_().log_().neg_().add_(self.logits)
             y = y.div_(self.temperature)

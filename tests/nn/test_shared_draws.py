@@ -224,3 +224,15 @@ def test_predict_restores_training_flags_it_did_not_need_to_change():
     flags = {n: m.training for n, m in net.named_modules()}
     predict(net, _tokens(True), 3)
     assert {n: m.training for n, m in net.named_modules()} == flags
+
+
+def test_draws_with_parameters_of_another_dtype_are_not_finished_in_place():
+    loc, scale = torch.zeros(2, 5), torch.ones(2, 5, dtype=torch.float64)
+    k = torch.full((1, 1), 2.0, dtype=torch.float64)
+    for d in (MaskedNormal(loc, scale), MaskedWeibull(k, torch.ones(2, 5))):
+        torch.manual_seed(0)
+        ref = d.rsample((3,))  # promoted out of place
+        torch.manual_seed(0)
+        with torch.no_grad():
+            fast = d.rsample((3,))
+        assert fast.dtype == ref.dtype and torch.equal(fast, ref)
