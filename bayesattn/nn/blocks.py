@@ -487,6 +487,39 @@ class Decoder(PyroModule):
         self.layers = _pyro_module_list(layers)
         self.norm = nn.LayerNorm(d_model) if kw.get("norm_first", False) else None
 
+    def forward_samples(
+        self,
+        tgt: Tensor,
+        num_samples: int,
+        first: int,
+        draws: bool,
+        tgt_key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """A decoder-only stack's pass with ``num_samples = S`` samples entering at layer
+        ``first`` (everything before it computed once): that layer draws the ``S`` samples
+        itself from the shared input when ``draws`` (its attention is what is random; see
+        :meth:`EncoderLayer.forward_samples`), else its input is expanded to ``S`` copies;
+        ``first >= len(layers)``: one pass, expanded at the end. Equal to
+        ``forward(tgt.expand(S, *tgt.shape))`` under the same seed.
+
+        Shape:
+            tgt ``(B, Tt, E)`` → ``(S, B, Tt, E)``.
+        """
+        if self.cross_attention:
+            raise ValueError("forward_samples is for decoder-only stacks (cross_attention=False)")
+        x, S = tgt, num_samples
+        T = tgt.shape[-2]
+        causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device).triu(1)  # (Tt, Tt)
+        for i, layer in enumerate(cast("Sequence[EncoderLayer]", self.layers)):
+            if i == first and draws:
+                x = layer.forward_samples(x, S, causal, tgt_key_padding_mask, True)  # (S,B,T,E)
+                continue
+            if i == first:
+                x = x.expand((S,) + x.shape)  # (S, B, Tt, E)
+            x = layer(x, causal, tgt_key_padding_mask, is_causal=True)
+        x = self.norm(x) if self.norm is not None else x
+        return x.expand((S,) + x.shape) if first >= len(self.layers) else x
+
     def forward(
         self,
         tgt: Tensor,

@@ -1,6 +1,6 @@
 """Cheaper posterior draws, each checked against the per-sample path it replaces, bit for bit.
 
-* the first random encoder layer draws its ``S`` samples from the shared input (projections,
+* the first random encoder layer (classifiers, ViTs, a ``CausalLM``'s decoder) draws its ``S`` samples from the shared input (projections,
   scores and the guide's parameters once) = the input expanded to ``S`` copies first;
 * :func:`~bayesattn.functional.supports.attend.sample_matmul` = ``torch.matmul`` = one matmul
   per sample;
@@ -23,9 +23,9 @@ from bayesattn.distributions import (
     MaskedWeibull,
 )
 from bayesattn.functional.supports.attend import FOLD_ROWS, sample_matmul
-from bayesattn.nn.blocks import AttentionConfig, EncoderLayer
+from bayesattn.nn.blocks import AttentionConfig, Decoder, EncoderLayer
 from bayesattn.nn.modes import attention_mode, collect_kl
-from bayesattn.nn.networks import TransformerClassifier, VisionTransformer
+from bayesattn.nn.networks import CausalLM, TransformerClassifier, VisionTransformer
 from bayesattn.nn.networks.base import _flag
 from bayesattn.uncertainty import predict
 
@@ -129,6 +129,50 @@ def test_every_layer_vit_predict_equals_the_per_sample_path(per_sample_layers):
     per_sample_layers()
     torch.manual_seed(5)
     assert torch.equal(fast, predict(net, x, 8, keep_attention=False).probs)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        AttentionConfig.recommended(),
+        AttentionConfig("dirichlet"),
+        AttentionConfig("weibull", layers=[1]),
+    ],
+    ids=["recommended", "dirichlet", "weibull_layer1"],
+)
+def test_causal_lm_shares_the_trunk_and_equals_the_per_sample_path(cfg, monkeypatch):
+    torch.manual_seed(0)
+    net = CausalLM(10, d_model=8, nhead=2, num_layers=3, dim_feedforward=16, attention=cfg).eval()
+    x = torch.randint(3, 10, (3, 6), generator=torch.Generator().manual_seed(1))
+    x[:, 0] = 1
+
+    def run() -> list[torch.Tensor]:
+        torch.manual_seed(3)
+        res = predict(net, x, 6)
+        torch.manual_seed(4)
+        with torch.no_grad(), net.pyro_context, collect_kl() as col:
+            logits = net.forward_logits(x, None, 6)
+        torch.manual_seed(5)
+        gen = net.generate(x[:, :2], 4, num_samples=3)
+        kls = [col.terms[k] for k in sorted(col.terms)]
+        return [res.probs, *(a.samples for a in res.attention.values()), logits, *kls,
+                gen.tokens, gen.probs]  # fmt: skip
+
+    seen: list[torch.Size] = []
+    hook = net.decoder.layers[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].shape))
+    fast = run()
+    hook.remove()
+    if cfg.layers == "last":  # layers 0 and 1 run once for all samples
+        assert seen and all(len(s) == 3 for s in seen)
+
+    def per_sample(self, tgt, num_samples, first, draws, tgt_key_padding_mask=None):
+        return self(tgt.expand((num_samples,) + tgt.shape), None, tgt_key_padding_mask)
+
+    monkeypatch.setattr(Decoder, "forward_samples", per_sample)
+    ref = run()
+    assert len(fast) == len(ref)
+    for a, b in zip(fast, ref, strict=True):
+        assert torch.equal(a, b)
 
 
 # ---- sample_matmul ------------------------------------------------------------------------------

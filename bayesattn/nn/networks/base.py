@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import pyro
@@ -203,6 +203,27 @@ class BayesianNetwork(PyroModule):
             if _flag(m, "is_bayesian") and not any(n.startswith(o + ".") for o in out):
                 out.append(n)
         return out
+
+    def first_random_in(self, layers: Sequence[Any]) -> tuple[int, bool]:
+        """``(i, by_attention)``: the index of the first of ``layers`` (a stack's self-attention
+        layers, each with ``self_attn``) whose output is random in the current attention mode
+        (``len(layers)`` if none is), and whether its attention is what makes it random (then
+        it can draw the samples itself from the shared input). 0 while any dropout is active,
+        or with Bayesian projection weights or a trunk mixture; ``len(layers)`` in ``"mean"``
+        mode. Posterior samples share everything computed before layer ``i``."""
+        n = len(layers)
+        if (
+            self.weight_guide is not None
+            or "trunk_mixture" in self._modules
+            or any(isinstance(m, nn.Dropout) and m.training and m.p > 0 for m in self.modules())
+        ):
+            return 0, False
+        if current_mode() == "mean":
+            return n, False
+        for i, layer in enumerate(layers):
+            if layer.self_attn.is_bayesian:
+                return i, True
+        return n, False
 
     def global_latents(self) -> list[Any]:
         """Modules with a global latent (``global_latent = True``: sparse-GP inducing values):

@@ -13,7 +13,6 @@ from ..._validation import check_int, check_same_dtype
 from ..attention import linear
 from ..blocks import Encoder, EncoderLayer
 from ..config import AttentionConfig, as_attention_config
-from ..modes import current_mode
 from ..spectral import spectral_normalize
 from .base import BayesianNetwork, Embedding, check_tokens, validate_common, with_samples
 
@@ -179,19 +178,7 @@ class TransformerClassifier(BayesianNetwork):
 
     def _first_random(self) -> tuple[int, bool]:
         """``(first_stochastic_layer, whether that layer's randomness is its attention alone)``."""
-        n = len(self.encoder.layers)
-        if (
-            self.weight_guide is not None
-            or "trunk_mixture" in self._modules
-            or any(isinstance(m, nn.Dropout) and m.training and m.p > 0 for m in self.modules())
-        ):
-            return 0, False
-        if current_mode() == "mean":
-            return n, False
-        for i, layer in enumerate(self._encoder_layers()):
-            if layer.self_attn.is_bayesian:
-                return i, True
-        return n, False
+        return self.first_random_in(self._encoder_layers())
 
     def forward_logits(self, x: Tensor, y: Tensor | None = None, num_samples: int = 1) -> Tensor:
         # the last layer's other rows are only computed when its attention map is being recorded
