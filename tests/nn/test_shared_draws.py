@@ -201,6 +201,15 @@ def test_sample_matmul_equals_matmul_and_the_per_sample_products(w_shape, v_shap
         assert torch.equal(out, per)
 
 
+@pytest.mark.parametrize("rows", [1, FOLD_ROWS + 1])
+def test_sample_matmul_follows_cpu_autocast(rows):
+    w, v = torch.rand(4, 2, 2, rows, 5), torch.randn(2, 2, 5, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, ref = sample_matmul(w, v), torch.matmul(w, v)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    assert torch.equal(out, ref)
+
+
 def test_sample_matmul_keeps_gradients():
     w = torch.rand(4, 2, 2, 9, 5, requires_grad=True)
     v = torch.randn(2, 2, 5, 3, requires_grad=True)

@@ -15,6 +15,14 @@ from .results import ReducedSupport
 __all__ = ["support_attend", "sample_matmul", "FOLD_ROWS"]
 
 
+def _cpu_autocast() -> bool:
+    """Whether CPU autocast is on (``torch.is_autocast_enabled("cpu")``, torch >= 2.4)."""
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # pragma: no cover - torch < 2.4
+        return torch.is_autocast_cpu_enabled()
+
+
 #: below this many query rows the sample dims are folded into the rows (one GEMM of ``S·Tq``
 #: rows per shared ``v``); above it, on the CPU, one batched GEMM per sample into one buffer
 FOLD_ROWS = 8
@@ -45,7 +53,7 @@ def sample_matmul(weights: Tensor, v: Tensor) -> Tensor:
         out = out.reshape(v.shape[:-2] + lead + (Tq, v.shape[-1]))  # (…, *S, Tq, D)
         return out.movedim(tuple(range(-extra - 2, -2)), tuple(range(extra)))  # (*S, …, Tq, D)
     grad = torch.is_grad_enabled() and (weights.requires_grad or v.requires_grad)
-    if grad or weights.device.type != "cpu":
+    if grad or weights.device.type != "cpu" or _cpu_autocast():  # out= is outside autocast
         return torch.matmul(weights, v)
     w = weights.reshape((-1,) + weights.shape[extra:])  # (S', …, Tq, K)
     out = w.new_empty(w.shape[:-1] + v.shape[-1:])  # (S', …, Tq, D)
