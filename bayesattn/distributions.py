@@ -68,6 +68,16 @@ def check_kl_shapes(p: Distribution, q: Distribution) -> None:
         ) from None
 
 
+def _in_place_ok(draw: Tensor, *params: Tensor) -> bool:
+    """Whether ``draw`` may be finished in place with ``params``: no autograd graph (grad mode
+    off, or no parameter requires a gradient) and no type promotion (every parameter of the
+    draw's dtype). The same kernels, bit for bit, without a fresh buffer per step (at
+    ``(S, B, H, Tq, Tk)`` the allocations and their page faults cost as much as the arithmetic)."""
+    if any(p.dtype != draw.dtype for p in params):
+        return False
+    return not torch.is_grad_enabled() or not any(p.requires_grad for p in params)
+
+
 def _sampling_dtype(x: Tensor) -> torch.dtype:
     """float32 for half/bfloat16 (torch has no half Gamma sampler on CPU, and their few mantissa
     bits would leave normalised draws visibly off the simplex), else ``x``'s dtype."""
@@ -167,10 +177,10 @@ class MaskedDirichlet(_Masked):
         shape = self._extended_shape(sample_shape)
         conc = self._safe_conc
         g = torch._standard_gamma(conc.to(_sampling_dtype(conc)).expand(shape))  # (*S,…,Tq,Tk)
-        g = self._keep(g, 0.0)
-        tot = g.sum(-1, keepdim=True)
-        w = g / tot.clamp_min(tiny(g))
-        return w.clamp_min(0.0).to(conc.dtype)
+        g = self._keep(g, 0.0)  # torch floors its Gamma draws at tiny: g > 0 on allowed keys
+        tot = g.sum(-1, keepdim=True).clamp_min(tiny(g))  # (*S, …, Tq, 1)
+        w = g.div_(tot) if _in_place_ok(g, tot) else g / tot  # >= 0: no clamp needed
+        return w.to(conc.dtype)
 
     @property
     def _safe_total(self) -> Tensor:
@@ -229,6 +239,8 @@ class MaskedNormal(_Masked):
     def rsample(self, sample_shape: _Shape = torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
         eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
+        if _in_place_ok(eps, self.loc, self.scale):
+            return torch.addcmul(self.loc, self.scale, eps, out=eps)  # into ε's buffer
         return torch.addcmul(self.loc, self.scale, eps)  # loc + scale·ε in one pass
 
     def log_prob(self, value: Tensor) -> Tensor:
@@ -285,8 +297,11 @@ class MaskedWeibull(_Masked):
     def rsample(self, sample_shape: _Shape = torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
         u = torch.rand(shape, dtype=self.scale.dtype, device=self.scale.device)
-        u = u.clamp(tiny(u), 1.0 - torch.finfo(u.dtype).eps)
-        g = self.scale * (-torch.log(u)).pow(1.0 / self._k)
+        lo, hi = tiny(u), 1.0 - torch.finfo(u.dtype).eps
+        if _in_place_ok(u, self.scale, self._k):  # the same steps in u's buffer
+            g = u.clamp_(lo, hi).log_().neg_().pow_(1.0 / self._k).mul_(self.scale)
+        else:
+            g = self.scale * (-torch.log(u.clamp(lo, hi))).pow(1.0 / self._k)
         return self._keep(g, 1.0)
 
     def log_prob(self, value: Tensor) -> Tensor:
@@ -403,9 +418,15 @@ class MaskedConcrete(_Masked):
     def rsample(self, sample_shape: _Shape = torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
         u = torch.rand(shape, dtype=self.logits.dtype, device=self.logits.device)
-        u = u.clamp(tiny(u), 1.0 - torch.finfo(u.dtype).eps)
-        y = (self.logits - torch.log(-torch.log(u))) / self.temperature
-        x = y - self._masked_lse(y).unsqueeze(-1)
+        lo, hi = tiny(u), 1.0 - torch.finfo(u.dtype).eps
+        if _in_place_ok(u, self.logits, self.temperature):  # the same steps in u's buffer
+            # logits - t == -t + logits exactly (IEEE subtraction adds the negation)
+            y = u.clamp_(lo, hi).log_().neg_().log_().neg_().add_(self.logits)
+            y = y.div_(self.temperature)
+            x = y.sub_(self._masked_lse(y).unsqueeze(-1))
+        else:
+            y = (self.logits - torch.log(-torch.log(u.clamp(lo, hi)))) / self.temperature
+            x = y - self._masked_lse(y).unsqueeze(-1)
         if self._all:
             return x
         dead = (self.n_allowed == 0).unsqueeze(-1)

@@ -7,8 +7,8 @@ same rounds (interleaved, median over rounds, fixed thread count):
 
 * ``recommended S=…``: :meth:`AttentionConfig.recommended` through :func:`bayesattn.uncertainty.predict`
   (the trunk is computed once, the last layer's CLS row draws the ``S`` samples);
-* ``dirichlet, every layer S=…``: the former default (Dirichlet attention in every layer, every
-  sample runs the whole network);
+* ``dirichlet, every layer S=…``: the former default (Dirichlet attention in every layer: the
+  first layer's projections and scores are computed once, every sample runs the rest);
 * ``MC dropout S=…`` and ``ensemble ×M``: the baselines (:func:`~bayesattn.uncertainty.predict_mc_dropout`,
   :func:`~bayesattn.uncertainty.predict_ensemble`).
 

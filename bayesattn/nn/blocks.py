@@ -80,6 +80,7 @@ class _FeedForward(PyroModule):
         attn_mask: Tensor | None,
         key_padding_mask: Tensor | None,
         is_causal: bool,
+        num_samples: int | None = None,
     ) -> Tensor:
         y = self.self_attn(
             x,
@@ -89,6 +90,7 @@ class _FeedForward(PyroModule):
             key_padding_mask=key_padding_mask,
             need_weights=False,
             is_causal=is_causal,
+            num_samples=num_samples,
         )[0]
         return self.dropout1(y)
 
@@ -178,12 +180,31 @@ class EncoderLayer(_FeedForward):
         src_key_padding_mask: Tensor | None = None,
         is_causal: bool = False,
     ) -> Tensor:
+        return self.forward_samples(src, None, src_mask, src_key_padding_mask, is_causal)
+
+    def forward_samples(
+        self,
+        src: Tensor,
+        num_samples: int | None,
+        src_mask: Tensor | None = None,
+        src_key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        """:meth:`forward` drawing ``num_samples`` attention samples in one pass from the shared
+        input: the projections, scores and the guide's parameters are computed once, not per
+        sample; equal to ``forward(src.expand(S, *src.shape), ...)`` under the same seed
+        (``None``: :meth:`forward`).
+
+        Shape:
+            src as :meth:`forward`'s → ``(S, *src.shape)`` (``num_samples = S``).
+        """
         x = src
+        sa = self._sa_block
         if self.norm_first:
-            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+            x = x + sa(self.norm1(x), src_mask, src_key_padding_mask, is_causal, num_samples)
             x = x + self._ff_block(self.norm2(x))
         else:
-            x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
+            x = self.norm1(x + sa(x, src_mask, src_key_padding_mask, is_causal, num_samples))
             x = self.norm2(x + self._ff_block(x))
         return x
 
@@ -465,6 +486,39 @@ class Decoder(PyroModule):
                 layers.append(_self_attention_layer(cfg, d_model, nhead, i, num_layers, kw))
         self.layers = _pyro_module_list(layers)
         self.norm = nn.LayerNorm(d_model) if kw.get("norm_first", False) else None
+
+    def forward_samples(
+        self,
+        tgt: Tensor,
+        num_samples: int,
+        first: int,
+        draws: bool,
+        tgt_key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """A decoder-only stack's pass with ``num_samples = S`` samples entering at layer
+        ``first`` (everything before it computed once): that layer draws the ``S`` samples
+        itself from the shared input when ``draws`` (its attention is what is random; see
+        :meth:`EncoderLayer.forward_samples`), else its input is expanded to ``S`` copies;
+        ``first >= len(layers)``: one pass, expanded at the end. Equal to
+        ``forward(tgt.expand(S, *tgt.shape))`` under the same seed.
+
+        Shape:
+            tgt ``(B, Tt, E)`` → ``(S, B, Tt, E)``.
+        """
+        if self.cross_attention:
+            raise ValueError("forward_samples is for decoder-only stacks (cross_attention=False)")
+        x, S = tgt, num_samples
+        T = tgt.shape[-2]
+        causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device).triu(1)  # (Tt, Tt)
+        for i, layer in enumerate(cast("Sequence[EncoderLayer]", self.layers)):
+            if i == first and draws:
+                x = layer.forward_samples(x, S, causal, tgt_key_padding_mask, True)  # (S,B,T,E)
+                continue
+            if i == first:
+                x = x.expand((S,) + x.shape)  # (S, B, Tt, E)
+            x = layer(x, causal, tgt_key_padding_mask, is_causal=True)
+        x = self.norm(x) if self.norm is not None else x
+        return x.expand((S,) + x.shape) if first >= len(self.layers) else x
 
     def forward(
         self,

@@ -114,9 +114,9 @@ def sample_attention_weights(
     lp_full = log_prior.expand_as(logits) if log_prior is not None else None  # (…, B, H, Tq, K)
     allowed = None if lp_full is None else allowed_keys(logits + lp_full)  # None: every key
     if mode == "model":
-        d = family.model(lp_full, logits, key=key)
+        d = d_one = family.model(lp_full, logits, key=key)
     else:
-        d = family.guide(logits, lp_full, query=query)
+        d = d_one = family.guide(logits, lp_full, query=query)
     if num_samples is not None:
         d = d.expand(torch.Size((num_samples,)) + d.batch_shape)  # (S, …, B, H, Tq)
         if allowed is not None:
@@ -125,6 +125,10 @@ def sample_attention_weights(
         latent = d.rsample()
         if kl_sink is not None:
             p = family.model(lp_full, logits, key=key)
+            if num_samples is not None and family.analytic_kl:  # the same for every draw
+                kl = family.kl(d_one, p).sum((-2, -1))  # (…, B): computed once
+                kl_sink.add(site, kl.expand((num_samples,) + kl.shape))  # (S, …, B)
+                return family.to_weights(latent, allowed)
             if num_samples is not None:
                 p = p.expand(d.batch_shape)
             kl = family.kl(d, p)  # (*S, …, B, H, Tq)

@@ -184,7 +184,8 @@ def _predictive_state(
     saved_layers = [(m, m.record_weights, m.last_weights) for _, m in layers]
     saved_training = [(m, m.training) for m in net.modules()]
     try:
-        net.eval()
+        if any(flag for _, flag in saved_training):  # (a Pyro module's setattr is slow)
+            net.eval()
         for drop in drops:
             drop.train()
         for _, layer in layers:
@@ -194,7 +195,8 @@ def _predictive_state(
         for layer, rec, last in saved_layers:
             layer.record_weights, layer.last_weights = rec, last
         for mod, flag in saved_training:
-            mod.training = flag
+            if mod.training != flag:
+                mod.training = flag
 
 
 def _is_out_of_memory(e: RuntimeError) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import pyro
@@ -45,6 +45,14 @@ def check_tokens(name: str, x: Tensor, vocab_size: int) -> None:
         raise ValueError(
             f"{name} ids must be in [0, {vocab_size}); got min {int(x.min())}, max {int(x.max())}"
         )
+
+
+def _flag(m: nn.Module, name: str) -> bool:
+    """``getattr(m, name, False) is True`` without a ``PyroModule``'s slow lookup of a name it
+    does not have (most modules): only a plain instance or class attribute can be ``True``."""
+    if name not in m.__dict__ and not hasattr(type(m), name):
+        return False
+    return getattr(m, name, False) is True
 
 
 def _finite(t: Tensor) -> bool:
@@ -192,17 +200,36 @@ class BayesianNetwork(PyroModule):
         Gaussian-process read-outs (a module inside one already listed is not listed again)."""
         out: list[str] = []
         for n, m in self.named_modules():
-            if getattr(m, "is_bayesian", False) is True and not any(
-                n.startswith(o + ".") for o in out
-            ):
+            if _flag(m, "is_bayesian") and not any(n.startswith(o + ".") for o in out):
                 out.append(n)
         return out
+
+    def first_random_in(self, layers: Sequence[Any]) -> tuple[int, bool]:
+        """``(i, by_attention)``: the index of the first of ``layers`` (a stack's self-attention
+        layers, each with ``self_attn``) whose output is random in the current attention mode
+        (``len(layers)`` if none is), and whether its attention is what makes it random (then
+        it can draw the samples itself from the shared input). 0 while any dropout is active,
+        or with Bayesian projection weights or a trunk mixture; ``len(layers)`` in ``"mean"``
+        mode. Posterior samples share everything computed before layer ``i``."""
+        n = len(layers)
+        if (
+            self.weight_guide is not None
+            or "trunk_mixture" in self._modules
+            or any(isinstance(m, nn.Dropout) and m.training and m.p > 0 for m in self.modules())
+        ):
+            return 0, False
+        if current_mode() == "mean":
+            return n, False
+        for i, layer in enumerate(layers):
+            if layer.self_attn.is_bayesian:
+                return i, True
+        return n, False
 
     def global_latents(self) -> list[Any]:
         """Modules with a global latent (``global_latent = True``: sparse-GP inducing values):
         drawn once per pass and posterior sample, outside the data plate, shared by every
         example; each has ``site_name``, ``prior()``, ``posterior()`` and ``kl()``."""
-        return [m for m in self.modules() if getattr(m, "global_latent", False) is True]
+        return [m for m in self.modules() if _flag(m, "global_latent")]
 
     def draw_globals(
         self, mode: AttentionMode, num_samples: int | None = None, site: bool = False

@@ -11,7 +11,7 @@ from ..._validation import check_int
 from ..attention import linear
 from ..blocks import Decoder
 from ..config import AttentionConfig
-from .base import Embedding, check_tokens, validate_common, with_samples
+from .base import Embedding, check_tokens, validate_common
 from .generative import GenerativeNetwork
 
 __all__ = ["CausalLM"]
@@ -67,8 +67,15 @@ class CausalLM(GenerativeNetwork):
             raise ValueError(f"x needs >= 2 tokens to predict the next; got shape {tuple(x.shape)}")
 
     def _logits_of(self, tokens: Tensor, num_samples: int) -> Tensor:
-        h = with_samples(self.embed(tokens), num_samples)
-        h = self.decoder(h, tgt_key_padding_mask=None)
+        """Logits ``(*S, B, T, V)``: the ``S`` samples enter at the first random layer (see
+        :meth:`~bayesattn.nn.networks.BayesianNetwork.first_random_in`), everything before it
+        is computed once."""
+        h = self.embed(tokens)  # (B, T, E)
+        if num_samples > 1:
+            first, draws = self.first_random_in(list(self.decoder.layers))
+            h = self.decoder.forward_samples(h, num_samples, first, draws)  # (S, B, T, E)
+        else:
+            h = self.decoder(h, tgt_key_padding_mask=None)
         return linear(h, self.head.weight, self.head.bias)  # (*S, B, T, V)
 
     def forward_logits(self, x: Tensor, y: Tensor | None = None, num_samples: int = 1) -> Tensor:

@@ -13,7 +13,6 @@ from ..._validation import check_int, check_same_dtype
 from ..attention import linear
 from ..blocks import Encoder, EncoderLayer
 from ..config import AttentionConfig, as_attention_config
-from ..modes import current_mode
 from ..spectral import spectral_normalize
 from .base import BayesianNetwork, Embedding, check_tokens, validate_common, with_samples
 
@@ -124,9 +123,11 @@ class TransformerClassifier(BayesianNetwork):
     ) -> tuple[Tensor, Tensor | None]:
         """Encoder states ``(*S, B, T', E)`` and the padding mask ``(B, T')``.
 
-        Particles enter just before the first layer that is random in the current mode (see
+        Samples enter at the first layer that is random in the current mode (see
         :meth:`first_stochastic_layer`): everything before it is computed once and shared by
-        all ``S`` samples. With ``cls_only`` (CLS pooling) the last layer computes only the CLS
+        all ``S`` samples; when that layer's randomness is its attention alone, the layer draws
+        the ``S`` samples itself from the shared input (projections, scores and the guide's
+        parameters once: :meth:`EncoderLayer.forward_samples`). With ``cls_only`` (CLS pooling) the last layer computes only the CLS
         row, the one row the head reads (``(*S, B, 1, E)``): exact, since attention rows,
         feed-forward and LayerNorm act on each query token separately.
         """
@@ -145,14 +146,16 @@ class TransformerClassifier(BayesianNetwork):
             num_samples = num_samples if S is None else S
             first, by_attention = self._first_random() if num_samples > 1 else (n, False)
             for i, layer in enumerate(layers):
-                rows_only = cls_only and i == n - 1
                 # the layer draws the S samples itself when its attention is the first random
-                # thing
-                draws = rows_only and i == first and by_attention
+                # thing: its projections, scores and guide are computed once for all S
+                draws = i == first and by_attention
                 if i == first and not draws:
                     h = with_samples(h, num_samples)  # (S, B, T', E)
-                if rows_only:
-                    h = layer.forward_rows(h, 1, pad, num_samples if draws else None)
+                S_i = num_samples if draws else None
+                if cls_only and i == n - 1:
+                    h = layer.forward_rows(h, 1, pad, S_i)  # (S, B, 1, E)
+                elif draws:
+                    h = layer.forward_samples(h, S_i, src_key_padding_mask=pad)  # (S,B,T',E)
                 else:
                     h = layer(h, src_key_padding_mask=pad)
         if first >= n:
@@ -175,19 +178,7 @@ class TransformerClassifier(BayesianNetwork):
 
     def _first_random(self) -> tuple[int, bool]:
         """``(first_stochastic_layer, whether that layer's randomness is its attention alone)``."""
-        n = len(self.encoder.layers)
-        if (
-            self.weight_guide is not None
-            or "trunk_mixture" in self._modules
-            or any(isinstance(m, nn.Dropout) and m.training and m.p > 0 for m in self.modules())
-        ):
-            return 0, False
-        if current_mode() == "mean":
-            return n, False
-        for i, layer in enumerate(self._encoder_layers()):
-            if layer.self_attn.is_bayesian:
-                return i, True
-        return n, False
+        return self.first_random_in(self._encoder_layers())
 
     def forward_logits(self, x: Tensor, y: Tensor | None = None, num_samples: int = 1) -> Tensor:
         # the last layer's other rows are only computed when its attention map is being recorded
