@@ -120,7 +120,7 @@ def _pooled(head: nn.Module, h: Tensor, z: Tensor) -> Tensor:
     tol = 1e-4 * (1 + z.abs().amax(-1))
     if not bool((err.gather(1, pos[:, None]).squeeze(1) <= tol).all()):
         return h[:, 0]
-    return h[torch.arange(h.shape[0]), pos]
+    return h[torch.arange(h.shape[0], device=h.device), pos]
 
 
 @dataclass

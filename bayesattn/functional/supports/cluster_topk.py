@@ -52,7 +52,9 @@ class _Buckets(NamedTuple):
     upto: Tensor | None  # causal: (N, Tk, NB) keys j <= i of each bucket, else None
 
 
-def _padding_prior(key_padding_mask: Tensor | None, Tk: int) -> ChunkLogPrior | None:
+def _padding_prior(
+    key_padding_mask: Tensor | None, Tk: int, dtype: torch.dtype
+) -> ChunkLogPrior | None:
     """``key_padding_mask`` (``True`` = padded) as a :data:`ChunkLogPrior` (``-inf`` on pads)."""
     if key_padding_mask is None:
         return None
@@ -60,7 +62,7 @@ def _padding_prior(key_padding_mask: Tensor | None, Tk: int) -> ChunkLogPrior | 
 
     def fn(start: int, stop: int, key_index: Tensor) -> Tensor:
         m = kpm.index_select(-1, key_index).unsqueeze(-2)  # (…, 1, Kc)
-        return torch.zeros(m.shape).masked_fill(m, NEG_INF)
+        return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(m, NEG_INF)
 
     return fn
 
@@ -323,7 +325,7 @@ def cluster_topk_support(
     sc = resolve_scale(scale, q.shape[-1])
     Tq, Tk = q.shape[-2], k.shape[-2]
     if Tq == 0 or Tk == 0:
-        return topk_support(q, k, topk, _padding_prior(key_padding_mask, Tk), scale=scale)
+        return topk_support(q, k, topk, _padding_prior(key_padding_mask, Tk, q.dtype), scale=scale)
     C = check_int("num_clusters", num_clusters if num_clusters is not None else
                   math.ceil(math.sqrt(Tk)), 1)  # fmt: skip
     C = min(C, Tk)
