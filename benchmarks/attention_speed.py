@@ -19,6 +19,7 @@ import torch
 from _results import table, write_results
 from _timing import interleaved
 
+from bayesattn import attention_mode
 from bayesattn.nn.attention import BayesianMultiheadAttention
 
 
@@ -27,8 +28,15 @@ def _fwd_bwd(m, x) -> None:
 
 
 def _separate(m, x, S: int) -> None:
-    for _ in range(S):
-        m(x, x, x, need_weights=False)
+    # an eval-mode layer returns its posterior mean (torch's eval()); the guide draws
+    with attention_mode("guide"):
+        for _ in range(S):
+            m(x, x, x, need_weights=False)
+
+
+def _vectorised(m, x, S: int) -> None:
+    with attention_mode("guide"):
+        m(x, x, x, need_weights=False, num_samples=S)
 
 
 def main() -> None:
@@ -109,7 +117,7 @@ def main() -> None:
             res = interleaved(
                 {
                     "sep": partial(_separate, stoch, x, S),
-                    "vec": partial(stoch, x, x, x, need_weights=False, num_samples=S),
+                    "vec": partial(_vectorised, stoch, x, S),
                 },
                 max(3, reps // 2),
             )

@@ -72,9 +72,13 @@ def main() -> None:
                 with attention_mode("mean"):
                     bay(x, kpm)
 
+            def bay_draw(kpm=kpm):  # eval() alone gives the posterior mean (torch's eval)
+                with attention_mode("guide"):
+                    bay(x, kpm)
+
             r = interleaved(
                 {"torch": lambda kpm=kpm: ref(x, kpm), "convert": lambda kpm=kpm: det(x, kpm),
-                 "bayes mean": bay_mean, "bayes posterior": lambda kpm=kpm: bay(x, kpm)},
+                 "bayes mean": bay_mean, "bayes posterior": bay_draw},
                 reps,
             )  # fmt: skip
         print(f"\ninference (eval, no_grad, {label}), ms and ratio to torch:")
