@@ -77,7 +77,8 @@ $(VENV)/.study-installed: $(VENV)/.installed
 	touch $@
 
 # the main job (6.5 minutes measured on 2 cores); ARGS="--protocol full" for the whole protocol
-# (about 2 hours); ARGS="--dataset fortunes" the token dataset (apt-get install fortunes)
+# (three datasets, about 3 hours, estimated); ARGS="--dataset fortunes" the token dataset alone
+# (apt-get install fortunes)
 study: $(VENV)/.study-installed
 	$(VENV)/bin/bayesattn study $(ARGS)
 

@@ -14,7 +14,11 @@ one ``BayesianMultiheadAttention`` runs dense and with each kernel (``local`` wi
 
 * **Peak memory**: each (method, path, T) runs once in a **fresh subprocess**; its peak is the
   process's peak resident set (``getrusage`` maxrss, which sees torch's allocations) minus its
-  resident set just before the call.
+  resident set just before the call. The subprocess runs with glibc's mmap threshold fixed at
+  64 KiB (``MALLOC_MMAP_THRESHOLD_``), so that every large block is mapped and returned on its
+  own: without it, the same call measured 150 or 240 MiB from run to run (local + global at
+  T = 8192, weights path); with it, the same to 0.1 MiB. (Only there: the timing subprocesses
+  keep glibc's default, under which mapping every large block would slow local attention 2.5×.)
 * **Time**: per (path, T), one subprocess times every method that ran, alternately
   (``_timing.interleaved``, median), so load drifts on a shared machine hit all alike. Cases too
   slow to repeat (T > 8192, S=8 above T = 2048, or a first call over ``--slow-s`` seconds) are
@@ -128,6 +132,10 @@ def run_timing(methods: list[str], path: str, T: int, E: int, H: int, repeats: i
 def _sub(args_list: list[str]) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), *args_list]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if args_list[0] == "--mem":
+        # a fixed mmap threshold makes the peak resident set reproducible (module docstring); not
+        # for timing: mapping every large block costs page faults (local attention 2.5× slower)
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         lines = r.stderr.strip().splitlines() or [f"exit {r.returncode} (killed?)"]

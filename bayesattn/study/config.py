@@ -141,8 +141,9 @@ class StudyConfig:
 
     @classmethod
     def full(cls, **kw: Any) -> StudyConfig:
-        """The whole protocol: both datasets, 5 disjoint held-out pairs × 5 seeds, the methods
-        of :data:`~bayesattn.study.methods.FULL_METHODS`, on 2 worker processes (``jobs``)."""
+        """The whole protocol: the three datasets of :data:`FULL_DATASETS`, 5 disjoint held-out
+        pairs × 5 seeds, the methods of :data:`~bayesattn.study.methods.FULL_METHODS`, on 2
+        worker processes (``jobs``)."""
         full_methods = tuple(method_names().full)
         base: dict[str, Any] = dict(
             datasets=FULL_DATASETS, holdout_rotation=5, seeds=5, methods=full_methods, jobs=2
