@@ -44,7 +44,7 @@ def test_defaults_in_help_are_the_real_ones():
     text = " ".join(study.format_help().split())
     assert "--seed SEED first seed (default: 0)" in text  # a default of 0 is shown too
     assert "(default: bayesattn-study)" in text and "(default: 3; --quick: 2;" in text
-    assert "(default: by dataset, digits 20, mnist1d 30, fortunes 20; --quick: 5)" in text
+    assert "(default: by dataset, digits 20, mnist1d 30, fortunes 10; --quick: 5)" in text
 
 
 def test_list_methods_describes_every_method(capsys):

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -91,8 +92,10 @@ def test_rotated_study_writes_everything_and_is_reproducible(tmp_path):
         assert (tmp_path / "a" / f).stat().st_size > 0
 
 
-def test_full_protocol_path_runs_both_datasets_into_one_report(tmp_path, capsys):
+def test_full_protocol_path_runs_the_three_datasets_into_one_report(tmp_path, capsys):
     pytest.importorskip("mnist1d")
+    if not Path("/usr/share/games/fortunes/art").is_file():
+        pytest.skip("Debian's fortunes package (.ci/run installs it)")
     out = tmp_path / "m"
     args = ["study", "--out", str(out), "--protocol", "full", "--methods", "deterministic",
             "--holdout-classes", "3", "4", "--seeds", "1", "--epochs", "1",
@@ -100,10 +103,12 @@ def test_full_protocol_path_runs_both_datasets_into_one_report(tmp_path, capsys)
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "**digits**" in printed and "**mnist1d**" in printed and "| deterministic |" in printed
+    assert "**fortunes**" in printed
     saved = json.loads((out / "results.json").read_text())
-    assert list(saved["datasets"]) == ["digits", "mnist1d"]
+    assert sorted(saved["datasets"]) == ["digits", "fortunes", "mnist1d"]
     report = (out / "report.md").read_text()
     assert "## digits" in report and "## mnist1d" in report and "pareto_mnist1d.png" in report
+    assert "## fortunes" in report
     assert "smoke" not in report and "smoke" not in printed  # not a --quick run: results
     run = saved["datasets"]["mnist1d"]["runs"][0]
     assert run["pair"] == [3, 4] and set(run["methods"]) == {"deterministic"}

@@ -65,15 +65,18 @@ def test_config_pairs_presets_and_errors():
     assert StudyConfig.quick().pairs() == [(8, 9)]
     assert StudyConfig.quick(holdout_rotation=3).pairs() == rotation_pairs(3)
     full = StudyConfig.full()
-    assert full.dataset_list == ("digits", "mnist1d") and full.seeds == 5 and full.jobs == 2
+    assert full.dataset_list == ("digits", "mnist1d", "fortunes")
+    assert full.seeds == 5 and full.jobs == 2
     assert full.methods[: len(StudyConfig().methods) + 2] == (
         *StudyConfig().methods, "dirichlet", "sgpa"
     )
     # the main job runs the README's lead methods (issue 28)
     assert {"posthoc_gp", "posthoc_gp_mf", "density"} <= set(StudyConfig().methods)
-    assert {"density", "density_gda", "spectral", "spectral_density", "spectral_gp"} <= set(
-        full.methods
-    )
+    assert {"density", "mixture", "sgpa", "dirichlet"} <= set(full.methods)
+    # the ablations that decided run by name only
+    decided = {"density_cls", "density_gda", "spectral", "spectral_density", "spectral_gp",
+               "mixture_point", "mixture_k1", "mixture_wide", "mixture_k2"}  # fmt: skip
+    assert not decided & set(full.methods) and len(full.methods) == 16
     assert StudyConfig.full(methods=("deterministic",), jobs=1).methods == ("deterministic",)
     assert len(full.pairs()) == 5
     m1d = StudyConfig(dataset="mnist1d").model("mnist1d")
@@ -412,7 +415,7 @@ def test_a_fortunes_run_has_token_sets_and_a_token_network():
     from bayesattn.study.runs import Run
 
     cfg = StudyConfig.quick(dataset="fortunes", epochs=1, progress=False)
-    assert "fortunes" not in StudyConfig.full().dataset_list  # by name only
+    assert "fortunes" in StudyConfig.full().dataset_list  # the full protocol's tokens
     run = Run.load(cfg, "fortunes", (8, 9), 0)
     assert set(run.far) == {"uniform", "reversed", "permuted", "moments"}
     assert {k for k, _ in run.corrupted} == set(TOKEN_CORRUPTIONS)
