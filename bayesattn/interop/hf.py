@@ -56,7 +56,7 @@ from .._deprecation import renamed_submodule_hook
 from ..families import AttentionFamily, FamilyName, get_family
 from ..nn.config import AttentionConfig
 from ..nn.modes import AttentionMode, default_mode
-from ..nn.read import AttentionRead
+from ..nn.read import FOREIGN_FAMILY_ATTR, AttentionRead
 from ..nn.sampling import context_num_samples, current_num_samples, num_samples
 from .recipe import UNSET, candidates, hf_recipe, roles
 
@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 ATTN_NAME = "bayesattn"
-_FAMILY_ATTR = "bayesattn_family"
+_FAMILY_ATTR = FOREIGN_FAMILY_ATTR
 #: state_dicts saved before 0.3 hold each module's family under ``bayesattn_posterior.*``
 _OLD_FAMILY_KEYS = renamed_submodule_hook("bayesattn_posterior", _FAMILY_ATTR)
 _HOOK_ATTR = "_bayesattn_old_keys_hook"

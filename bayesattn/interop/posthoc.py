@@ -41,6 +41,7 @@ from .. import calibration as C
 from .._validation import check_bool, check_int, check_real, check_seed, torch_generator
 from ..nn.attention import BayesianMultiheadAttention
 from ..nn.modes import collect_kl
+from ..nn.read import FOREIGN_FAMILY_ATTR
 from ..predictive.foreign import Inputs, default_forward, input_batch_size, take_rows
 from ..uncertainty import predict
 
@@ -64,7 +65,7 @@ def family_parameters(model: nn.Module) -> list[nn.Parameter]:
     seen: set[int] = set()
     for m in model.modules():
         fam = m.family if isinstance(m, BayesianMultiheadAttention) else None
-        fam = fam if fam is not None else getattr(m, "bayesattn_family", None)
+        fam = fam if fam is not None else getattr(m, FOREIGN_FAMILY_ATTR, None)
         gp = m.gp_read if isinstance(m, BayesianMultiheadAttention) else None
         for part in (fam, gp):
             for p in part.parameters() if part is not None else ():

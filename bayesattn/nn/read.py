@@ -63,7 +63,12 @@ __all__ = [
     "sample_attention_weights",
     "AttentionRead",
     "ReadOut",
+    "FOREIGN_FAMILY_ATTR",
 ]
+
+#: the attribute under which a foreign attention module (a transformers one made Bayesian by
+#: :func:`bayesattn.interop.hf.convert_hf`) carries its family
+FOREIGN_FAMILY_ATTR = "bayesattn_family"
 
 #: The modes that draw weights (``"mean"`` is the exact posterior: no draw).
 DrawMode = Literal["guide", "model", "elbo"]

@@ -37,12 +37,11 @@ from typing import Any, cast
 from torch import Tensor, nn
 
 from ..nn.attention import BayesianMultiheadAttention
+from ..nn.read import FOREIGN_FAMILY_ATTR
 from ..nn.sampling import num_samples as num_samples_ctx
 
 __all__ = ["FoldError", "FoldPlan", "fold_plan", "folded"]
 
-#: the attribute :func:`bayesattn.interop.hf.convert_hf` gives a transformers attention module
-_HF_FAMILY_ATTR = "bayesattn_family"
 #: keyword inputs of a transformers layer that are not per example (never repeated)
 _NOT_PER_EXAMPLE = frozenset({"cache_position"})
 
@@ -68,7 +67,7 @@ def _bayesian(m: nn.Module) -> bool:
     """A module that draws attention weights (a converted torch layer, a transformers module)."""
     if isinstance(m, BayesianMultiheadAttention):
         return m.family is not None or m.gp_read is not None
-    return getattr(m, _HF_FAMILY_ATTR, None) is not None
+    return getattr(m, FOREIGN_FAMILY_ATTR, None) is not None
 
 
 def fold_plan(model: nn.Module) -> FoldPlan | None:
