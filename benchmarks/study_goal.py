@@ -8,7 +8,7 @@ issue 30's goal is stated in (paired 95% intervals over the same pairs and seeds
 - the global KL (nats) and the ratio of mean MI off / on the data.
 
     python benchmarks/study_goal.py studies/2026-12-04-full-protocol-0.6/results.json \
-        [--methods density spectral_density ...]
+        [--methods density mixture ...]
 """
 
 from __future__ import annotations

@@ -336,12 +336,6 @@ def rank1_mixture(
         raise ValueError("rank1_mixture was already applied to this network")
     if isinstance(network, BayesianNetwork) and network.weight_sites():
         raise ValueError("rank1_mixture does not combine with bayesian_projections")
-    if getattr(network, "spectral_norm", None) is not None:
-        raise ValueError(
-            f"rank1_mixture does not combine with spectral_norm={network.spectral_norm} (the "
-            "trunk's weights are parametrizations, the mixture swaps parameters): build the "
-            "network without spectral_norm"
-        )
     slots: list[tuple[str, str, int, int, int]] = []
     off = 0
     for i, _ in enumerate(network.encoder.layers):

@@ -18,7 +18,7 @@ Modules: :mod:`.config` (:class:`StudyConfig`), :mod:`.runs` (one run's data and
 from __future__ import annotations
 
 from . import (
-    density_methods,  # noqa: F401 - registers the density/spectral methods
+    density_methods,  # noqa: F401 - registers the density read (issue 30)
     mixture_methods,  # noqa: F401 - registers mixture* (issue 30)
 )
 from ._compat import _train, _vit  # noqa: F401 - the 0.3 names benchmark scripts import

@@ -124,9 +124,9 @@ DEFAULT_METHODS: Sequence[str] = _Names(lambda: list(_DEFAULT))
 #: the methods the full protocol runs (:meth:`StudyConfig.full`, ``--protocol full``): the
 #: defaults plus the global, distance-aware posteriors of issue 17 that earned their place, the
 #: class-conditional density read of issue 30 (:mod:`.density_methods`) and its mixture posterior
-#: over the trunk (:mod:`.mixture_methods`). The ablations that decided (``density_cls``,
-#: ``density_gda``, the spectrally normalised trunk ``spectral*``, ``mixture_point``/``_k1``/
-#: ``_k2``/``_wide``) run by name; their full-protocol numbers are in docs/which-attention.md.
+#: over the trunk (:mod:`.mixture_methods`). The mixture's ablations (``mixture_point``/``_k1``/
+#: ``_k2``/``_wide``) run by name; the density's ablations and the spectrally normalised trunk
+#: lost and were removed (their full-protocol numbers are in docs/which-attention.md).
 _FULL_EXTRA = ("dirichlet", "posthoc_gp", "posthoc_gp_mf", "sgpa", "density", "mixture")
 FULL_METHODS: Sequence[str] = _Names(
     lambda: [*_DEFAULT, *(m for m in _FULL_EXTRA if m in _REGISTRY and m not in _DEFAULT)]

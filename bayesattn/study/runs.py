@@ -27,11 +27,7 @@ from ..training import fit
 if TYPE_CHECKING:  # the config validates method names against the registry, which uses Run
     from .config import StudyConfig
 
-__all__ = ["Run", "SignalTransformer", "pooled_features", "state_views", "SPECTRAL_NORM"]
-
-#: the spectral-norm bound of the study's distance-preserving trunk (SNGP's default; fixed in
-#: advance, not tuned)
-SPECTRAL_NORM = 0.95
+__all__ = ["Run", "SignalTransformer", "pooled_features", "state_views"]
 
 
 class SignalTransformer(TransformerClassifier):
@@ -149,15 +145,12 @@ class Run:
     def model(self) -> dict[str, Any]:
         return self.cfg.model(self.dataset)
 
-    def network(
-        self, attention: AttentionConfig | None, spectral_norm: float | None = None
-    ) -> TransformerClassifier:
-        """A fresh network of this dataset's architecture (``attention=None``: softmax;
-        ``spectral_norm``: the trunk's projections bounded, a distance-preserving trunk)."""
+    def network(self, attention: AttentionConfig | None) -> TransformerClassifier:
+        """A fresh network of this dataset's architecture (``attention=None``: softmax)."""
         m, c = self.model, self.data.num_classes
         kw = dict(d_model=m["d_model"], nhead=m["nhead"], num_layers=m["num_layers"],
                   dim_feedforward=m["dim_feedforward"], dropout=self.cfg.dropout,
-                  attention=attention, spectral_norm=spectral_norm)  # fmt: skip
+                  attention=attention)  # fmt: skip
         if self.dataset == "digits":
             return VisionTransformer(c, image_size=8, patch_size=m["patch"], **kw)
         if self.dataset == "fortunes":
@@ -198,42 +191,19 @@ class Run:
             nets.append(net.eval())
         return nets[:n], secs[:n]
 
-    def spectral_member(self) -> tuple[TransformerClassifier, float]:
-        """The deterministic network with a spectrally normalised trunk (bound
-        :data:`SPECTRAL_NORM`), seeded as member 0 (so paired with it), trained once per run and
-        shared by the methods that read it; with its training seconds."""
-        if "spectral" not in self.cache:
-            torch.manual_seed(self.seed)
-            net = self.network(None, spectral_norm=SPECTRAL_NORM)
-            secs = self.train(net, self.seed, bayes=False)
-            self.cache["spectral"] = (net.eval(), secs)
-        net, secs = self.cache["spectral"]
-        return net, secs
-
-    def trunk(self, trunk: str) -> TransformerClassifier:
-        """Member 0 (``"plain"``) or the spectrally normalised network (``"spectral"``)."""
-        if trunk == "plain":
-            net = self.members(1)[0][0]
-            assert isinstance(net, TransformerClassifier)
-            return net
-        if trunk == "spectral":
-            return self.spectral_member()[0]
-        raise ValueError(f"trunk must be 'plain' or 'spectral'; got {trunk!r}")
-
-    def views(
-        self, trunk: str, split: str, x: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """:func:`state_views` of a trunk on a named split (cached) or on ``x`` (the last ``x``
-        is remembered by identity, as in :meth:`features`)."""
-        net = self.trunk(trunk)
+    def views(self, split: str, x: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """:func:`state_views` of the deterministic network (member 0) on a named split (cached)
+        or on ``x`` (the last ``x`` is remembered by identity, as in :meth:`features`)."""
+        net = self.members(1)[0][0]
+        assert isinstance(net, TransformerClassifier)
         if x is not None:
-            last = self.cache.get(f"views/{trunk}/last")
+            last = self.cache.get("views/last")
             if last is not None and last[0] is x:
                 return last[1]
             v = state_views(net, x)
-            self.cache[f"views/{trunk}/last"] = (x, v)
+            self.cache["views/last"] = (x, v)
             return v
-        key = f"views/{trunk}/{split}"
+        key = f"views/{split}"
         if key not in self.cache:
             self.cache[key] = state_views(net, getattr(self.data, f"x_{split}"))
         return self.cache[key]

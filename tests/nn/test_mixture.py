@@ -254,13 +254,6 @@ def test_linear_with_one_weight_per_sample_is_a_batched_gemm():
     torch.testing.assert_close(linear(x, W, b), ref)
 
 
-def test_rank1_mixture_refuses_a_spectrally_normalised_trunk():
-    net = VisionTransformer(3, d_model=16, nhead=2, num_layers=1, dim_feedforward=16,
-                            spectral_norm=0.95)
-    with pytest.raises(ValueError, match="does not combine with spectral_norm=0.95"):
-        rank1_mixture(net, 2)
-
-
 def test_fused_attention_with_sample_dims_equals_per_sample():
     from bayesattn.nn.attention import BayesianMultiheadAttention
 

@@ -362,44 +362,6 @@ def test_posterior_kl_of_sequence_models_reads_their_targets():
         net.posterior_kl(x, y, num_samples=0)
 
 
-def test_spectral_norm_option_bounds_every_trunk_projection_and_keeps_training():
-    """``spectral_norm=c``: after training steps every encoder projection's largest singular
-    value (torch.linalg.matrix_norm, ord=2) is at most c once the power iteration has caught up
-    with the last updates (training-mode passes without updates); a huge c
-    changes no output; bad c is a ValueError naming it."""
-    from bayesattn.nn.spectral import spectral_normalize
-
-    torch.manual_seed(0)
-    net = VisionTransformer(3, d_model=16, nhead=2, num_layers=2, dim_feedforward=32,
-                            spectral_norm=0.5)
-    x, y = torch.randn(24, 8, 8), torch.arange(24) % 3
-    opt = torch.optim.Adam(net.parameters(), 1e-2)
-    net.train()
-    for _ in range(30):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-        opt.step()
-    with torch.no_grad():  # power iteration lags the last updates by a step or two
-        for _ in range(10):
-            net(x)
-    bounded = [
-        getattr(m, p) for m in net.encoder.modules() for p in getattr(m, "parametrizations", {})
-    ]
-    assert len(bounded) == 8  # 2 layers × (in_proj, out_proj, linear1, linear2)
-    for W in bounded:
-        assert float(torch.linalg.matrix_norm(W.detach(), 2)) <= 0.5 * 1.01
-    torch.manual_seed(1)
-    plain = VisionTransformer(3, d_model=16, nhead=2, num_layers=2, dim_feedforward=32).eval()
-    before = plain(x)
-    assert spectral_normalize(plain.encoder, 1e6)
-    torch.testing.assert_close(plain(x), before)
-    assert spectral_normalize(plain.encoder, 1e6) == []  # idempotent
-    with pytest.raises(ValueError, match="coeff must be a finite number > 0"):
-        VisionTransformer(3, d_model=16, nhead=2, num_layers=1, spectral_norm=0.0)
-    with pytest.raises(ValueError, match="matches targets"):
-        spectral_normalize(torch.nn.Linear(2, 2), 1.0, targets=("nothing*",))
-
-
 def test_posterior_kl_of_no_inputs_is_a_clear_error_and_zeros_are_float():
     """issue 33: posterior_kl(x[:0]) was a bare torch.cat error; a network without latents gave
     integer zeros for token inputs."""

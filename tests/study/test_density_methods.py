@@ -1,13 +1,13 @@
-"""The study's density reads and spectrally normalised trunk (bayesattn.study.density_methods):
-each is the interop read fitted on the trunk's views, shares one pass between prediction and
-own score, refits nothing of the network, and reports the read's KL."""
+"""The study's density read (bayesattn.study.density_methods): the interop read fitted on the
+deterministic network's views, one pass shared between prediction and own score, nothing of the
+network refitted, the read's KL reported."""
 
 import pytest
 import torch
 
 from bayesattn.interop.class_density import fit_class_density
 from bayesattn.study import StudyConfig, get_method
-from bayesattn.study.runs import SPECTRAL_NORM, Run, pooled_features, state_views
+from bayesattn.study.runs import Run, pooled_features, state_views
 
 
 @pytest.fixture(scope="module")
@@ -47,40 +47,4 @@ def test_density_method_is_the_interop_read_on_the_views(run):
     assert local == 0.0 and global_ == pytest.approx(read.kl()) and global_ > 0
     assert f.params["views"] == ["cls", "tokens"] and f.params["density_scale"] >= 0
     # prediction and own score share one pass on the same inputs
-    assert run.views("plain", "", x) is run.views("plain", "", x)
-
-
-def test_density_ablations_and_sampled_generative_classifier(run):
-    x = run.data.x_test[:16]
-    cls_only = get_method("density_cls")
-    f = cls_only.fit(run)
-    assert f.params["views"] == ["cls"] and f.state["read"].num_views == 1
-    gda = get_method("density_gda")
-    g = gda.fit(run)
-    torch.manual_seed(0)
-    p = gda.predict(g, x).probs
-    assert p.shape == (run.cfg.num_samples, 16, run.data.num_classes)
-    assert float(p.std(0).max()) > 0  # draws of the class parameters disagree
-
-
-def test_spectral_trunk_is_bounded_shared_and_paired_with_member_zero(run):
-    a, b = get_method("spectral"), get_method("spectral_density")
-    fa, fb = a.fit(run), b.fit(run)
-    assert fa.nets[0] is fb.nets[0] is run.spectral_member()[0]
-    net = fa.nets[0]
-    assert net.spectral_norm == SPECTRAL_NORM
-    net.train()
-    with torch.no_grad():  # power iteration (one step per training pass) converges slowly when
-        for _ in range(200):  # the top singular values are close: the bound is approximate
-            net(run.data.x_train[:8])
-    net.eval()
-    for m in net.encoder.modules():
-        for name in getattr(m, "parametrizations", {}):
-            assert float(torch.linalg.matrix_norm(getattr(m, name).detach(), 2)) <= SPECTRAL_NORM * 1.01
-    gp = get_method("spectral_gp")
-    fg = gp.fit(run)
-    x = run.data.x_test[:8]
-    assert gp.predict(fg, x).probs.shape == (1, 8, run.data.num_classes)
-    assert (gp.score(fg, run, x) >= 0).all()
-    with pytest.raises(ValueError, match="trunk must be"):
-        run.trunk("other")
+    assert run.views("", x) is run.views("", x)

@@ -13,7 +13,6 @@ from ..._validation import check_int, check_same_dtype
 from ..attention import linear
 from ..blocks import Encoder, EncoderLayer
 from ..config import AttentionConfig, as_attention_config
-from ..spectral import spectral_normalize
 from .base import BayesianNetwork, Embedding, check_tokens, validate_common, with_samples
 
 __all__ = ["TransformerClassifier"]
@@ -22,9 +21,6 @@ __all__ = ["TransformerClassifier"]
 class TransformerClassifier(BayesianNetwork):
     """Sequence → class. Token inputs (``vocab_size``; ``pad_id`` positions are masked) or vector
     inputs (``input_dim``); ``pooling="mean"`` (masked mean) or ``"cls"`` (a learned token).
-    ``spectral_norm=c`` bounds the spectral norm of every encoder projection (attention Q/K/V and
-    output, feed-forward) by ``c`` (:func:`~bayesattn.nn.spectral.spectral_normalize`): a
-    distance-preserving residual trunk for distance-aware reads (SNGP, DDU).
 
     Shape:
         x ``(B, T)`` or ``(B, T, input_dim)`` → logits ``(*S, B, num_classes)``.
@@ -46,7 +42,6 @@ class TransformerClassifier(BayesianNetwork):
         norm_first: bool = True,
         pad_id: int | None = 0,
         attention: AttentionConfig | None = None,
-        spectral_norm: float | None = None,
     ) -> None:
         super().__init__()
         validate_common(d_model, nhead, num_layers, max_len)
@@ -76,9 +71,6 @@ class TransformerClassifier(BayesianNetwork):
         )
         # nn.Linear read-out of the pooled features (AttentionConfig.build_readout)
         self.head = as_attention_config(attention).build_readout(d_model, num_classes)
-        self.spectral_norm = spectral_norm
-        if spectral_norm is not None:
-            spectral_normalize(self.encoder, spectral_norm)
 
     def check_batch(self, x: Tensor, y: Tensor | None) -> None:
         if self.vocab_size is not None:
