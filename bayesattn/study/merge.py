@@ -143,7 +143,10 @@ def merge_studies(sources: Sequence[str | Path], out: str | Path) -> dict[str, A
                             seeds=len(seeds))  # fmt: skip
     # everything is merged and checked before the output folder is touched: a merge that
     # raises leaves --out as it was
-    pooled = {d: _merge_dataset(d, loaded, methods) for d in base["datasets"]}
+    # in the study's own order (results.json is written with sorted keys)
+    order = [d for d in base["config"].get("datasets") or () if d in base["datasets"]]
+    order += sorted(set(base["datasets"]) - set(order))
+    pooled = {d: _merge_dataset(d, loaded, methods) for d in order}
     out_dir = prepare_out_dir(out, force=True)
     foreign = begin_run(out_dir)
     try:

@@ -118,3 +118,18 @@ def test_the_command_line_refuses_bad_merges_cleanly(study, tmp_path, capsys):
     assert main(["study", "--merge", str(a), str(b), "--out", str(a), "--force"]) == 2
     assert "not one of the sources" in capsys.readouterr().err
     assert study_status(a) == "complete"
+
+
+def test_a_merge_keeps_the_studys_dataset_order(study, tmp_path):
+    """results.json is written with sorted keys; the merged report lists the datasets in the
+    order the study ran them (``config["datasets"]``), as the sources' own reports do."""
+    a, b = _copy(study, tmp_path, "a"), _copy(study, tmp_path, "b")
+    for folder in (a, b):
+        results = json.loads((folder / RESULTS).read_text())
+        results["datasets"]["mnist1d"] = results["datasets"]["digits"]  # a second dataset
+        results["config"]["datasets"] = ["mnist1d", "digits"]
+        (folder / RESULTS).write_text(json.dumps(results, sort_keys=True))
+    merged = merge_studies([a, b], tmp_path / "m")
+    assert list(merged["datasets"]) == ["mnist1d", "digits"]
+    text = (tmp_path / "m" / "report.md").read_text()
+    assert text.index("**mnist1d**") < text.index("**digits**")
