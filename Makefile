@@ -77,7 +77,7 @@ $(VENV)/.study-installed: $(VENV)/.installed
 	touch $@
 
 # the main job (6.5 minutes measured on 2 cores); ARGS="--protocol full" for the whole protocol
-# (three datasets, about 2 h 50 min measured); ARGS="--dataset fortunes" the token dataset alone
+# (three datasets, about 2 h 45 min measured); ARGS="--dataset fortunes" the token dataset alone
 # (apt-get install fortunes)
 study: $(VENV)/.study-installed
 	$(VENV)/bin/bayesattn study $(ARGS)

@@ -55,7 +55,7 @@ def _add_study_parser(sub: Any) -> None:
         "costs, with figures and ArviZ files. Default: the digits, "
         f"{len(d.pairs())} held-out pairs × {d.seeds} seeds (about 7 minutes on an idle 2-core "
         "machine); --protocol full: the digits, MNIST-1D and the fortunes tokens (Debian's "
-        "fortunes package), 5 pairs × 5 seeds (about 2 h 50 min on 2 cores; split it by --seed/--seeds "
+        "fortunes package), 5 pairs × 5 seeds (about 2 h 45 min on 2 cores; split it by --seed/--seeds "
         "and --merge); --quick: a smoke run that checks "
         "everything runs (its numbers are not results). --list-methods describes every method.",
     )
@@ -74,7 +74,7 @@ def _add_study_parser(sub: Any) -> None:
         "numbers are not results, and the report says so",
     )
     s.add_argument("--protocol", choices=["default", "full"], default="default",
-                   help="full: three datasets, 5 held-out pairs, 5 seeds, 2 jobs (about 2 h 50 "
+                   help="full: three datasets, 5 held-out pairs, 5 seeds, 2 jobs (about 2 h 45 "
                    "min on 2 cores; docs/which-attention.md)")  # fmt: skip
     s.add_argument("--dataset", default=None, choices=list(DATASETS),
                    help=f"dataset (default: {d.dataset}; --protocol full runs "
