@@ -20,8 +20,6 @@ from .runs import Run
 
 __all__ = ["ClassDensity"]
 
-_VIEWS = {"cls": 1, "tokens": 2}  # index in Run.views' (logits, cls, tokens)
-
 
 class ClassDensity(Method):
     """The deterministic network, frozen, with the class-conditional NIW density read of its CLS
@@ -32,20 +30,20 @@ class ClassDensity(Method):
     description = ("class-conditional NIW density of the CLS output + token states (DDU-style, "
                    "conjugate); density-aware temperature")  # fmt: skip
     own_score = "class density"
-    views = ("cls", "tokens")
+    views = ("cls", "tokens")  # what the density reads: Run.views' (logits, cls, tokens)[1:]
 
-    def _views(self, run: Run, split: str, x: Tensor | None = None) -> list[Tensor]:
-        v = run.views(split, x)
-        return [v[_VIEWS[name]] for name in self.views]
+    @staticmethod
+    def _views(run: Run, split: str, x: Tensor | None = None) -> list[Tensor]:
+        return list(run.views(split, x)[1:])
 
     def fit(self, run: Run) -> Fitted:
         nets, secs = run.members(1)
         f = Fitted(list(nets), secs[0])
         t0 = time.perf_counter()
         d = run.data
-        val_logits = run.views("val")[0]
-        read = fit_class_density(self._views(run, "train"), d.y_train, self._views(run, "val"),
-                                 d.y_val, d.num_classes, val_logits=val_logits)  # fmt: skip
+        val_logits, *val_views = run.views("val")
+        read = fit_class_density(self._views(run, "train"), d.y_train, val_views, d.y_val,
+                                 d.num_classes, val_logits=val_logits)  # fmt: skip
         f.train_seconds += time.perf_counter() - t0
         f.state.update(read=read, run=run)
         f.params = {"views": list(self.views), "prior_strength": read.strengths,
@@ -57,8 +55,7 @@ class ClassDensity(Method):
     def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
         run: Run = fitted.state["run"]
         read: ClassDensityRead = fitted.state["read"]
-        views = self._views(run, "", x)
-        logits = run.views("", x)[0]
+        logits, *views = run.views("", x)
         return PredictionResult(read.probs(logits, views).float()[None])  # (1, B, C)
 
     def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -194,35 +195,32 @@ class Run:
     def views(self, split: str, x: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """:func:`state_views` of the deterministic network (member 0) on a named split (cached)
         or on ``x`` (the last ``x`` is remembered by identity, as in :meth:`features`)."""
-        net = self.members(1)[0][0]
-        assert isinstance(net, TransformerClassifier)
-        if x is not None:
-            last = self.cache.get("views/last")
-            if last is not None and last[0] is x:
-                return last[1]
-            v = state_views(net, x)
-            self.cache["views/last"] = (x, v)
-            return v
-        key = f"views/{split}"
-        if key not in self.cache:
-            self.cache[key] = state_views(net, getattr(self.data, f"x_{split}"))
-        return self.cache[key]
+        return self._member0("views", state_views, split, x)
 
     def features(self, split: str, x: Tensor | None = None) -> Tensor:
         """Pooled features of the deterministic network (member 0) on a named split (cached) or
         on ``x`` (the last ``x`` is remembered, by identity: a post-hoc method's prediction and
         its own score on the same inputs share one pass through the network, as a user's
         would)."""
+        return self._member0("features", pooled_features, split, x)
+
+    def _member0(
+        self, kind: str, read: Callable[[TransformerClassifier, Tensor], Any], split: str,
+        x: Tensor | None,
+    ) -> Any:
+        """``read(member 0, inputs)``, cached per named split under ``kind/split``; for explicit
+        ``x`` only the last one is kept (by identity), so a prediction and an own score on the
+        same inputs share one pass."""
         net = self.members(1)[0][0]
         assert isinstance(net, TransformerClassifier)
         if x is not None:
-            last = self.cache.get("features/last")
+            last = self.cache.get(f"{kind}/last")
             if last is not None and last[0] is x:
                 return last[1]
-            h = pooled_features(net, x)
-            self.cache["features/last"] = (x, h)
-            return h
-        key = f"features/{split}"
+            out = read(net, x)
+            self.cache[f"{kind}/last"] = (x, out)
+            return out
+        key = f"{kind}/{split}"
         if key not in self.cache:
-            self.cache[key] = pooled_features(net, getattr(self.data, f"x_{split}"))
+            self.cache[key] = read(net, getattr(self.data, f"x_{split}"))
         return self.cache[key]
