@@ -332,7 +332,7 @@ def rank1_mixture(
         raise TypeError(
             f"network must be a TransformerClassifier (or ViT); got {type(network).__name__}"
         )
-    if "trunk_mixture" in network._modules:
+    if network.trunk_mixture is not None:
         raise ValueError("rank1_mixture was already applied to this network")
     if isinstance(network, BayesianNetwork) and network.weight_sites():
         raise ValueError("rank1_mixture does not combine with bayesian_projections")
@@ -349,5 +349,5 @@ def rank1_mixture(
             off += O + I
     mix = Rank1Mixture(off, num_components, prior_std, init, init_spread, init_std)
     mix.slots = slots
-    network.trunk_mixture = mix
+    network.attach_trunk_mixture(mix)
     return mix

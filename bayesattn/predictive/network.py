@@ -221,7 +221,7 @@ def _mixture_components(
 ) -> Tensor | None:
     """The component ``i % K`` of each draw ``(S,)`` of a mixture posterior's stratified draws
     (``None`` without a mixture, outside ``"guide"``/``"elbo"`` mode, or with one draw)."""
-    mix: Any = net._modules.get("trunk_mixture")  # draws stratified over its K components
+    mix = net.trunk_mixture  # draws stratified over its K components
     if mix is not None and mode in ("guide", "elbo") and S_run > 1:
         return torch.arange(S, device=device) % mix.num_components  # (S,)
     return None

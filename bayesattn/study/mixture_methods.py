@@ -136,7 +136,9 @@ class MixtureMethod(Method):
 
     def posterior_kl(self, fitted: Fitted, run: Run) -> tuple[float, float]:
         """``(0, global KL)``: no per-example latents; the mixture's KL bound, in nats."""
-        mix: Any = fitted.nets[0]._modules["trunk_mixture"]
+        mix = fitted.nets[0].trunk_mixture
+        if mix is None:
+            raise ValueError(f"{self.name}: the fitted network has no trunk mixture")
         with torch.no_grad():
             return 0.0, float(mix.kl())
 

@@ -2,6 +2,7 @@
 K separate networks, the ELBO's scale, the KL bound through the module, stratified draws, point
 masses, a tiny training run and bad inputs."""
 
+import contextlib
 import copy
 import math
 import warnings
@@ -36,7 +37,7 @@ def _reference_logits(net: VisionTransformer, mix: Rank1Mixture, theta: torch.Te
     """A plain network (no mixture) whose weights are set to each draw's factored weights, one
     Python-loop pass per draw: ``(S, B, C)``."""
     plain = copy.deepcopy(net)
-    del plain.trunk_mixture
+    plain.detach_trunk_mixture()
     x, _ = _data()
     out = []
     for t in theta:
@@ -195,7 +196,7 @@ def test_bad_inputs():
 def _plain_with(net, mix, t):
     """A copy of ``net`` without the mixture, its weights set to factors ``t`` ``(D,)``."""
     plain = copy.deepcopy(net)
-    del plain.trunk_mixture
+    plain.detach_trunk_mixture()
     with torch.no_grad():
         for path, pname, O, I, off in mix.slots:
             W = net.get_submodule(path)._parameters[pname]
@@ -267,3 +268,64 @@ def test_fused_attention_with_sample_dims_equals_per_sample():
         ref = torch.stack([mha(x[s], x[s], x[s], key_padding_mask=pad, need_weights=False)[0]
                            for s in range(3)])  # fmt: skip
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
+
+
+class _ScaledTrunk(torch.nn.Module):
+    """A user's trunk hook (the TrunkMixture protocol, not a Rank1Mixture): one component that
+    halves every linear1 weight for the pass and doubles the logits."""
+
+    num_components = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    @contextlib.contextmanager
+    def trunk(self, net, num_samples):
+        from bayesattn.nn.mixture import swapped_parameters
+
+        self.calls += 1
+        halved = {(l.linear1, "weight"): l.linear1.weight * 0.5 for l in net.encoder.layers}
+        with swapped_parameters(halved):
+            yield num_samples
+
+    def read_logits(self, logits, num_samples):
+        return 2 * logits
+
+    def kl(self):
+        return torch.zeros(())
+
+
+def test_the_trunk_hook_is_any_module_with_the_protocol():
+    net, _ = _net(K=2)
+    net.detach_trunk_mixture()
+    assert net.trunk_mixture is None
+    x, _ = _data()
+    plain = copy.deepcopy(net)
+    with torch.no_grad():  # the reference: the halved weights written in, the logits doubled
+        base = net(x)
+        for layer in plain.encoder.layers:
+            layer.linear1.weight.mul_(0.5)
+        want = 2 * plain(x)
+    hook = _ScaledTrunk()
+    net.attach_trunk_mixture(hook)
+    with torch.no_grad():
+        got = net(x)
+    assert hook.calls == 1 and torch.allclose(got, want, atol=1e-6)
+    assert not torch.allclose(got, base, atol=1e-3)
+    assert net.first_stochastic_layer() == 0  # samples start at layer 0 with a trunk hook
+    with pytest.raises(ValueError, match="already has a trunk mixture"):
+        net.attach_trunk_mixture(_ScaledTrunk())
+    with pytest.raises(TypeError, match="hook must be an nn.Module"):
+        plain.attach_trunk_mixture(object())  # type: ignore[arg-type]
+    assert net.detach_trunk_mixture() is hook and net.trunk_mixture is None
+    with torch.no_grad():
+        assert torch.equal(net(x), base)  # the weights were swapped back
+    assert net.first_stochastic_layer() == len(net.encoder.layers)  # "mean" mode: none random
+
+
+def test_the_mixture_is_saved_under_the_same_keys():
+    net, mix = _net(K=2)
+    keys = [k for k in net.state_dict() if k.startswith("trunk_mixture.")]
+    assert keys == ["trunk_mixture.mean", "trunk_mixture.raw_std"]
+    assert net.trunk_mixture is mix

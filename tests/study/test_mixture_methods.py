@@ -36,7 +36,7 @@ def test_fit_predict_and_kl(run, name, K, spread, width):
     m = get_method(name)
     f = m.fit(run)
     net = f.nets[0]
-    mix = net._modules["trunk_mixture"]
+    mix = net.trunk_mixture
     assert mix.num_components == K and mix.point_masses is not spread
     assert net.encoder.layers[0].linear1.weight.shape == (64 * width, 32 * width)
     S = f.state["num_samples"]

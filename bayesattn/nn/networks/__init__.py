@@ -22,7 +22,7 @@ Shapes: tokens ``(B, T)`` int64 (``pad_id`` = padding) or vectors ``(B, T, D)``;
 ``(*S, B, C)`` for classifiers, ``(*S, B, T, V)`` for sequence models.
 """
 
-from .base import BayesianNetwork, Embedding
+from .base import BayesianNetwork, Embedding, TrunkMixture
 from .causal_lm import CausalLM
 from .classifier import TransformerClassifier
 from .generative import GenerationResult
@@ -36,6 +36,7 @@ __all__ = [
     "Seq2Seq",
     "CausalLM",
     "GenerationResult",
+    "TrunkMixture",
 ]
 
 #: whole-network pickles (``torch.save(net)``) written before the split into modules name the

@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any, cast
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, cast
 
 import pyro
 import pyro.distributions as dist
@@ -29,7 +30,14 @@ from ..modes import (
     global_values,
 )
 
-__all__ = ["BayesianNetwork", "Embedding", "check_tokens", "with_samples", "validate_common"]
+__all__ = [
+    "BayesianNetwork",
+    "Embedding",
+    "TrunkMixture",
+    "check_tokens",
+    "with_samples",
+    "validate_common",
+]
 
 
 def check_tokens(name: str, x: Tensor, vocab_size: int) -> None:
@@ -57,6 +65,37 @@ def _flag(m: nn.Module, name: str) -> bool:
 
 def _finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t.detach()).all())
+
+
+class TrunkMixture(Protocol):
+    r"""The optional hook of a network's trunk: a global posterior over the encoder's weights
+    whose ``S`` draws enter at layer 0 (:class:`bayesattn.nn.mixture.Rank1Mixture` implements it;
+    attach one with :meth:`BayesianNetwork.attach_trunk_mixture`, read it as
+    :attr:`BayesianNetwork.trunk_mixture`).
+
+    A network's encoder pass runs inside :meth:`trunk` and hands its logits to
+    :meth:`read_logits`; :meth:`kl` is the KL charged once per data set.
+    """
+
+    @property
+    def num_components(self) -> int:
+        """``K``, the mixture's components (draw ``i`` of a stratified pass is component
+        ``i % K``)."""
+        ...
+
+    def trunk(self, net: nn.Module, num_samples: int) -> AbstractContextManager[int]:
+        """Context of one encoder pass of ``net``: the trunk's weights swapped for this pass's
+        draws; yields the pass's number of samples ``S`` (it may differ from ``num_samples``)."""
+        ...
+
+    def read_logits(self, logits: Tensor, num_samples: int) -> Tensor:
+        """The pass's logits ``(S, B, ..., C)`` as the network returns them (``"mean"`` mode:
+        the K components' predictive combined)."""
+        ...
+
+    def kl(self) -> Tensor:
+        r""":math:`\mathrm{KL}(q\|p)` of the trunk's latent (a bound is allowed), in nats."""
+        ...
 
 
 class BayesianNetwork(PyroModule):
@@ -105,6 +144,8 @@ class BayesianNetwork(PyroModule):
         super().__init__()
         self._weight_sites: list[tuple[nn.Module, str, str]] = []
         self.weight_guide: AutoGuide | None = None
+        #: the optional trunk hook (:meth:`attach_trunk_mixture`); ``None`` without one
+        self.trunk_mixture: TrunkMixture | None = None
 
     # ---- required of subclasses --------------------------------------------------------------
     def forward_logits(self, x: Tensor, y: Tensor | None = None, num_samples: int = 1) -> Tensor:
@@ -194,6 +235,27 @@ class BayesianNetwork(PyroModule):
         global site of :meth:`model`); used by :func:`~bayesattn.nn.weights.bayesian_projections`."""
         self._weight_sites.append((module, attribute, name))
 
+    def attach_trunk_mixture(self, hook: TrunkMixture) -> None:
+        """Attach ``hook`` as :attr:`trunk_mixture` (a submodule: its parameters are the
+        network's, saved under ``trunk_mixture.``). Raises ``TypeError`` unless ``hook`` is an
+        ``nn.Module``, ``ValueError`` if one is already attached."""
+        if not isinstance(hook, nn.Module):
+            raise TypeError(
+                f"hook must be an nn.Module implementing TrunkMixture; got {type(hook).__name__}"
+            )
+        if self.trunk_mixture is not None:
+            raise ValueError(
+                f"{type(self).__name__} already has a trunk mixture "
+                f"({type(self.trunk_mixture).__name__}); detach_trunk_mixture() first"
+            )
+        self.trunk_mixture = hook
+
+    def detach_trunk_mixture(self) -> TrunkMixture | None:
+        """Remove the trunk hook (the network becomes its shared point-estimate trunk) and
+        return it (``None`` if there was none)."""
+        hook, self.trunk_mixture = self.trunk_mixture, None
+        return hook
+
     @property
     def bayesian_layers(self) -> list[str]:
         """Module paths of attention layers with a family or a Gaussian-process read, and of
@@ -214,7 +276,7 @@ class BayesianNetwork(PyroModule):
         n = len(layers)
         if (
             self.weight_guide is not None
-            or "trunk_mixture" in self._modules
+            or self.trunk_mixture is not None
             or any(isinstance(m, nn.Dropout) and m.training and m.p > 0 for m in self.modules())
         ):
             return 0, False

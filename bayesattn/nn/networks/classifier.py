@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -131,7 +131,7 @@ class TransformerClassifier(BayesianNetwork):
                 pad = torch.cat([pad.new_zeros(pad.shape[0], 1), pad], dim=1)
         layers = self._encoder_layers()
         n = len(layers)
-        mix: Any = self._modules.get("trunk_mixture")  # nn.mixture: K packed sub-trunks
+        mix = self.trunk_mixture  # the optional trunk hook (nn.mixture: K packed sub-trunks)
         # a mixture's pass has K·P draws (ELBO) or K component means ("mean") from layer 0
         ctx = mix.trunk(self, num_samples) if mix is not None else contextlib.nullcontext()
         with ctx as S:
@@ -186,7 +186,7 @@ class TransformerClassifier(BayesianNetwork):
         head = cast(nn.Linear, self.head)
         # linear() reads x as (*S, B, T, In); pooled has no T, so give it one
         out = linear(pooled.unsqueeze(-2), head.weight, head.bias)  # (*S, B, 1, C)
-        mix: Any = self._modules.get("trunk_mixture")  # "mean" mode: the K components' mean
+        mix = self.trunk_mixture  # "mean" mode: the K components' mean
         return out.squeeze(-2) if mix is None else mix.read_logits(out.squeeze(-2), num_samples)
 
     def targets(self, x: Tensor, y: Tensor | None) -> tuple[Tensor | None, Tensor | None, int]:
