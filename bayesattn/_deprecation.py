@@ -6,16 +6,22 @@ name):
 
 * :func:`renamed_state_keys` / :func:`renamed_submodule_hook` — ``state_dict`` keys saved under an
   old submodule name read as the new one.
+
+Names moved within the package keep their old import path for one release:
+:func:`moved_names` is the old module's ``__getattr__``, which warns (``DeprecationWarning``) and
+hands out the object from its new home.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import warnings
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
-__all__ = ["renamed_state_keys", "renamed_submodule_hook"]
+__all__ = ["moved_names", "renamed_state_keys", "renamed_submodule_hook"]
 
 
 def renamed_state_keys(
@@ -53,3 +59,23 @@ def renamed_submodule_hook(old: str, new: str) -> Callable[..., None]:
     it can still be pickled (``torch.save(model)``, ``torch.multiprocessing`` spawn, DDP).
     """
     return functools.partial(_rename_submodule_keys, old, new)
+
+
+def moved_names(old: str, new: ModuleType, names: Any) -> Callable[[str], Any]:
+    """The module ``__getattr__`` (PEP 562) of ``old``, a module whose ``names`` moved to
+    ``new``: ``old.<name>`` warns with a ``DeprecationWarning`` naming the new path and returns
+    ``new.<name>``; any other name is an ``AttributeError``."""
+    moved = frozenset(names)
+
+    def __getattr__(name: str) -> Any:
+        if name not in moved:
+            raise AttributeError(f"module {old!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{old}.{name} moved to {new.__name__}.{name}; the old path is deprecated and will be "
+            "removed in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(new, name)
+
+    return __getattr__

@@ -10,7 +10,6 @@ by batched repetition (every example ``S`` times in the batch; any model). Used 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,33 +17,15 @@ import torch
 from pyro import poutine
 from torch import Tensor, nn
 
+from ..nn.fold import FoldPlan, Inputs, fold_plan, input_batch_size, repeated_rows, take_rows
 from ..nn.modes import AttentionMode, attention_mode
+from ..nn.networks.foreign import default_forward
 from ..nn.sampling import num_samples as num_samples_ctx
-from .fold import FoldError, FoldPlan, fold_plan, folded
 from .result import PredictionResult
 
 __all__ = ["Inputs", "default_forward", "input_batch_size", "sample_foreign", "take_rows"]
 
-Inputs = Tensor | Mapping[str, Tensor]  # a model's inputs: a tensor or a dict (transformers)
-
-
-def default_forward(model: nn.Module, x: Inputs) -> Tensor:
-    """``model(x)`` (``model(**x)`` for a dict); a transformers output's ``.logits``, the first
-    element of a tuple. A base model's output (``last_hidden_state``, no ``.logits``) is refused:
-    which token and head give class logits is the caller's choice (``forward=``)."""
-    out = model(**x) if isinstance(x, Mapping) else model(x)
-    if hasattr(out, "logits"):
-        out = out.logits
-    elif hasattr(out, "last_hidden_state"):
-        raise ValueError(
-            f"{type(model).__name__} returned a {type(out).__name__} without .logits (a base "
-            "model: hidden states, not class scores); use a model with a head (e.g. "
-            "...ForSequenceClassification) or pass forward=, e.g. forward=lambda m, x: "
-            "head(m(**x).last_hidden_state[:, 0])"
-        )
-    elif isinstance(out, tuple):
-        out = out[0]
-    return out
+Forward = Callable[[nn.Module, Any], Tensor]
 
 
 def _check_logits(out: Any, rows: int, b: int, x: Inputs) -> Tensor:
@@ -67,39 +48,13 @@ def _check_logits(out: Any, rows: int, b: int, x: Inputs) -> Tensor:
     return out
 
 
-def input_batch_size(x: Inputs) -> int:
-    """Dim 0 of a tensor or of a dict of tensors (which must agree)."""
-    if isinstance(x, Mapping):
-        sizes = {k: int(v.shape[0]) for k, v in x.items()}
-        if len(set(sizes.values())) != 1:
-            raise ValueError(f"inputs must share their batch size (dim 0); got {sizes}")
-        return next(iter(sizes.values()))
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x must be a Tensor or a dict of Tensors; got {type(x).__name__}")
-    return int(x.shape[0])
-
-
-def take_rows(x: Inputs, idx: Tensor | slice) -> Inputs:
-    """Rows ``idx`` of a tensor or of every tensor of a dict."""
-    return {k: v[idx] for k, v in x.items()} if isinstance(x, Mapping) else x[idx]
-
-
-def _repeat_rows(x: Inputs, S: int) -> Inputs:
-    """Each example ``S`` times, sample-major: row ``s * B + b`` is example ``b``."""
-
-    def rep(v: Tensor) -> Tensor:
-        return v.repeat((S,) + (1,) * (v.dim() - 1))  # (S*B, ...)
-
-    return {k: rep(v) for k, v in x.items()} if isinstance(x, Mapping) else rep(x)
-
-
 def sample_foreign(
     model: nn.Module,
     x: Inputs,
     num_samples: int,
     batch_size: int | None,
     mode: AttentionMode,
-    forward: Callable[[nn.Module, Any], Tensor] | None,
+    forward: Forward | None,
     temperature: float,
     vectorised: bool,
     fold: bool = True,
@@ -110,7 +65,7 @@ def sample_foreign(
     (the model must broadcast a leading sample dim and return ``(S, B, C)``); otherwise batched
     repetition: every example ``S`` times in the batch (any model). Either way at most
     ``batch_size`` rows (example × sample) go through the model per pass. ``fold``: batched
-    repetition starts at the first Bayesian layer (:mod:`bayesattn.predictive.fold`: the layers
+    repetition starts at the first Bayesian layer (:mod:`bayesattn.nn.fold`: the layers
     before it run once), where the model allows; ``False``: the whole model on ``S·b`` rows."""
     fwd = forward or default_forward
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)) or not (
@@ -129,30 +84,8 @@ def sample_foreign(
             chunks = []
             for i in range(0, B, per):
                 xb = take_rows(x, slice(i, i + per))
-                b = input_batch_size(xb)
                 if vectorised and S > 1:
-                    try:
-                        with num_samples_ctx(S):
-                            out = fwd(model, xb)  # (S, b, C)
-                    except (RuntimeError, IndexError) as e:  # a shape error deep in the model
-                        raise ValueError(
-                            f"vectorised sampling: the model's forward failed with a leading "
-                            f"sample dim of S={S} ({type(e).__name__}: {e}); it does not "
-                            "broadcast the samples: use batched repetition (vectorised=False; "
-                            "method='repeat' in sample_probs)"
-                        ) from e
-                    if (
-                        not isinstance(out, Tensor)
-                        or out.dim() != 3
-                        or (tuple(out.shape[:2]) != (S, b))
-                    ):
-                        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-                        raise ValueError(
-                            f"vectorised sampling needs a model that returns (S, B, C) = ({S}, "
-                            f"{b}, C); got {got}: use batched repetition (vectorised=False; "
-                            "method='repeat' in sample_probs)"
-                        )
-                    chunks.append(out)
+                    chunks.append(_vectorised(model, fwd, xb, S))  # (S, b, C)
                 else:
                     chunks.append(_repeated(model, fwd, xb, S, batch_size, plan))  # (S, b, C)
             logits = torch.cat(chunks, dim=1)  # (S, B, C)
@@ -165,48 +98,45 @@ def sample_foreign(
     return PredictionResult(probs=probs, kind=mode)
 
 
+
+def _vectorised(model: nn.Module, fwd: Forward, xb: Inputs, S: int) -> Tensor:
+    """One pass of ``xb`` (``b`` examples) under :func:`bayesattn.num_samples`: logits
+    ``(S, b, C)``, or a ``ValueError`` saying the model does not broadcast the samples."""
+    b = input_batch_size(xb)
+    try:
+        with num_samples_ctx(S):
+            out = fwd(model, xb)  # (S, b, C)
+    except (RuntimeError, IndexError) as e:  # a shape error deep in the model
+        raise ValueError(
+            f"vectorised sampling: the model's forward failed with a leading "
+            f"sample dim of S={S} ({type(e).__name__}: {e}); it does not "
+            "broadcast the samples: use batched repetition (vectorised=False; "
+            "method='repeat' in sample_probs)"
+        ) from e
+    if not isinstance(out, Tensor) or out.dim() != 3 or (tuple(out.shape[:2]) != (S, b)):
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(
+            f"vectorised sampling needs a model that returns (S, B, C) = ({S}, "
+            f"{b}, C); got {got}: use batched repetition (vectorised=False; "
+            "method='repeat' in sample_probs)"
+        )
+    return out
+
+
 def _repeated(
     model: nn.Module,
-    fwd: Callable[[nn.Module, Any], Tensor],
+    fwd: Forward,
     xb: Inputs,
     S: int,
     batch_size: int | None,
     plan: FoldPlan | None,
 ) -> Tensor:
-    """Batched repetition of ``xb`` (``b`` examples): logits ``(S, b, C)``, every example ``S``
-    times (sample-major), at most ``batch_size`` rows per pass (``S > batch_size``: ``S`` split
-    too). With a ``plan`` and all ``S·b`` rows in one pass, folded at the first Bayesian layer
-    (:func:`~bayesattn.predictive.fold.folded`); a model the fold cannot follow is warned about
-    and repeated whole, from the same random state."""
+    """Batched repetition of ``xb`` (``b`` examples): logits ``(S, b, C)``, folded at the first
+    Bayesian layer where ``plan`` allows (:func:`~bayesattn.nn.fold.repeated_rows`, the path
+    :class:`~bayesattn.nn.networks.ModuleClassifier` samples by too)."""
     b = input_batch_size(xb)
-    if plan is not None and (batch_size is None or S * b <= batch_size):
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        state = (torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
-        try:
-            with folded(plan, S, b):
-                out = fwd(model, xb)  # (S*b, C)
-            if isinstance(out, Tensor) and out.dim() == 2 and out.shape[0] == S * b:
-                return out.reshape((S, b) + out.shape[1:])  # (S, b, C)
-            got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-            reason = f"the forward returned {got}, not {S * b} rows"
-        except (FoldError, RuntimeError, IndexError, ValueError) as e:
-            reason = f"{type(e).__name__}: {e}"
-        torch.random.set_rng_state(state[0])  # the fallback draws what it would have drawn
-        if state[1] is not None:
-            torch.cuda.set_rng_state_all(state[1])
-        warnings.warn(
-            f"predict: could not start the samples at the first Bayesian layer of "
-            f"{type(model).__name__} ({reason}); drawing them by batched repetition of the "
-            "whole model (S times the cost of one pass)",
-            UserWarning,
-            stacklevel=4,
-        )
-    rows = _repeat_rows(xb, S) if S > 1 else xb  # (S*b, ...)
-    step = batch_size or S * b
-    outs = [
-        _check_logits(fwd(model, take_rows(rows, slice(j, j + step))),
-                      min(step, S * b - j), b, xb)
-        for j in range(0, S * b, step)
-    ]  # fmt: skip
-    out = torch.cat(outs)  # (S*b, C)
-    return out.reshape((S, b) + out.shape[1:])  # (S, b, C)
+
+    def run(rows_x: Inputs, rows: int) -> Tensor:
+        return _check_logits(fwd(model, rows_x), rows, b, xb)  # (rows, C)
+
+    return repeated_rows(run, xb, S, plan, batch_size, "predict", type(model).__name__)

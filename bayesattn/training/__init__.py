@@ -78,8 +78,9 @@ import them from:
   (:func:`sync_param_store`).
 * :mod:`~bayesattn.training.trainer`: :class:`Trainer`, assembled from the parts above, and
   :func:`fit`.
-* :mod:`~bayesattn.training.foreign`: :class:`ModuleClassifier`, the network contract around any
-  ``nn.Module`` that returns logits ``(B, C)`` (``fit`` wraps a plain module in it).
+* :class:`ModuleClassifier` (from :mod:`bayesattn.nn.networks.foreign`, re-exported here): the
+  network contract around any ``nn.Module`` that returns logits ``(B, C)`` (``fit`` wraps a
+  plain module in it).
 * :mod:`~bayesattn.training.lightning`: the same objective and validation under
   ``lightning.Trainer`` (optional extra ``lightning``; not imported by this package).
 
@@ -96,10 +97,10 @@ Example:
 
 from __future__ import annotations
 
+from ..nn.networks import ModuleClassifier
 from .checkpoint import CheckpointError, load_checkpoint, prepare_checkpoint_path, save_checkpoint
 from .config import ELBOS, METHODS, VAL_LOSSES, TrainConfig
 from .data import as_train_data, fork_rng, iter_eval_batches
-from .foreign import ModuleClassifier
 from .history import History
 from .kl import ScaleLatents, kl_beta
 from .param_store import sync_param_store

@@ -23,13 +23,13 @@ from torch import Tensor, nn
 
 from .._validation import torch_generator
 from ..nn.networks import BayesianNetwork
+from ..nn.networks.foreign import as_network
 from .checkpoint import load_checkpoint, save_checkpoint
 from .checks import check_fit_data, diverged_forward, resume_args
 from .config import TrainConfig, resolve_config
 from .data import DataSource, as_train_data
 from .data import fork_rng as _fork_rng
 from .early_stopping import EarlyStopping
-from .foreign import as_network
 from .history import History
 from .loop import EpochState, epoch_record, train_epochs
 from .objective import ElboObjective
@@ -49,7 +49,7 @@ class Trainer:
     Args:
         network: the network to train (moved to ``config.device``); a plain ``nn.Module`` (a
             converted torch or transformers model) is wrapped in a
-            :class:`~bayesattn.training.foreign.ModuleClassifier` (``self.network``) and trained
+            :class:`~bayesattn.nn.networks.ModuleClassifier` (``self.network``) and trained
             in place; wrap it yourself to give ``forward=``.
         config: a :class:`TrainConfig` (or a dict of its fields); ``overrides`` replace fields.
 
@@ -373,7 +373,7 @@ def fit(
     ``network`` is a :class:`~bayesattn.nn.networks.BayesianNetwork` or any ``nn.Module`` whose
     forward returns class logits ``(B, C)`` (a transformers output's ``.logits`` included), e.g.
     a model converted by :func:`bayesattn.convert` or :func:`bayesattn.interop.hf.convert_hf`: it
-    is trained in place through :class:`~bayesattn.training.foreign.ModuleClassifier` (use
+    is trained in place through :class:`~bayesattn.nn.networks.ModuleClassifier` (use
     ``fit(ModuleClassifier(model, forward=...), ...)`` when ``model(x)`` is not the logits).
 
     Keyword overrides are :class:`TrainConfig` fields (``fit(net, data, method="svi", epochs=5)``).

@@ -15,7 +15,7 @@ from torch import nn
 
 import bayesattn
 from bayesattn import AttentionConfig
-from bayesattn.predictive.fold import fold_plan
+from bayesattn.nn.fold import fold_plan
 from bayesattn.predictive.foreign import sample_foreign
 from bayesattn.uncertainty import predict
 
@@ -172,6 +172,6 @@ def test_hf_models_that_pick_rows_by_the_input_batch_fall_back():
     )  # fmt: skip
     model = convert_hf(transformers.GPT2ForSequenceClassification(cfg).eval(), family="dirichlet")
     x = _ids()  # GPT-2's head indexes the last token of each of the B input rows
-    with pytest.warns(UserWarning, match="not 30 rows"):
+    with pytest.warns(UserWarning, match=r"got shape \(5, 3\) for 30 input rows"):
         got = _samples(model, x, True)
     torch.testing.assert_close(got, _samples(model, x, False), rtol=0, atol=0)

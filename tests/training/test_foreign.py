@@ -1,4 +1,4 @@
-"""``fit`` trains any ``nn.Module`` that returns logits (:mod:`bayesattn.training.foreign`): converted
+"""``fit`` trains any ``nn.Module`` that returns logits (:mod:`bayesattn.nn.networks.foreign`): converted
 torch and transformers models, with and without Bayesian layers, by both methods, with exact
 resume."""
 

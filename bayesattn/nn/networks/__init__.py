@@ -25,6 +25,7 @@ Shapes: tokens ``(B, T)`` int64 (``pad_id`` = padding) or vectors ``(B, T, D)``;
 from .base import BayesianNetwork, Embedding, TrunkMixture
 from .causal_lm import CausalLM
 from .classifier import TransformerClassifier
+from .foreign import ModuleClassifier
 from .generative import GenerationResult
 from .seq2seq import Seq2Seq
 from .vit import VisionTransformer
@@ -35,6 +36,7 @@ __all__ = [
     "VisionTransformer",
     "Seq2Seq",
     "CausalLM",
+    "ModuleClassifier",
     "GenerationResult",
     "TrunkMixture",
 ]
