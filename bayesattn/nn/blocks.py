@@ -1,9 +1,9 @@
 r"""Transformer encoder/decoder blocks built from :class:`BayesianMultiheadAttention`.
 
 Parameter names follow ``torch.nn.TransformerEncoderLayer``/``TransformerDecoderLayer`` so their
-``state_dict`` loads and, in deterministic (posterior-mean) mode, the outputs agree. Unlike torch
-(DESIGN §5), the blocks always call our attention's ``forward``; there is no fused fast path that
-skips it. The layers take torch's arguments in torch's order (``batch_first=False`` by default);
+``state_dict`` loads and, in deterministic (posterior-mean) mode, the outputs agree. Unlike torch's
+layers, the blocks always call our attention's ``forward``: there is no fused fast path that
+skips it (it would skip the attention read and its draws). The layers take torch's arguments in torch's order (``batch_first=False`` by default);
 the stacks (:class:`Encoder`, :class:`Decoder`) are ``batch_first=True``: ``(B, T, E)``, with
 optional extra leading sample dims ``(*S, B, T, E)``.
 
@@ -32,7 +32,6 @@ from .config import AttentionRole as AttentionRole
 from .config import LayerSelection as LayerSelection
 from .config import PriorName as PriorName
 from .config import ReadName as ReadName
-from .config import ReadoutName as ReadoutName
 from .config import as_attention_config as as_attention_config
 from .gp_read import SparseGP
 from .supports import SupportName

@@ -7,8 +7,9 @@ priors and supports resolve through the registries (:mod:`bayesattn.registry`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Literal, get_args
 
 from torch import nn
@@ -30,9 +31,6 @@ LayerSelection = Literal["all", "last"]
 AttentionRole = Literal["self", "cross"]
 #: How a selected layer reads its values: softmax attention alone, or plus a sparse-GP read.
 ReadName = Literal["softmax", "sparse_gp"]
-#: A classifier's read-out of the pooled features: a linear layer (the GP read-outs and the
-#: epinet were tried for issue 17 and dropped: docs/which-attention.md).
-ReadoutName = Literal["linear"]
 #: options of :class:`~bayesattn.nn.gp_read.SparseGP` that ``read_kwargs`` takes
 _GP_KWARGS = (
     "num_inducing",
@@ -70,12 +68,12 @@ class AttentionConfig:
             sparse-GP read per head with global inducing keys
             (:class:`~bayesattn.nn.gp_read.SparseGP`; options such as ``num_inducing`` in
             ``read_kwargs``), with or without a ``family``.
-        readout: ``"linear"`` (the only value; ``readout_kwargs`` must stay empty): a
-            classifier's logits are a linear layer of its pooled (CLS) features. The GP
-            read-outs ``"sparse_gp"`` and ``"random_features"`` and the ``"epinet"`` head were
-            tried and dropped (0.4 and 0.5; their numbers are in docs/which-attention.md): use
-            ``read="sparse_gp"`` or, for a trained network,
-            :func:`~bayesattn.interop.posthoc_gp.fit_posthoc_gp`.
+        readout, readout_kwargs: deprecated (a ``DeprecationWarning``; removed in the next
+            release): a classifier's logits are always a linear layer of its pooled (CLS)
+            features, the one value ``readout`` had (``"linear"``, no options). The GP read-outs
+            and the epinet head were tried and dropped (their numbers are in
+            docs/which-attention.md): use ``read="sparse_gp"`` or, for a trained network, a
+            post-hoc GP read.
 
     Names resolve through the registries (:mod:`bayesattn.registry`) when the config is made, so
     user-registered families, priors and supports work in every network built from it.
@@ -91,10 +89,11 @@ class AttentionConfig:
     support_kwargs: dict = field(default_factory=dict)
     read: ReadName = "softmax"
     read_kwargs: dict = field(default_factory=dict)
-    readout: ReadoutName = "linear"
-    readout_kwargs: dict = field(default_factory=dict)
+    readout: InitVar[str | None] = None
+    readout_kwargs: InitVar[dict | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, readout: str | None, readout_kwargs: dict | None) -> None:
+        _check_readout(readout, readout_kwargs)
         get_support(self.support, **self.support_kwargs)  # validates the name and options
         self._check_gp_options()
         if self.family is not None and not isinstance(self.family, str):
@@ -148,23 +147,19 @@ class AttentionConfig:
             )
 
     def _check_gp_options(self) -> None:
-        for name, value, allowed in (
-            ("read", self.read, get_args(ReadName)),
-            ("readout", self.readout, get_args(ReadoutName)),
-        ):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
-            kw = getattr(self, f"{name}_kwargs")
-            if not isinstance(kw, dict):
-                raise TypeError(f"{name}_kwargs must be a dict; got {kw!r}")
-            if kw and value in ("softmax", "linear"):
-                raise ValueError(f"{name}_kwargs {sorted(kw)} given with {name}={value!r}")
-            unknown = sorted(set(kw) - set(_GP_KWARGS))  # only read="sparse_gp" takes options
-            if unknown:
-                raise ValueError(
-                    f"{name}_kwargs {unknown} are not options of {name}={value!r}; it takes "
-                    f"{list(_GP_KWARGS)}"
-                )
+        allowed, value, kw = get_args(ReadName), self.read, self.read_kwargs
+        if value not in allowed:
+            raise ValueError(f"read must be one of {allowed}; got {value!r}")
+        if not isinstance(kw, dict):
+            raise TypeError(f"read_kwargs must be a dict; got {kw!r}")
+        if kw and value == "softmax":
+            raise ValueError(f"read_kwargs {sorted(kw)} given with read={value!r}")
+        unknown = sorted(set(kw) - set(_GP_KWARGS))  # only read="sparse_gp" takes options
+        if unknown:
+            raise ValueError(
+                f"read_kwargs {unknown} are not options of read={value!r}; it takes "
+                f"{list(_GP_KWARGS)}"
+            )
         if self.read == "sparse_gp":
             SparseGP(1, 1, 1, **self.read_kwargs)  # validates the values
         if self.read == "sparse_gp" and self.support is not None:
@@ -179,7 +174,14 @@ class AttentionConfig:
         return self.family is not None or self.read != "softmax"
 
     def build_readout(self, in_dim: int, num_classes: int) -> nn.Module:
-        """A classifier's read-out of its pooled features: ``nn.Linear(in_dim, num_classes)``."""
+        """Deprecated (removed in the next release): ``nn.Linear(in_dim, num_classes)``, a
+        classifier's read-out of its pooled features, which no longer depends on the config."""
+        warnings.warn(
+            "AttentionConfig.build_readout is deprecated: a classifier's read-out is "
+            "nn.Linear(in_dim, num_classes); build that",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return nn.Linear(in_dim, num_classes)
 
     def check_layers(self, num_layers: int) -> None:
@@ -264,6 +266,26 @@ class AttentionConfig:
             embed_dim, num_heads, batch_first=True, prior=prior, family=family, support=support,
             gp_read=gp, **mha_kwargs,
         )  # fmt: skip
+
+
+def _check_readout(readout: str | None, readout_kwargs: dict | None) -> None:
+    """The deprecated ``readout``/``readout_kwargs`` of :class:`AttentionConfig`: a warning, and
+    a ``ValueError`` for anything but the one value it had (``"linear"``, no options)."""
+    if readout is None and readout_kwargs is None:
+        return
+    warnings.warn(
+        "AttentionConfig(readout=..., readout_kwargs=...) is deprecated and is removed in the "
+        "next release: a classifier's read-out is always linear (readout's one value, "
+        "'linear'); drop the argument",
+        DeprecationWarning,
+        stacklevel=4,  # _check_readout < __post_init__ < __init__ < the caller
+    )
+    if readout not in (None, "linear"):
+        raise ValueError(f"readout must be 'linear' (its only value, deprecated); got {readout!r}")
+    if readout_kwargs:
+        raise ValueError(
+            f"readout_kwargs {sorted(readout_kwargs)} given with readout='linear'; it takes none"
+        )
 
 
 def as_attention_config(attention: AttentionConfig | FamilyName | None) -> AttentionConfig:

@@ -1,4 +1,5 @@
-r"""``linear``: ``x @ weight.T + bias`` for weights with leading sample dims (DESIGN §5)."""
+r"""``linear``: ``x @ weight.T + bias`` for weights with leading sample dims (sampled
+projection weights, a trunk mixture's draws), which ``F.linear`` does not broadcast."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     weight's batch dims are those of Pyro plates: ``(P, 1)`` (particle plate, data plate) lines up
     with ``(P, B)`` by broadcasting; a weight with fewer batch dims than ``x`` (e.g. ``(S,)`` from a
     sample plate) is aligned from the left (``S`` with ``S``). ``F.linear`` cannot do this: it
-    needs a 2-D weight (DESIGN §5).
+    needs a 2-D weight.
 
     Shape:
         x ``(*S, B, T, In)``, weight ``(Out, In)`` or ``(*S', Out, In)``, bias ``(Out,)`` or

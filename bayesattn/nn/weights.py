@@ -10,7 +10,7 @@ guide gains an autoguide over these sites (``AutoNormal`` mean-field, or
 amortised attention guide and the autoguide compose in :meth:`BayesianNetwork.guide`.
 
 Sampled weights carry leading sample dims through :func:`~bayesattn.nn.attention.linear`, so
-vectorised particles and ``Predictive(parallel=True)`` work (DESIGN §5).
+vectorised particles and ``Predictive(parallel=True)`` work.
 """
 
 from __future__ import annotations

@@ -258,16 +258,21 @@ def test_attention_config_validates_gp_options():
         AttentionConfig(read="gp")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not options of read="):
         AttentionConfig(read="sparse_gp", read_kwargs={"inducing": 3})
-    # the GP read-outs (0.4) and the epinet (0.5) were dropped: only readout="linear" is left
+    # readout had one value, "linear": deprecated; the dropped read-outs stay errors
+    with pytest.warns(DeprecationWarning, match="readout"):
+        cfg = AttentionConfig(readout="linear")
+    assert cfg == AttentionConfig() and "readout" not in repr(cfg)
     for dropped in ("sparse_gp", "random_features", "epinet"):
-        with pytest.raises(ValueError, match="readout must be one of") as err:
-            AttentionConfig(readout=dropped)  # type: ignore[arg-type]
-        assert "('linear',)" in str(err.value)
-        assert f"got {dropped!r}" in str(err.value)
-    with pytest.raises(
+        with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="readout must") as e:
+            AttentionConfig(readout=dropped)
+        assert f"got {dropped!r}" in str(e.value)
+    with pytest.warns(DeprecationWarning), pytest.raises(
         ValueError, match="readout_kwargs \\['index_dim'\\] given with readout='linear'"
     ):
         AttentionConfig(readout_kwargs={"index_dim": 3})
+    with pytest.warns(DeprecationWarning, match="build_readout"):
+        head = AttentionConfig().build_readout(4, 3)
+    assert isinstance(head, torch.nn.Linear) and head.weight.shape == (3, 4)
     with pytest.raises(ValueError, match="given with read='softmax'"):
         AttentionConfig(read_kwargs={"num_inducing": 3})
     with pytest.raises(ValueError, match="num_inducing"):

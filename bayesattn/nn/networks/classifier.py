@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..._validation import check_int, check_same_dtype
 from ..attention import linear
 from ..blocks import Encoder, EncoderLayer
-from ..config import AttentionConfig, as_attention_config
+from ..config import AttentionConfig
 from .base import BayesianNetwork, Embedding, check_tokens, validate_common, with_samples
 
 __all__ = ["TransformerClassifier"]
@@ -69,8 +69,7 @@ class TransformerClassifier(BayesianNetwork):
             attn_dropout=attn_dropout,
             norm_first=norm_first,
         )
-        # nn.Linear read-out of the pooled features (AttentionConfig.build_readout)
-        self.head = as_attention_config(attention).build_readout(d_model, num_classes)
+        self.head = nn.Linear(d_model, num_classes)  # the read-out of the pooled features
 
     def check_batch(self, x: Tensor, y: Tensor | None) -> None:
         if self.vocab_size is not None:
