@@ -182,7 +182,7 @@ class TransformerClassifier(BayesianNetwork):
         else:
             keep = (~pad).to(h.dtype).unsqueeze(-1)  # (B, T, 1)
             pooled = (h * keep).sum(-2) / keep.sum(-2).clamp_min(1.0)
-        head = cast(nn.Linear, self.head)
+        head = self.head
         # linear() reads x as (*S, B, T, In); pooled has no T, so give it one
         out = linear(pooled.unsqueeze(-2), head.weight, head.bias)  # (*S, B, 1, C)
         mix = self.trunk_mixture  # "mean" mode: the K components' mean
