@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from torch import nn
 
@@ -80,7 +80,7 @@ def select_layers(layers: LayerSelector, names: list[str], model: nn.Module) -> 
 
 def _build(
     spec: Any,
-    kind: str,
+    argument: Literal["family", "prior"],
     path: str,
     mha: BayesianMultiheadAttention | TorchMultiheadAttention,
 ) -> Any:
@@ -89,14 +89,14 @@ def _build(
         return None
     H, Dh = mha.num_heads, mha.embed_dim // mha.num_heads
     if isinstance(spec, str):
-        if kind == "prior":
+        if argument == "prior":
             raise TypeError("prior must be a KeyRelevancePrior, a callable or None; got a str")
         return get_family(cast(FamilyName, spec), num_heads=H, head_dim=Dh)  # checks the name
     if isinstance(spec, (AttentionFamily, KeyRelevancePrior)):
         return copy.deepcopy(spec)
     if callable(spec):
         return spec(path, mha)
-    raise TypeError(f"{kind} must be a name, an instance, a callable or None; got {spec!r}")
+    raise TypeError(f"{argument} must be a name, an instance, a callable or None; got {spec!r}")
 
 
 def _parent(model: nn.Module, path: str) -> tuple[nn.Module, str]:

@@ -30,6 +30,7 @@ Shape:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ class Rank1Site:
     """One factor vector: ``side`` (``"in"``: :math:`r`, ``"out"``: :math:`s`) of projection
     ``role`` (``q``, ``k``, ``v``, ``o``) of the attention layer at ``layer``; it occupies
     ``theta[:, offset:offset + size]``. ``module`` is the hooked module (the attention layer
-    itself for ``kind="mha"``, the projection's ``nn.Linear`` for ``kind="linear"``)."""
+    itself for ``hooked="mha"``, the projection's ``nn.Linear`` for ``hooked="linear"``)."""
 
     layer: str
     role: str
@@ -59,7 +60,15 @@ class Rank1Site:
     size: int
     offset: int
     module: nn.Module
-    kind: Literal["mha", "linear"]
+    hooked: Literal["mha", "linear"]
+
+    @property
+    def kind(self) -> str:
+        """Deprecated spelling of :attr:`hooked`; removed in the next release."""
+        warnings.warn(
+            "Rank1Site.kind is deprecated: use Rank1Site.hooked", DeprecationWarning, stacklevel=2
+        )
+        return self.hooked
 
     @property
     def name(self) -> str:
@@ -192,14 +201,14 @@ def apply_factors(sites: list[Rank1Site], theta: Tensor) -> Iterator[None]:
         raise ValueError(f"theta must be (J, {D}) factor draws; got {got}")
     groups: dict[int, tuple[nn.Module, str, dict[str, Tensor]]] = {}
     for st in sites:
-        key = st.role if st.kind == "mha" else st.side
-        groups.setdefault(id(st.module), (st.module, st.kind, {}))[2][key] = theta[
+        key = st.role if st.hooked == "mha" else st.side
+        groups.setdefault(id(st.module), (st.module, st.hooked, {}))[2][key] = theta[
             :, st.offset : st.offset + st.size
         ]
     handles: list[Any] = []
     try:
-        for module, kind, f in groups.values():
-            if kind == "mha":
+        for module, hooked, f in groups.values():
+            if hooked == "mha":
                 handles += _mha_hooks(module, f)
             else:
                 handles += _linear_hooks(module, f["in"], f["out"])

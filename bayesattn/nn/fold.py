@@ -77,6 +77,14 @@ class FoldPlan:
     layers: list[nn.Module]
     bayesian: list[nn.Module]
 
+    @property
+    def kind(self) -> str:
+        """Deprecated spelling of :attr:`library`; removed in the next release."""
+        warnings.warn(
+            "FoldPlan.kind is deprecated: use FoldPlan.library", DeprecationWarning, stacklevel=2
+        )
+        return self.library
+
 
 def _bayesian(m: nn.Module) -> bool:
     """A module that draws attention weights (a converted torch layer, a transformers module)."""

@@ -34,8 +34,9 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -48,7 +49,11 @@ from .network import check_network, sample_network
 from .result import PredictionResult
 from .trace import NetworkDraws, sample_trace
 
-__all__ = ["Predictive"]
+__all__ = ["ModelType", "Predictive"]
+
+#: what a :class:`Predictive` samples: one of our networks, a model we did not write, a deep
+#: ensemble, or (for :meth:`Predictive.trace` only) any model/guide pair
+ModelType = Literal["network", "foreign", "ensemble", "other"]
 
 
 def _check_members(networks: Sequence[Any]) -> list[BayesianNetwork]:
@@ -86,8 +91,12 @@ class Predictive:
             ``.logits``), divided by ``temperature``; ``vectorised=True`` draws the ``S`` samples
             in one pass under :func:`bayesattn.num_samples`, otherwise by batched repetition.
 
+    Attributes:
+        model_type: what is sampled (:data:`ModelType`): ``"network"``, ``"foreign"``,
+            ``"ensemble"`` or ``"other"``.
+
     Raises:
-        TypeError: ``network`` of no supported kind (at the call for :meth:`trace`-only
+        TypeError: ``network`` of no supported type (at the call for :meth:`trace`-only
             objects), ensemble members of different types, ``dropout`` for anything but one
             BayesianNetwork.
         ValueError: bad ``num_samples``/``batch_size``/``mode``/``temperature``; ``forward``,
@@ -110,15 +119,17 @@ class Predictive:
     ) -> None:
         self.network = network
         self.members: list[BayesianNetwork] | None = None
+        #: what is sampled: one of ours, a model we did not write, an ensemble, or other
+        self.model_type: ModelType
         if isinstance(network, BayesianNetwork):
-            self.kind = "network"
+            self.model_type = "network"
         elif isinstance(network, nn.Module):
-            self.kind = "foreign"
+            self.model_type = "foreign"
         elif isinstance(network, Sequence) and not isinstance(network, str):
-            self.kind = "ensemble"
+            self.model_type = "ensemble"
             self.members = _check_members(network)
         else:
-            self.kind = "other"  # only .trace() (a model/guide pair); __call__ raises
+            self.model_type = "other"  # only .trace() (a model/guide pair); __call__ raises
         self.num_samples = check_int("num_samples", num_samples, 1)
         self.batch_size = check_int("batch_size", batch_size, 1, allow_none=True)
         self.mode: AttentionMode = check_mode(mode)
@@ -129,7 +140,7 @@ class Predictive:
         self._check_options()
 
     def _check_options(self) -> None:
-        if self.kind != "foreign" and (
+        if self.model_type != "foreign" and (
             self.forward is not None or self.temperature != 1.0 or self.vectorised
         ):
             raise ValueError(
@@ -139,9 +150,9 @@ class Predictive:
         t = self.temperature
         if not (isinstance(t, (int, float)) and math.isfinite(t)) or not t > 0:
             raise ValueError(f"temperature must be a positive finite number; got {t!r}")
-        if self.dropout and self.kind != "network":
+        if self.dropout and self.model_type != "network":
             raise TypeError(
-                f"dropout (MC dropout) applies to one BayesianNetwork; got {self.kind} "
+                f"dropout (MC dropout) applies to one BayesianNetwork; got {self.model_type} "
                 f"{type(self.network).__name__}"
             )
 
@@ -151,6 +162,18 @@ class Predictive:
             f"batch_size={self.batch_size}, mode={self.mode!r}, dropout={self.dropout})"
         )
 
+    @property
+    def kind(self) -> ModelType:
+        """Deprecated spelling of :attr:`model_type` ("kind" is how a predictive's samples were
+        drawn, :attr:`PredictionResult.kind`); removed in the next release."""
+        warnings.warn(
+            "Predictive.kind is deprecated: use Predictive.model_type (PredictionResult.kind "
+            "says how the samples were drawn)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.model_type
+
     def __call__(self, x: Inputs, y: Tensor | None = None) -> PredictionResult:
         r"""``S`` draws of the predictive of ``x`` (``y``: a ``Seq2Seq``'s target sequences,
         BOS first, for its teacher-forced per-token predictive; no other network takes ``y``).
@@ -159,7 +182,7 @@ class Predictive:
             ``probs (S, B, C)`` (``(S, B, T, V)`` for sequence models, ``(M·S, B, ...)`` for an
             ensemble of ``M``), attention ``(S, B, H, Tq, Tk)`` per layer.
         """
-        if self.kind == "foreign":
+        if self.model_type == "foreign":
             if y is not None:
                 raise ValueError("y is only used by Seq2Seq networks; got y for a foreign model")
             assert isinstance(self.network, nn.Module)
@@ -173,14 +196,14 @@ class Predictive:
                 self.temperature,
                 self.vectorised,
             )
-        if self.kind == "ensemble":
+        if self.model_type == "ensemble":
             return self._ensemble(x, y, check_y=True)
         return self._sample(check_network(self.network), x, y, check_y=True)
 
     def _sample(
         self, net: BayesianNetwork, x: Any, y: Tensor | None, *, check_y: bool, expand: bool = True
     ) -> PredictionResult:
-        single = self.kind == "network"
+        single = self.model_type == "network"
         return sample_network(
             net,
             x,
@@ -222,7 +245,7 @@ class Predictive:
             ``probs (M, C)``, ``targets (M,)``: ``M = B`` for classifiers, the number of
             non-padding target tokens for sequence models.
         """
-        if self.kind == "foreign" or self.kind == "other":
+        if self.model_type == "foreign" or self.model_type == "other":
             raise TypeError(
                 "probs_and_targets needs bayesattn networks (their targets(x, y)); got "
                 f"{type(self.network).__name__}"

@@ -276,19 +276,21 @@ def _check_run_fits(
             f"checkpoint {where} was made with method {state['method']!r}; the trainer uses "
             f"method {config.method!r}"
         )
-    saved = state.get("data") or {"kind": "tensors"}
-    if data is not None and saved.get("kind") != data["kind"]:
+    saved = state.get("data") or {}
+    # checkpoints before 0.7 name the source's type "kind" (read silently)
+    saved_type = saved.get("source_type", saved.get("kind", "tensors"))
+    if data is not None and saved_type != data["source_type"]:
         raise CheckpointError(
-            f"checkpoint {where} was made on train_data of kind {saved.get('kind')!r}; "
-            f"got {data['kind']!r}"
+            f"checkpoint {where} was made on train_data of type {saved_type!r}; "
+            f"got {data['source_type']!r}"
         )
-    if data is not None and data["kind"] == "stream":
+    if data is not None and data["source_type"] == "stream":
         if saved.get("batch_size") != data["batch_size"]:  # position counted in batches
             raise CheckpointError(
                 f"checkpoint {where} was made on a stream with batch_size="
                 f"{saved.get('batch_size')!r}; got {data['batch_size']!r}"
             )
-    keys = ("batch_size", "drop_last") if saved.get("kind") in ("tensors", "dataset") else ()
+    keys = ("batch_size", "drop_last") if saved_type in ("tensors", "dataset") else ()
     for key in keys:  # they define the saved position in the data
         if state["config"].get(key) != getattr(config, key):
             raise CheckpointError(

@@ -80,7 +80,7 @@ def check_fit_data(
             "(early stopping watches the validation loss); give val_data= or drop the "
             "patience"
         )
-    if src.kind in ("tensors", "dataset") and c.drop_last and (src.num_data or 0) < c.batch_size:
+    if src.source_type in ("tensors", "dataset") and c.drop_last and (src.num_data or 0) < c.batch_size:
         raise ValueError(
             f"batch_size={c.batch_size} with drop_last=True leaves no batch for "
             f"{src.num_data} training examples"

@@ -147,10 +147,10 @@ def as_batch(batch: Any, name: str) -> Batch:
             if y is not None and y.dim() and len(y) != len(x):
                 raise ValueError(f"{name}: len(x) != len(y) ({len(x)} vs {len(y)})")
             return x, y
-    kind = type(batch).__name__
+    got = type(batch).__name__
     if isinstance(batch, (tuple, list)):
-        kind += f" of {len(batch)} ({', '.join(type(b).__name__ for b in batch)})"
-    raise TypeError(f"{name}: a batch must be a tensor x or a pair of tensors (x, y); got {kind}")
+        got += f" of {len(batch)} ({', '.join(type(b).__name__ for b in batch)})"
+    raise TypeError(f"{name}: a batch must be a tensor x or a pair of tensors (x, y); got {got}")
 
 
 def _sized(obj: Any) -> int | None:
@@ -169,14 +169,15 @@ class DataSource:
     """Batches of one training set, epoch by epoch.
 
     Attributes:
-        kind: ``"tensors"``, ``"dataset"``, ``"loader"`` or ``"stream"``.
+        source_type: ``"tensors"``, ``"dataset"``, ``"loader"`` or ``"stream"`` (``kind``
+            before 0.7: deprecated, removed in the next release).
         num_data: examples in one pass (``None``: unknown, a stream without ``__len__``).
         batch_size: examples per batch (``None``: set by the loader's batch sampler, or
             unknown).
         shuffled: whether :meth:`plan` draws an order (``False``: a stream, in its own order).
     """
 
-    kind = ""
+    source_type = ""
     shuffled = True
 
     def __init__(self, name: str) -> None:
@@ -203,7 +204,18 @@ class DataSource:
 
     def describe(self) -> dict[str, Any]:
         """What a checkpoint records about the data (checked on resume)."""
-        return {"kind": self.kind, "batch_size": self.batch_size}
+        return {"source_type": self.source_type, "batch_size": self.batch_size}
+
+    @property
+    def kind(self) -> str:
+        """Deprecated spelling of :attr:`source_type` ("kind" is how a predictive's samples were
+        drawn); removed in the next release."""
+        warnings.warn(
+            "DataSource.kind is deprecated: use DataSource.source_type",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.source_type
 
 
 def _chunks(order: Tensor, sizes: Tensor | None, batch_size: int, drop_last: bool) -> list[Tensor]:
@@ -218,7 +230,7 @@ def _chunks(order: Tensor, sizes: Tensor | None, batch_size: int, drop_last: boo
 class TensorSource(DataSource):
     """In-memory ``(x, y)``: slices of a permutation drawn from the trainer's generator."""
 
-    kind = "tensors"
+    source_type = "tensors"
     num_data: int
     batch_size: int
 
@@ -282,7 +294,7 @@ class DatasetSource(DataSource):
     """A map-style dataset: a seeded permutation (as :class:`TensorSource`), items collated by a
     ``DataLoader`` (with ``loader``'s settings when it came in one)."""
 
-    kind = "dataset"
+    source_type = "dataset"
     num_data: int
     batch_size: int | None
 
@@ -340,7 +352,7 @@ class LoaderSource(DatasetSource):
     (run under a seed drawn from the trainer's generator, so that the epoch's batches are a
     function of ``TrainConfig.seed``); the batches are saved as the epoch plan."""
 
-    kind = "loader"
+    source_type = "loader"
 
     def __init__(self, loader: DataLoader, name: str) -> None:
         if loader.batch_sampler is None:
@@ -385,7 +397,7 @@ class StreamSource(DataSource):
     """An ``IterableDataset`` (or a ``DataLoader`` over one): one pass per epoch, in the stream's
     own order; resume skips the batches of the open epoch already trained on."""
 
-    kind = "stream"
+    source_type = "stream"
     shuffled = False
     num_data: int
 

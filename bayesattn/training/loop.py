@@ -122,7 +122,7 @@ def train_epochs(
     stopping."""
     c = tr.config
     nb = src.batches_per_epoch()
-    exact_nb = nb if src.kind != "stream" else None  # a stream ends when it ends
+    exact_nb = nb if src.source_type != "stream" else None  # a stream ends when it ends
     max_steps = c.max_steps if c.max_steps is not None else math.inf
     total = min(c.epochs * nb, max_steps) - tr.step if nb is not None else max_steps
     from tqdm.auto import tqdm

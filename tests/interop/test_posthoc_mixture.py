@@ -87,7 +87,7 @@ def _reference(model: nn.Module, x: object, sites: list, theta: torch.Tensor) ->
     for t in theta:
         for st in sites:
             f = t[st.offset : st.offset + st.size]
-            if st.kind == "linear":
+            if st.hooked == "linear":
                 w = st.module.weight
                 ones_in, ones_out = torch.ones(w.shape[1]), torch.ones(w.shape[0])
                 r, s = (f, ones_out) if st.side == "in" else (ones_in, f)

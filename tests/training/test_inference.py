@@ -621,7 +621,7 @@ def test_check_state_fits_names_each_mismatch(method):
     fits = dict(
         where="'here'",
         config=trainer.config,
-        data={"kind": "tensors", "batch_size": 16},
+        data={"source_type": "tensors", "batch_size": 16},
         num_data=32,
         network=trainer.network,
         optimizer=trainer.optimizer,
@@ -630,8 +630,11 @@ def test_check_state_fits_names_each_mismatch(method):
     check_state_fits(st, **fits)  # its own state fits
     cases = [
         ({"method": "svi" if method == "hybrid" else "hybrid"}, {}, "made with method"),
-        ({}, {"data": {"kind": "stream", "batch_size": 16}}, "train_data of kind 'tensors'"),
-        ({"data": {"kind": "stream", "batch_size": 8}}, {"data": {"kind": "stream",
+        ({}, {"data": {"source_type": "stream", "batch_size": 16}}, "train_data of type 'tensors'"),
+        # a checkpoint before 0.7 names the source's type "kind": read as such
+        ({"data": {"kind": "stream", "batch_size": 8}}, {"data": {"source_type": "stream",
+         "batch_size": 16}}, "stream with batch_size=8; got 16"),
+        ({"data": {"source_type": "stream", "batch_size": 8}}, {"data": {"source_type": "stream",
          "batch_size": 16}}, "stream with batch_size=8; got 16"),
         ({"config": {**st["config"], "drop_last": True}}, {}, "drop_last=True"),
         ({"num_data": 31}, {}, "31 training examples; got 32"),

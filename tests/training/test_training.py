@@ -221,7 +221,7 @@ def test_resume_is_exact_for_datasets_loaders_and_deterministic_streams(kind, tm
 def test_shuffled_loader_order_is_seeded_and_changes_per_epoch():
     x, y = contains3(30, 0)
     src = as_train_data(DataLoader(Pairs(x, y), batch_size=7, shuffle=True), "train_data", 64)
-    assert src.kind == "loader" and src.num_data == 30 and src.batches_per_epoch() == 5
+    assert src.source_type == "loader" and src.num_data == 30 and src.batches_per_epoch() == 5
     g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
     before = torch.get_rng_state()
     o1, s1 = src.plan(g1, 0)
