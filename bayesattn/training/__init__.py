@@ -66,7 +66,9 @@ import them from:
 * :mod:`~bayesattn.training.config`: :class:`TrainConfig`, the validated training options.
 * :mod:`~bayesattn.training.kl`: KL annealing (:func:`kl_beta`, :class:`ScaleLatents`,
   ``AnnealedPair``).
-* :mod:`~bayesattn.training.loop`: the epoch loop and the open epoch's state (``EpochState``).
+* :mod:`~bayesattn.training.state`: the trainer's state, owned in one place (``TrainerState``)
+  with the open epoch's (``EpochState``).
+* :mod:`~bayesattn.training.loop`: the epoch loop, which advances that state.
 * :mod:`~bayesattn.training.early_stopping`: ``EarlyStopping`` and restoring the best weights.
 * :mod:`~bayesattn.training.history`: the per-epoch record :class:`History`
   (:mod:`~bayesattn.training.curves` draws it).

@@ -277,7 +277,7 @@ def _check_run_fits(
             f"method {config.method!r}"
         )
     saved = state.get("data") or {}
-    # checkpoints before 0.7 name the source's type "kind" (read silently)
+    # checkpoints before 0.6 name the source's type "kind" (read silently)
     saved_type = saved.get("source_type", saved.get("kind", "tensors"))
     if data is not None and saved_type != data["source_type"]:
         raise CheckpointError(

@@ -170,7 +170,7 @@ class DataSource:
 
     Attributes:
         source_type: ``"tensors"``, ``"dataset"``, ``"loader"`` or ``"stream"`` (``kind``
-            before 0.7: deprecated, removed in the next release).
+            before 0.6: deprecated, removed in the next release).
         num_data: examples in one pass (``None``: unknown, a stream without ``__len__``).
         batch_size: examples per batch (``None``: set by the loader's batch sampler, or
             unknown).

@@ -6,11 +6,8 @@ history, early stopping, every RNG)."""
 from __future__ import annotations
 
 import copy
-from typing import Any, Protocol
+from typing import Any
 
-import torch
-
-from ..nn.networks import BayesianNetwork
 from .checkpoint import (
     CheckpointError,
     check_state_fits,
@@ -19,34 +16,13 @@ from .checkpoint import (
     set_rng_state,
     upgrade_state,
 )
-from .config import TrainConfig
-from .data import DataSource
-from .early_stopping import EarlyStopping
 from .history import History
-from .loop import EpochState
-from .optimisation import Optimisation
+from .state import TrainerState
 
 __all__ = ["trainer_state", "restore_trainer_state"]
 
 
-class StateOwner(Protocol):
-    """What is saved and restored: a set-up :class:`~bayesattn.training.trainer.Trainer`."""
-
-    config: TrainConfig
-    network: BayesianNetwork
-    history: History
-    step: int
-    epoch: int
-    epoch_state: EpochState
-    early_stopping: EarlyStopping
-    generator: torch.Generator
-    optimisation: Optimisation | None
-    num_data: int | None
-    data: DataSource | None
-    param_names: list[str]
-
-
-def trainer_state(tr: StateOwner) -> dict[str, Any]:
+def trainer_state(tr: TrainerState) -> dict[str, Any]:
     """Everything needed to continue exactly (see the module docstring)."""
     assert tr.optimisation is not None
     c = tr.config
@@ -71,7 +47,7 @@ def trainer_state(tr: StateOwner) -> dict[str, Any]:
     }
 
 
-def restore_trainer_state(tr: StateOwner, state: dict[str, Any], where: str) -> None:
+def restore_trainer_state(tr: TrainerState, state: dict[str, Any], where: str) -> None:
     """Restore a :func:`trainer_state` (after set-up); checked to fit before anything is
     modified, else :class:`CheckpointError` naming ``where``."""
     assert tr.optimisation is not None

@@ -21,7 +21,6 @@ import pyro
 import torch
 from torch import Tensor, nn
 
-from .._validation import torch_generator
 from ..nn.networks import BayesianNetwork
 from ..nn.networks.foreign import as_network
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -31,12 +30,13 @@ from .data import DataSource, as_train_data
 from .data import fork_rng as _fork_rng
 from .early_stopping import EarlyStopping
 from .history import History
-from .loop import EpochState, epoch_record, train_epochs
+from .loop import epoch_record, train_epochs
 from .objective import ElboObjective
 from .optimisation import Optimisation, diverged_error, schedule_args
 from .param_store import sync_param_store
 from .resume import restore_trainer_state, trainer_state
 from .schedules import lr_factor
+from .state import EpochState, StateField, TrainerState
 from .validation import validate
 
 __all__ = ["Trainer", "fit", "sync_param_store"]
@@ -54,6 +54,8 @@ class Trainer:
         config: a :class:`TrainConfig` (or a dict of its fields); ``overrides`` replace fields.
 
     Attributes:
+        state: the :class:`~bayesattn.training.state.TrainerState`, the one owner of what the
+            trainer advances; the attributes below (but ``objective``) are views of its fields.
         history: the :class:`History` so far.
         step: optimiser steps taken so far.
         epoch: completed epochs.
@@ -61,7 +63,7 @@ class Trainer:
         optimisation: the :class:`~bayesattn.training.optimisation.Optimisation` (after
             set-up); ``optimizer``, ``scheduler``, ``pyro_optim`` and ``last_grad_norm`` are its.
         early_stopping: the :class:`~bayesattn.training.early_stopping.EarlyStopping` state.
-        epoch_state: the open epoch (:class:`~bayesattn.training.loop.EpochState`).
+        epoch_state: the open epoch (:class:`~bayesattn.training.state.EpochState`).
         num_data: the number of training examples :math:`N` (after set-up); ``data`` the training
             data source; ``param_names`` the Pyro parameter names of the model and guide;
             ``generator`` the data-order generator (seeded by ``config.seed``).
@@ -80,25 +82,28 @@ class Trainer:
         config: TrainConfig | dict | None = None,
         **overrides: Any,
     ) -> None:
-        self.network = as_network(network)
-        self.config = resolve_config(config, overrides)
-        self._reset()
+        self.state = TrainerState.fresh(as_network(network), resolve_config(config, overrides))
+        self.objective = ElboObjective(self.network, self.config)
+
+    #: the trainer's attributes below are views of its one state, ``self.state``
+    network = StateField[BayesianNetwork]()
+    config = StateField[TrainConfig]()
+    device = StateField[torch.device]()
+    history = StateField[History]()
+    step = StateField[int]()
+    epoch = StateField[int]()
+    optimisation = StateField["Optimisation | None"]()
+    early_stopping = StateField[EarlyStopping]()
+    epoch_state = StateField[EpochState]()
+    generator = StateField[torch.Generator]()
+    num_data = StateField["int | None"]()
+    data = StateField["DataSource | None"]()
+    param_names = StateField["list[str]"]()
 
     def _reset(self) -> None:
         """The state of a trainer that has not trained yet."""
-        network = self.network
-        self.device = torch.device(self.config.device)
-        self.history = History()
-        self.step = 0
-        self.epoch = 0
-        self.objective = ElboObjective(network, self.config)
-        self.optimisation: Optimisation | None = None
-        self.early_stopping = EarlyStopping(self.config)
-        self.epoch_state = EpochState()
-        self.generator = torch_generator(self.config.seed)  # the data order
-        self.num_data: int | None = None
-        self.data: DataSource | None = None
-        self.param_names: list[str] = []
+        self.state = TrainerState.fresh(self.network, self.config)
+        self.objective = ElboObjective(self.network, self.config)
 
     # ---- the optimiser's parts ----------------------------------------------------------------
     @property
@@ -225,13 +230,13 @@ class Trainer:
         """Everything needed to continue exactly (plain containers and tensors only)."""
         if self.optimisation is None:
             raise RuntimeError("the trainer has no state before fit() set it up")
-        return trainer_state(self)
+        return trainer_state(self.state)
 
     def load_state_dict(self, state: dict[str, Any], where: str = "state") -> None:
         """Restore a state from :meth:`state_dict` / :func:`load_checkpoint` (after set-up)."""
         if self.optimisation is None:
             raise RuntimeError("call load_state_dict after set-up (fit(resume=True) does this)")
-        restore_trainer_state(self, state, where)
+        restore_trainer_state(self.state, state, where)
 
     def save_checkpoint(self, path: str | os.PathLike) -> Path:
         return save_checkpoint(path, self)

@@ -631,7 +631,7 @@ def test_check_state_fits_names_each_mismatch(method):
     cases = [
         ({"method": "svi" if method == "hybrid" else "hybrid"}, {}, "made with method"),
         ({}, {"data": {"source_type": "stream", "batch_size": 16}}, "train_data of type 'tensors'"),
-        # a checkpoint before 0.7 names the source's type "kind": read as such
+        # a checkpoint before 0.6 names the source's type "kind": read as such
         ({"data": {"kind": "stream", "batch_size": 8}}, {"data": {"source_type": "stream",
          "batch_size": 16}}, "stream with batch_size=8; got 16"),
         ({"data": {"source_type": "stream", "batch_size": 8}}, {"data": {"source_type": "stream",
