@@ -25,7 +25,6 @@ Shape glossary: ``S`` samples (leftmost), ``B`` batch, ``H`` heads, ``Tq``/``Tk`
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
@@ -44,7 +43,6 @@ from .mha_checks import (
     causal_hint,
     check_inputs,
     dense_outputs,
-    merge_masks,
     pad_masks,
     pad_nested,
     renest,
@@ -55,6 +53,12 @@ from .modes import AttentionMode, default_mode
 from .read import AttentionRead
 from .sampling import layer_num_samples
 from .supports import DENSE, AttentionSupport, SupportName, get_support
+from .torch_surface import (
+    PRIOR_FAMILY_KEY,
+    TorchMultiheadAttention,
+    TorchSurface,
+    mha_constructor_args,
+)
 
 __all__ = [
     "BayesianMultiheadAttention",
@@ -64,20 +68,14 @@ __all__ = [
     "TorchMultiheadAttention",
 ]
 
-#: torch's own class, bound at import: code that swaps ``torch.nn.MultiheadAttention`` for ours
-#: (the drop-in recipe) still gets torch's layer from :meth:`BayesianMultiheadAttention.to_torch`
-TorchMultiheadAttention = nn.MultiheadAttention
-
-
 def _allow_missing_prior_family(module: nn.Module, incompatible: Any) -> None:
     """Loading a ``torch.nn.MultiheadAttention`` state_dict leaves the prior's and the
     family's own parameters at their initial values instead of failing as missing keys."""
     # incompatible: torch's _IncompatibleKeys (Any: private, see tests/cross_cutting/test_private_apis.py)
-    keep = [k for k in incompatible.missing_keys if not _PRIOR_FAMILY_KEY.search(k)]
+    keep = [k for k in incompatible.missing_keys if not PRIOR_FAMILY_KEY.search(k)]
     incompatible.missing_keys[:] = keep
 
 
-_PRIOR_FAMILY_KEY = re.compile(r"(^|\.)(prior|family|support|kernel|gp_read)\.")
 #: state_dicts saved before 0.3 hold the family under ``posterior.*``
 _OLD_FAMILY_KEYS = renamed_submodule_hook("posterior", "family")
 #: state_dicts saved before 0.5 hold the support under ``kernel.*``
@@ -88,31 +86,6 @@ def _own_forward_guard(module: nn.Module, args: tuple[Any, ...]) -> None:
     """Forward pre-hook that does nothing (kept so that layers pickled with it attached load;
     the fast path is chosen by :attr:`BayesianMultiheadAttention._qkv_same_embed_dim`)."""
     return None
-
-
-def mha_constructor_args(m: nn.Module) -> dict[str, Any]:
-    """The constructor arguments that rebuild ``m`` (a ``torch.nn.MultiheadAttention`` or a
-    :class:`BayesianMultiheadAttention`: they share these attributes) with the same shapes, on
-    the same device and dtype; used to convert between the two."""
-    if not isinstance(m, (TorchMultiheadAttention, BayesianMultiheadAttention)):
-        raise TypeError(
-            f"m must be a torch.nn.MultiheadAttention or a BayesianMultiheadAttention; got "
-            f"{type(m).__name__}"
-        )
-    ref = m.in_proj_weight if m.in_proj_weight is not None else m.q_proj_weight
-    return {
-        "embed_dim": m.embed_dim,
-        "num_heads": m.num_heads,
-        "dropout": m.dropout,
-        "bias": m.in_proj_bias is not None,
-        "add_bias_kv": m.bias_k is not None,
-        "add_zero_attn": m.add_zero_attn,
-        "kdim": m.kdim,
-        "vdim": m.vdim,
-        "batch_first": m.batch_first,
-        "device": ref.device,
-        "dtype": ref.dtype,
-    }
 
 
 def _check_family(family: Any, num_heads: int, head_dim: int) -> AttentionFamily | None:
@@ -156,7 +129,7 @@ def _check_gp(gp_read: Any, num_heads: int, head_dim: int, support: Any) -> Spar
     return gp_read
 
 
-class BayesianMultiheadAttention(PyroModule):
+class BayesianMultiheadAttention(TorchSurface, PyroModule):
     r"""Multi-head attention as posterior inference over the key each query reads.
 
     Args: as :class:`torch.nn.MultiheadAttention` (``embed_dim, num_heads, dropout=0.0, bias=True,
@@ -293,37 +266,6 @@ class BayesianMultiheadAttention(PyroModule):
             state["support"] = state.pop("kernel")
         super().__setstate__(state)
 
-    def _matches_torch(self) -> bool:
-        """True when torch's fused kernels compute exactly this layer *now*: uniform prior, every
-        key, no GP read, weights not recorded, no sampled projections, and deterministic (no
-        family) or in ``"mean"`` mode (set, or eval mode's default: :func:`default_mode`). Only then may torch's layers skip our ``forward``. (Read
-        straight from the instance dicts: torch asks on every call, and
-        ``PyroModule.__getattr__`` is slow.)"""
-        d = self.__dict__
-        mods = d["_modules"]
-        if (
-            d.get("record_weights")
-            or d["_pyro_samples"]
-            or mods.get("support", d.get("support")) is not None
-            or mods.get("gp_read", d.get("gp_read")) is not None
-            or not isinstance(mods.get("prior"), UniformPrior)
-        ):
-            return False
-        if mods.get("family", d.get("family")) is None:
-            return True
-        # the mode is read from context variables: inside torch.compile stay on our forward
-        return not torch.compiler.is_compiling() and default_mode(d["training"]) == "mean"
-
-    @property
-    def _qkv_same_embed_dim(self) -> bool:
-        """torch's attribute, read by ``torch.nn.TransformerEncoderLayer``/``TransformerEncoder``
-        to choose their fused fast path (which reads the projections and never calls our
-        ``forward``): True only when the projections are packed and :meth:`_matches_torch`.
-        So a Bayesian layer in ``"mean"`` mode keeps torch's fast path, and one that draws
-        weights (or has a prior, a support, recorded weights) turns it off. The layout itself
-        is ``_same_embed``."""
-        return bool(self._same_embed) and self._matches_torch()
-
     def _sync_fastpath_guard(self) -> None:
         """Nothing to do (the fast path is decided by :attr:`_qkv_same_embed_dim` at call time);
         removes the guard hook of layers built before that."""
@@ -337,53 +279,6 @@ class BayesianMultiheadAttention(PyroModule):
         if torch.compiler.is_compiling() and not self._pyro_params and not self._pyro_samples:
             return nn.Module.__call__(self, *args, **kwargs)
         return super().__call__(*args, **kwargs)
-
-    # ------------------------------------------------------------------------------------------
-    def merge_masks(
-        self, attn_mask: Tensor | None, key_padding_mask: Tensor | None, query: Tensor
-    ) -> tuple[Tensor | None, int | None]:
-        """As ``torch.nn.MultiheadAttention.merge_masks`` (called by torch's encoder layer on its
-        fast path): one mask and its type, 0 ``attn_mask`` ``(T, T)``, 1 ``key_padding_mask``
-        ``(B, T)``, 2 both merged to ``(B, H, T, T)``.
-
-        Shape:
-            query ``(B, T, E)``.
-        """
-        return merge_masks(attn_mask, key_padding_mask, query, self.num_heads)
-
-    def to_torch(self) -> TorchMultiheadAttention:
-        """The deterministic (posterior-mean) layer as a plain ``torch.nn.MultiheadAttention``
-        with copies of the same parameters. Only a uniform prior has one."""
-        if not isinstance(self.prior, UniformPrior):
-            raise TypeError(
-                f"to_torch: a layer with prior {type(self.prior).__name__} has no "
-                "torch.nn.MultiheadAttention equivalent (only UniformPrior)"
-            )
-        m = TorchMultiheadAttention(**mha_constructor_args(self))
-        sd = {k: v for k, v in self.state_dict().items() if not _PRIOR_FAMILY_KEY.search(k)}
-        m.load_state_dict(sd)
-        m.train(self.training)
-        return m
-
-    def __prepare_scriptable__(self) -> TorchMultiheadAttention:
-        """``torch.jit.script`` scripts the posterior-mean layer (:meth:`to_torch`): TorchScript
-        cannot compile Pyro sample sites, so a scripted layer is always deterministic."""
-        return self.to_torch()
-
-    def _reset_parameters(self) -> None:
-        """Same initialisation as ``torch.nn.MultiheadAttention``."""
-        if self._same_embed:
-            nn.init.xavier_uniform_(self.in_proj_weight)
-        else:
-            nn.init.xavier_uniform_(self.q_proj_weight)
-            nn.init.xavier_uniform_(self.k_proj_weight)
-            nn.init.xavier_uniform_(self.v_proj_weight)
-        if self.in_proj_bias is not None:
-            nn.init.constant_(self.in_proj_bias, 0.0)
-            nn.init.constant_(self.out_proj.bias, 0.0)
-        if self.bias_k is not None and self.bias_v is not None:  # both or neither
-            nn.init.xavier_normal_(self.bias_k)
-            nn.init.xavier_normal_(self.bias_v)
 
     def _projections(
         self, query: Tensor, key: Tensor, value: Tensor, self_attn: bool
@@ -469,25 +364,14 @@ class BayesianMultiheadAttention(PyroModule):
         the causal structure is used, else the mask. NestedTensor inputs (batch-first, no masks)
         are padded, masked and returned as NestedTensors."""
         if any(isinstance(t, Tensor) and t.is_nested for t in (query, key, value)):
-            q_pad, k_pad, v_pad, kpm, attn_mask, q_len = pad_nested(
-                query, key, value, key_padding_mask, attn_mask, is_causal, self.batch_first
-            )
-            out, w = self.forward(
-                q_pad, k_pad, v_pad, kpm, need_weights, attn_mask, average_attn_weights, False,
-                num_samples=num_samples, q_pos=q_pos, k_pos=k_pos,
+            return self._forward_nested(
+                query, key, value, key_padding_mask, need_weights, attn_mask,
+                average_attn_weights, is_causal, num_samples, q_pos, k_pos,
             )  # fmt: skip
-            return renest(out, q_len, query.layout), w
         support = self.support if self.support is not None else DENSE
-        hint_only = not support.supports_masks and support.supports_causal  # cluster_topk
-        attn_mask, is_causal = causal_hint(
-            attn_mask, key_padding_mask, is_causal, need_weights, hint_only
+        attn_mask, is_causal = self._check_call(
+            support, query, key, value, key_padding_mask, need_weights, attn_mask, is_causal
         )
-        check_inputs(
-            query, key, value, key_padding_mask, attn_mask,
-            dims=(self.embed_dim, self.kdim, self.vdim), num_heads=self.num_heads,
-            weight=self.out_proj.weight,
-            reads_values=self.support is not None or self.is_bayesian,
-        )  # fmt: skip
         # the one way in: the keyword, defaulting to bayesattn.num_samples(S) for an input
         # without sample dims (bayesattn.nn.sampling.layer_num_samples)
         reads_context = query.dim() == 3 and self.is_bayesian
@@ -518,6 +402,57 @@ class BayesianMultiheadAttention(PyroModule):
                                    average_attn_weights)  # fmt: skip
         return dense_outputs(out, res, num_samples, unbatched, self.batch_first, need_weights,
                              average_attn_weights)  # fmt: skip
+
+    def _forward_nested(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None,
+        need_weights: bool,
+        attn_mask: Tensor | None,
+        average_attn_weights: bool,
+        is_causal: bool,
+        num_samples: int | None,
+        q_pos: Tensor | None,
+        k_pos: Tensor | None,
+    ) -> tuple[Tensor, Tensor | SupportWeights | None]:
+        """:meth:`forward` of NestedTensor inputs (torch's ragged batches): padded and masked,
+        the padded batch attended, the output returned as a NestedTensor."""
+        q_pad, k_pad, v_pad, kpm, attn_mask, q_len = pad_nested(
+            query, key, value, key_padding_mask, attn_mask, is_causal, self.batch_first
+        )
+        out, w = self.forward(
+            q_pad, k_pad, v_pad, kpm, need_weights, attn_mask, average_attn_weights, False,
+            num_samples=num_samples, q_pos=q_pos, k_pos=k_pos,
+        )  # fmt: skip
+        return renest(out, q_len, query.layout), w
+
+    def _check_call(
+        self,
+        support: AttentionSupport,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None,
+        need_weights: bool,
+        attn_mask: Tensor | None,
+        is_causal: bool,
+    ) -> tuple[Tensor | None, bool]:
+        """torch's calling convention, checked as torch checks it: ``is_causal`` as a hint
+        about ``attn_mask`` (:func:`~bayesattn.nn.mha_checks.causal_hint`), then the inputs'
+        shapes, dtypes and masks; returns the mask and causal flag to use."""
+        hint_only = not support.supports_masks and support.supports_causal  # cluster_topk
+        attn_mask, causal = causal_hint(
+            attn_mask, key_padding_mask, is_causal, need_weights, hint_only
+        )
+        check_inputs(
+            query, key, value, key_padding_mask, attn_mask,
+            dims=(self.embed_dim, self.kdim, self.vdim), num_heads=self.num_heads,
+            weight=self.out_proj.weight,
+            reads_values=self.support is not None or self.is_bayesian,
+        )  # fmt: skip
+        return attn_mask, causal
 
     def _heads(
         self,

@@ -7,28 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro import poutine
-from pyro.infer.autoguide import AutoGuide, AutoNormal
-from pyro.nn import PyroModule
 from torch import Tensor, nn
-from torch.distributions import Distribution
 
 from ..._validation import check_int, check_real
 from ..contract import REMOVED_PRIVATE_NAMES, REQUIRED, check_sample_argument
-from ..modes import (
-    AttentionMode,
-    attention_mode,
-    collect_kl,
-    current_mode,
-    global_values,
-)
+from ..modes import attention_mode, collect_kl, current_mode, global_values
+from .global_sites import GlobalSites, module_flag
 
 __all__ = [
     "BayesianNetwork",
@@ -53,14 +44,6 @@ def check_tokens(name: str, x: Tensor, vocab_size: int) -> None:
         raise ValueError(
             f"{name} ids must be in [0, {vocab_size}); got min {int(x.min())}, max {int(x.max())}"
         )
-
-
-def _flag(m: nn.Module, name: str) -> bool:
-    """``getattr(m, name, False) is True`` without a ``PyroModule``'s slow lookup of a name it
-    does not have (most modules): only a plain instance or class attribute can be ``True``."""
-    if name not in m.__dict__ and not hasattr(type(m), name):
-        return False
-    return getattr(m, name, False) is True
 
 
 def _finite(t: Tensor) -> bool:
@@ -98,7 +81,7 @@ class TrunkMixture(Protocol):
         ...
 
 
-class BayesianNetwork(PyroModule):
+class BayesianNetwork(GlobalSites):
     r"""Base class of every network: the public network contract (:mod:`bayesattn.nn.contract`).
 
     A subclass **must** implement
@@ -142,8 +125,6 @@ class BayesianNetwork(PyroModule):
                 + ", required of every BayesianNetwork (see bayesattn.nn.contract)"
             )
         super().__init__()
-        self._weight_sites: list[tuple[nn.Module, str, str]] = []
-        self.weight_guide: AutoGuide | None = None
         #: the optional trunk hook (:meth:`attach_trunk_mixture`); ``None`` without one
         self.trunk_mixture: TrunkMixture | None = None
 
@@ -218,23 +199,6 @@ class BayesianNetwork(PyroModule):
         with ctx, self.pyro_context, self.weights_from(values):
             return self.forward_logits(x, y, num_samples)
 
-    @property
-    def pyro_context(self) -> contextlib.AbstractContextManager:
-        """The network's Pyro module context (re-entrant): inside it, the ``PyroSample`` weight
-        sites of submodules are named by module path and drawn once per context. Enter it around
-        :meth:`forward_logits` when calling that directly."""
-        return self._pyro_context
-
-    def weight_sites(self) -> list[tuple[nn.Module, str, str]]:
-        """``(module, attribute, site name)`` of each Bayesian projection weight (empty unless
-        :func:`~bayesattn.nn.weights.bayesian_projections` was applied)."""
-        return list(self._weight_sites)
-
-    def register_weight_site(self, module: nn.Module, attribute: str, name: str) -> None:
-        """Record that ``module.attribute`` is a ``PyroSample`` weight site called ``name`` (a
-        global site of :meth:`model`); used by :func:`~bayesattn.nn.weights.bayesian_projections`."""
-        self._weight_sites.append((module, attribute, name))
-
     def attach_trunk_mixture(self, hook: TrunkMixture) -> None:
         """Attach ``hook`` as :attr:`trunk_mixture` (a submodule: its parameters are the
         network's, saved under ``trunk_mixture.``). Raises ``TypeError`` unless ``hook`` is an
@@ -262,7 +226,7 @@ class BayesianNetwork(PyroModule):
         Gaussian-process read-outs (a module inside one already listed is not listed again)."""
         out: list[str] = []
         for n, m in self.named_modules():
-            if _flag(m, "is_bayesian") and not any(n.startswith(o + ".") for o in out):
+            if module_flag(m, "is_bayesian") and not any(n.startswith(o + ".") for o in out):
                 out.append(n)
         return out
 
@@ -287,60 +251,12 @@ class BayesianNetwork(PyroModule):
                 return i, True
         return n, False
 
-    def global_latents(self) -> list[Any]:
-        """Modules with a global latent (``global_latent = True``: sparse-GP inducing values):
-        drawn once per pass and posterior sample, outside the data plate, shared by every
-        example; each has ``site_name``, ``prior()``, ``posterior()`` and ``kl()``."""
-        return [m for m in self.modules() if _flag(m, "global_latent")]
-
-    def draw_globals(
-        self, mode: AttentionMode, num_samples: int | None = None, site: bool = False
-    ) -> dict[str, Tensor] | None:
-        """One draw of every global latent: from ``q`` (``"guide"``/``"elbo"``) or the prior
-        (``"model"``); ``(S, *shape)`` with ``num_samples=S``; ``None`` in ``"mean"`` mode or
-        without global latents. ``site=True`` draws at Pyro sample sites (call it outside the
-        data plate: :meth:`model`, :meth:`guide`)."""
-        mods = self.global_latents()
-        if not mods or mode == "mean":
-            return None
-        out: dict[str, Tensor] = {}
-        with self.pyro_context:
-            for m in mods:
-                d = m.prior() if mode == "model" else m.posterior()
-                if site:
-                    out[m.site_name] = pyro.sample(m.site_name, d)
-                else:
-                    shape = torch.Size(() if num_samples is None else (num_samples,))
-                    out[m.site_name] = d.sample(shape)
-        return out
-
     def _num_data(self, num_data: int | None, batch: int) -> int:
         if num_data is None:
             return batch
         if not isinstance(num_data, int) or num_data < batch:
             raise ValueError(f"num_data must be an int >= batch size {batch}; got {num_data!r}")
         return num_data
-
-    def _touch_weight_sites(self) -> dict[str, Tensor]:
-        return {full: getattr(mod, attr) for mod, attr, full in self._weight_sites}
-
-    def weight_prior_model(self, *args: Any, **kwargs: Any) -> dict[str, Tensor]:
-        """The global (weight-space) part of the model alone: draws every Bayesian weight from
-        its prior and returns ``{site name: value}`` (the model of the weight autoguide; ignores
-        its arguments)."""
-        with self.pyro_context:
-            return self._touch_weight_sites()
-
-    @contextlib.contextmanager
-    def weights_from(self, values: dict[str, Tensor] | None) -> Iterator[None]:
-        """Context manager: use the given ``{site name: value}`` for the Bayesian weights (e.g.
-        ``(S, *shape)`` draws that broadcast over the sample dim), hidden from the current trace;
-        ``None`` or ``{}`` changes nothing."""
-        if not values:
-            yield
-            return
-        with poutine.block(hide=list(values)), poutine.condition(data=values):
-            yield
 
     def model(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
         """Generative model: priors over weights and attention, categorical likelihood."""
@@ -370,32 +286,6 @@ class BayesianNetwork(PyroModule):
             with pyro.plate("data", N, subsample=torch.arange(B, device=x.device)):
                 with attention_mode("guide"), self.weights_from(values), global_values(g):
                     self.forward_logits(x, y)
-
-    def _weight_kl(self) -> tuple[dict[str, Tensor] | None, Tensor | float]:
-        """Draw Bayesian weights from their guide; ``KL(q‖p)`` (analytic for mean-field normal
-        guides, single-draw Monte Carlo otherwise)."""
-        if self.weight_guide is None:
-            return None, 0.0
-        gtr = poutine.trace(self.weight_guide).get_trace()
-        values: dict[str, Tensor] = {}
-        for n, s in gtr.nodes.items():
-            if s["type"] != "sample" or (s["infer"] or {}).get("is_auxiliary"):
-                continue
-            if s["value"] is None:  # pragma: no cover - Pyro fills the value of every sample site
-                raise RuntimeError(f"weight guide site {n!r} has no value")
-            values[n] = s["value"]
-        ptr = poutine.trace(poutine.condition(self.weight_prior_model, data=values)).get_trace()
-        if isinstance(self.weight_guide, AutoNormal):
-            # AutoNormal samples an auxiliary unconstrained Normal then a Delta; our weight priors
-            # have real support, so the auxiliary Normal is q itself and the KL is closed form.
-            kl: Tensor | float = 0.0
-            for name in values:
-                # Pyro types a site's fn as a callable; at sample sites it is a distribution
-                q = cast(Distribution, gtr.nodes[name + "_unconstrained"]["fn"])
-                p = cast(Distribution, ptr.nodes[name]["fn"])
-                kl = kl + torch.distributions.kl_divergence(q, p).sum()
-            return values, kl
-        return values, gtr.log_prob_sum() - ptr.log_prob_sum()
 
     def elbo_loss(
         self,
