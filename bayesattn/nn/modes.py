@@ -21,14 +21,20 @@ the mode itself). A layer without a family is always ``"mean"``:
 
 ``"posterior"`` and ``"prior"``, the pre-0.3 spellings of ``"guide"`` and ``"model"``, are removed
 (a ``ValueError`` naming the new spelling; see ``docs/glossary.md``).
+
+What a pass's context managers set (the mode, the KL collector, preset global values, whether
+draws are asked for, and :func:`bayesattn.num_samples`'s count) has one owner: the immutable
+:class:`PassContext` of the current context, one ``ContextVar``; each context manager enters a
+copy with its field changed (:func:`entered`) and restores the outer one on exit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from contextvars import ContextVar
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -48,6 +54,9 @@ __all__ = [
     "KLCollector",
     "global_values",
     "current_global_values",
+    "PassContext",
+    "pass_context",
+    "entered",
 ]
 
 AttentionMode = Literal["mean", "guide", "model", "elbo"]
@@ -55,10 +64,42 @@ MODES: tuple[AttentionMode, ...] = get_args(AttentionMode)
 #: attention modes renamed in 0.3 (old -> new; removed in 0.4): named in the error only
 _OLD_MODES = {"posterior": "guide", "prior": "model"}
 
-_MODE: ContextVar[AttentionMode | None] = ContextVar("bayesattn_attention_mode", default=None)
-_KL: ContextVar[KLCollector | None] = ContextVar("bayesattn_kl", default=None)
-_GLOBALS: ContextVar[dict[str, Tensor] | None] = ContextVar("bayesattn_globals", default=None)
-_DRAWS: ContextVar[bool] = ContextVar("bayesattn_draws", default=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class PassContext:
+    """What the context managers of a pass have set (immutable; see the module docstring):
+    ``mode`` (:func:`attention_mode`), ``kl`` (:func:`collect_kl`), ``global_values``
+    (:func:`global_values`), ``draws`` (:func:`asking_for_draws`) and ``num_samples``
+    (:func:`bayesattn.num_samples`)."""
+
+    mode: AttentionMode | None = None
+    kl: KLCollector | None = None
+    global_values: dict[str, Tensor] | None = None
+    draws: bool = False
+    num_samples: int | None = None
+
+
+#: outside every context manager (immutable, so one instance serves as the default)
+_OUTSIDE = PassContext()
+_PASS: ContextVar[PassContext] = ContextVar("bayesattn_pass", default=_OUTSIDE)
+
+
+def pass_context() -> PassContext:
+    """The :class:`PassContext` of the current context."""
+    return _PASS.get()
+
+
+@contextlib.contextmanager
+def entered(**changes: Any) -> Iterator[PassContext]:
+    """Context manager: the current :class:`PassContext` with ``changes`` (field values) while
+    open, the outer one restored on exit."""
+    ctx = dataclasses.replace(_PASS.get(), **changes)
+    token = _PASS.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _PASS.reset(token)
 
 
 def _renamed_hint(mode: object) -> str:
@@ -76,7 +117,7 @@ def check_mode(mode: str, name: str = "mode") -> AttentionMode:
 
 def current_mode() -> AttentionMode | None:
     """The mode set by the innermost :func:`attention_mode`, or ``None`` (layer default)."""
-    return _MODE.get()
+    return _PASS.get().mode
 
 
 #: Dynamo cannot trace ContextVar.get: inside torch.compile the mode is read once at trace time
@@ -91,7 +132,7 @@ def context_mode() -> AttentionMode | None:
 
 def draws_asked() -> bool:
     """True inside :func:`asking_for_draws` (entered by :func:`bayesattn.num_samples`)."""
-    return _DRAWS.get()
+    return _PASS.get().draws
 
 
 #: read once at trace time inside torch.compile, like the mode
@@ -103,11 +144,8 @@ def asking_for_draws() -> Iterator[None]:
     """Context manager: layers inside that have no :func:`attention_mode` draw their weights
     even in eval mode (``bayesattn.num_samples(S)`` enters it; so does a converted transformers
     model that repeats its inputs ``S`` times)."""
-    token = _DRAWS.set(True)
-    try:
+    with entered(draws=True):
         yield
-    finally:
-        _DRAWS.reset(token)
 
 
 def default_mode(training: bool, draws: bool = False) -> AttentionMode:
@@ -136,11 +174,8 @@ def attention_mode(mode: AttentionMode | None) -> Iterator[None]:
             raise ValueError(
                 f"mode must be one of {MODES} or None; got {mode!r}{_renamed_hint(mode)}"
             )
-    token = _MODE.set(mode)
-    try:
+    with entered(mode=mode):
         yield
-    finally:
-        _MODE.reset(token)
 
 
 class KLCollector:
@@ -183,16 +218,13 @@ class KLCollector:
 def collect_kl() -> Iterator[KLCollector]:
     """Open a KL collector and set ``"elbo"`` mode inside it."""
     col = KLCollector()
-    token = _KL.set(col)
-    try:
-        with attention_mode("elbo"):
-            yield col
-    finally:
-        _KL.reset(token)
+    with entered(kl=col), attention_mode("elbo"):
+        yield col
 
 
 def current_kl_collector() -> KLCollector | None:
-    return _KL.get()
+    """The collector opened by the innermost :func:`collect_kl`, or ``None``."""
+    return _PASS.get().kl
 
 
 @contextlib.contextmanager
@@ -203,14 +235,11 @@ def global_values(values: dict[str, Tensor] | None) -> Iterator[None]:
     if values is None:
         yield
         return
-    outer = _GLOBALS.get()
-    token = _GLOBALS.set({**(outer or {}), **values})
-    try:
+    outer = _PASS.get().global_values
+    with entered(global_values={**(outer or {}), **values}):
         yield
-    finally:
-        _GLOBALS.reset(token)
 
 
 def current_global_values() -> dict[str, Tensor] | None:
     """The ``{site name: value}`` set by the innermost :func:`global_values`, or ``None``."""
-    return _GLOBALS.get()
+    return _PASS.get().global_values

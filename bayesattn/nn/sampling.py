@@ -27,21 +27,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from contextvars import ContextVar
 
 import torch
 
 from .._validation import check_int
-from .modes import asking_for_draws
+from .modes import entered, pass_context
 
 __all__ = ["num_samples", "current_num_samples", "layer_num_samples"]
-
-_NUM_SAMPLES: ContextVar[int | None] = ContextVar("bayesattn_num_samples", default=None)
 
 
 def current_num_samples() -> int | None:
     """The sample count set by the innermost :func:`num_samples`, or ``None``."""
-    return _NUM_SAMPLES.get()
+    return pass_context().num_samples
 
 
 #: Dynamo cannot trace ContextVar.get: inside torch.compile the count is read once at trace time
@@ -75,12 +72,6 @@ def num_samples(n: int | None) -> Iterator[None]:
     mode draw from the guide instead of taking the posterior mean, down to those that see the
     sample dim; ``num_samples(None)`` clears the count only."""
     check_int("num_samples", n, 1, allow_none=True)
-    token = _NUM_SAMPLES.set(n)
-    try:
-        if n is None:
-            yield
-        else:
-            with asking_for_draws():
-                yield
-    finally:
-        _NUM_SAMPLES.reset(token)
+    # n set: draws asked for too (asking_for_draws); None: the count cleared, draws unchanged
+    with entered(num_samples=n) if n is None else entered(num_samples=n, draws=True):
+        yield

@@ -5,6 +5,8 @@ kind of layer that samples: in eval mode without a mode a layer is deterministic
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyro
 import pytest
 import torch
@@ -195,3 +197,32 @@ def test_rank1_mixture():
         net.train()
         assert default_mode(mix.training) == "guide"
         assert _differ(net.forward_logits(x), net.forward_logits(x))
+
+
+def test_a_pass_context_has_one_owner_and_nests():
+    """Every context manager of a pass changes one field of one immutable PassContext and
+    restores the outer one on exit (also when the block raises)."""
+    from bayesattn.nn.modes import PassContext, collect_kl, global_values, pass_context
+    from bayesattn.nn.sampling import num_samples
+
+    assert pass_context() == PassContext()
+    g = {"site": torch.zeros(2)}
+    with attention_mode("guide"):
+        with num_samples(4), global_values(g):
+            ctx = pass_context()
+            assert (ctx.mode, ctx.num_samples, ctx.draws) == ("guide", 4, True)
+            assert ctx.global_values == g and ctx.kl is None
+            with collect_kl() as col:
+                assert pass_context().kl is col and pass_context().mode == "elbo"
+                with num_samples(None):  # clears the count, keeps the draws
+                    assert pass_context().num_samples is None and pass_context().draws
+            assert pass_context() is ctx
+        with pytest.raises(RuntimeError), asking_for_draws():
+            raise RuntimeError
+        assert pass_context() == PassContext(mode="guide")
+    assert pass_context() == PassContext()
+    # the package keeps its pass state in this one ContextVar
+    root = Path(bayesattn.__file__).parent
+    made = [p for p in root.rglob("*.py") if "ContextVar(" in p.read_text()]
+    assert [p.relative_to(root).as_posix() for p in made] == ["nn/modes.py"]
+    assert (root / "nn" / "modes.py").read_text().count("ContextVar(") == 1
