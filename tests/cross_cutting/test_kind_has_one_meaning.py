@@ -1,5 +1,5 @@
 """"kind" has the glossary's one meaning, how a predictive's samples were drawn
-(``PredictionResult.kind``). Its other meanings were renamed in 0.7; the old attribute names
+(``PredictionResult.kind``). Its other meanings were renamed in 0.6; the old attribute names
 warn (``DeprecationWarning``) and give the new value for one release."""
 
 from __future__ import annotations
