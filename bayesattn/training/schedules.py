@@ -33,8 +33,9 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 from torch.optim.lr_scheduler import (
@@ -133,6 +134,26 @@ def lr_scheduler(
         a ``SequentialLR`` (or a single scheduler when there is one phase); call ``step()``
         after every ``optimizer.step()``.
     """
+    _check_schedule(decay, warmup_steps, decay_steps, min_lr_ratio, step_size, gamma)
+    W, r = warmup_steps, float(min_lr_ratio)
+    # phases (a scheduler and its length; None: the last) chained at their milestones
+    phases: list[tuple[LRScheduler, int | None]] = []
+    if W > 0:
+        # factor (i + 1)/W at step i; total_iters >= 1 keeps LinearLR's formula defined at W = 1
+        warm = LinearLR(optimizer, start_factor=1.0 / W, end_factor=1.0, total_iters=max(W - 1, 1))
+        phases.append((warm, W))
+    phases += _decay_phases(optimizer, decay, max(1, decay_steps - W), r, step_size, gamma)
+    if len(phases) == 1:
+        return phases[0][0]
+    milestones = list(itertools.accumulate(n for _, n in phases[:-1] if n is not None))
+    return SequentialLR(optimizer, [p for p, _ in phases], milestones)
+
+
+def _check_schedule(
+    decay: Any, warmup_steps: int, decay_steps: int, min_lr_ratio: float, step_size: int,
+    gamma: float,
+) -> None:
+    """The arguments of :func:`lr_scheduler`, checked (``ValueError``/``TypeError`` naming one)."""
     if decay not in LR_DECAYS:
         raise ValueError(f"decay must be one of {LR_DECAYS}; got {decay!r}")
     for name, v in (("warmup_steps", warmup_steps), ("decay_steps", decay_steps)):
@@ -142,41 +163,32 @@ def lr_scheduler(
         raise ValueError(f"min_lr_ratio must be in [0, 1]; got {min_lr_ratio!r}")
     if not 0.0 < float(gamma) <= 1.0:
         raise ValueError(f"gamma must be in (0, 1]; got {gamma!r}")
-    r = float(min_lr_ratio)
-    phases: list[LRScheduler] = []
-    milestones: list[int] = []
 
-    def then(sched: LRScheduler, length: int | None) -> None:
-        phases.append(sched)
-        if length is not None:
-            milestones.append((milestones[-1] if milestones else 0) + length)
 
-    W = warmup_steps
-    if W > 0:
-        # factor (i + 1)/W at step i; total_iters >= 1 keeps LinearLR's formula defined at W = 1
-        then(
-            LinearLR(optimizer, start_factor=1.0 / W, end_factor=1.0, total_iters=max(W - 1, 1)), W
-        )
-    D = max(1, decay_steps - W)
+def _decay_phases(
+    optimizer: torch.optim.Optimizer, decay: LrDecay, D: int, r: float, step_size: int,
+    gamma: float,
+) -> list[tuple[LRScheduler, int | None]]:
+    """The decay after warm-up (:func:`lr_scheduler`'s phase 2): schedulers and their lengths
+    (``None``: runs to the end), over ``D`` steps down to the ratio ``r``."""
     if decay == "cosine":
         base = [
             g["lr"] if "initial_lr" not in g else g["initial_lr"] for g in optimizer.param_groups
         ]
         if len({float(b) for b in base}) > 1:
             raise ValueError("cosine decay needs one peak lr for every parameter group")
-        then(CosineAnnealingLR(optimizer, T_max=D, eta_min=r * float(base[0])), D)
-        then(ConstantLR(optimizer, factor=r, total_iters=_FOREVER), None)
-    elif decay == "linear":
-        then(LinearLR(optimizer, start_factor=1.0, end_factor=r, total_iters=D), None)
-    elif decay == "step":
+        return [
+            (CosineAnnealingLR(optimizer, T_max=D, eta_min=r * float(base[0])), D),
+            (ConstantLR(optimizer, factor=r, total_iters=_FOREVER), None),
+        ]
+    if decay == "linear":
+        return [(LinearLR(optimizer, start_factor=1.0, end_factor=r, total_iters=D), None)]
+    if decay == "step":
         j = _steps_to_floor(float(gamma), r)
         if j is None:
-            then(StepLR(optimizer, step_size=step_size, gamma=gamma), None)
-        else:
-            then(StepLR(optimizer, step_size=step_size, gamma=gamma), j * step_size)
-            then(ConstantLR(optimizer, factor=r, total_iters=_FOREVER), None)
-    else:
-        then(ConstantLR(optimizer, factor=1.0, total_iters=_FOREVER), None)
-    if len(phases) == 1:
-        return phases[0]
-    return SequentialLR(optimizer, phases, milestones)
+            return [(StepLR(optimizer, step_size=step_size, gamma=gamma), None)]
+        return [
+            (StepLR(optimizer, step_size=step_size, gamma=gamma), j * step_size),
+            (ConstantLR(optimizer, factor=r, total_iters=_FOREVER), None),
+        ]
+    return [(ConstantLR(optimizer, factor=1.0, total_iters=_FOREVER), None)]
