@@ -482,27 +482,43 @@ def geometry_report(
     mods = dict(layers)
     for name in names:
         samples = res.attention[name].samples  # (S, B, H, T, T)
-        mean = samples.mean(0)  # (B, H, T, T)
-        d = spatial_attention_distance(mean, dist, first).mean((0, 2))  # (H,)
-        ent = attention_entropy(mean).mean((0, 2))  # (H,)
-        report["distance"][name] = d.tolist()
-        report["distance_mean"][name] = float(d.mean())
-        report["entropy"][name] = ent.tolist()
-        report["entropy_mean"][name] = float(ent.mean())
-        report["posterior_sd"][name] = float(samples.std(0, correction=0).mean())
-        report["spread_by_distance"][name] = spread_by_distance(samples, dist, first, num_bins)
         w_in = _layer_weight(net, name, mods[name])
-        ang = head_subspace_angles(mods[name], "q", mean=True, weight=w_in)  # (H, H)
-        H = ang.shape[0]
-        off = ang[~torch.eye(H, dtype=torch.bool)]
-        report["subspace_angle"][name] = ang.tolist()
-        report["subspace_angle_mean"][name] = float(off.mean()) if off.numel() else 0.0
+        for key, value in _layer_geometry(samples, mods[name], w_in, dist, first, num_bins).items():
+            report[key][name] = value  # {layer: value} per entry
     dm = [report["distance_mean"][n] for n in names]
     report["local_to_global"] = bool(all(b > a for a, b in zip(dm, dm[1:], strict=False)))
     report["figures"] = []
     if figures:
         report["figures"] = _geometry_figures(report, Path(out_dir))
     return report
+
+
+def _layer_geometry(
+    samples: Tensor,
+    module: nn.Module,
+    w_in: Tensor | None,
+    dist: Tensor,
+    first: int,
+    num_bins: int,
+) -> dict[str, Any]:
+    """One attention layer's entries of :func:`geometry_report` from its weight draws
+    ``(S, B, H, T, T)`` and its query projection ``w_in``."""
+    mean = samples.mean(0)  # (B, H, T, T)
+    d = spatial_attention_distance(mean, dist, first).mean((0, 2))  # (H,)
+    ent = attention_entropy(mean).mean((0, 2))  # (H,)
+    ang = head_subspace_angles(module, "q", mean=True, weight=w_in)  # (H, H)
+    H = ang.shape[0]
+    off = ang[~torch.eye(H, dtype=torch.bool)]
+    return {
+        "distance": d.tolist(),
+        "distance_mean": float(d.mean()),
+        "entropy": ent.tolist(),
+        "entropy_mean": float(ent.mean()),
+        "posterior_sd": float(samples.std(0, correction=0).mean()),
+        "spread_by_distance": spread_by_distance(samples, dist, first, num_bins),
+        "subspace_angle": ang.tolist(),
+        "subspace_angle_mean": float(off.mean()) if off.numel() else 0.0,
+    }
 
 
 def _geometry_figures(report: dict[str, Any], out: str | Path) -> list[str]:
