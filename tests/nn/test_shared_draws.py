@@ -26,7 +26,7 @@ from bayesattn.functional.supports.attend import FOLD_ROWS, sample_matmul
 from bayesattn.nn.blocks import AttentionConfig, Decoder, EncoderLayer
 from bayesattn.nn.modes import attention_mode, collect_kl
 from bayesattn.nn.networks import CausalLM, TransformerClassifier, VisionTransformer
-from bayesattn.nn.networks.base import _flag
+from bayesattn.nn.networks.global_sites import module_flag as _flag
 from bayesattn.uncertainty import predict
 
 FAMILIES = ["dirichlet", "logistic_normal", "weibull", "concrete"]
