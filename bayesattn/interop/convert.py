@@ -159,18 +159,27 @@ def convert(
             f"layers={layers!r} selected none of the model's {len(names)} attention modules "
             f"{names}: nothing would be converted"
         )
-    # every path of each module (a shared module appears once in ``names``, at its first path)
-    paths: dict[int, list[str]] = {}
-    for n, m in model.named_modules(remove_duplicate=False):
-        if _convertible(m) or _is_bayesian(m):
-            paths.setdefault(id(m), []).append(n)
     # build every new layer/family first, change the model only when all were built: a call that
     # raises (a family callable, a bad prior) leaves the model as it was
-    rebuilt: list[tuple[BayesianMultiheadAttention, str, Any, Any]] = []
-    swaps: list[tuple[str, nn.Module, BayesianMultiheadAttention]] = []
-    for path in names:
-        if path not in chosen:
-            continue
+    rebuilt, swaps = _build_layers(model, [n for n in names if n in chosen], family, prior)
+    _swap_in(model, rebuilt, swaps, prior)
+    return model
+
+
+#: a converted layer given a new family and prior: (layer, path, family, prior)
+_Rebuilt = tuple[BayesianMultiheadAttention, str, Any, Any]
+#: a torch layer and its Bayesian replacement: (path, old, new)
+_Swap = tuple[str, nn.Module, BayesianMultiheadAttention]
+
+
+def _build_layers(
+    model: nn.Module, paths: list[str], family: Any, prior: Any
+) -> tuple[list[_Rebuilt], list[_Swap]]:
+    """What :func:`convert` will change, built without changing ``model``: a new family/prior
+    for each already converted layer of ``paths``, a Bayesian layer for each torch one."""
+    rebuilt: list[_Rebuilt] = []
+    swaps: list[_Swap] = []
+    for path in paths:
         old = model.get_submodule(path)
         if isinstance(old, BayesianMultiheadAttention):  # re-convert: new family/prior
             fam = _build(family, "family", path, old)
@@ -179,6 +188,17 @@ def convert(
             continue
         new = _convert_one(cast(TorchMultiheadAttention, old), family, prior, path)
         swaps.append((path, old, new))
+    return rebuilt, swaps
+
+
+def _swap_in(model: nn.Module, rebuilt: list[_Rebuilt], swaps: list[_Swap], prior: Any) -> None:
+    """Apply :func:`_build_layers`'s changes to ``model``: new families/priors set, torch layers
+    replaced at every path they hold (a shared module stays shared), Pyro sites named."""
+    # every path of each module (a shared module appears once in ``names``, at its first path)
+    paths: dict[int, list[str]] = {}
+    for n, m in model.named_modules(remove_duplicate=False):
+        if _convertible(m) or _is_bayesian(m):
+            paths.setdefault(id(m), []).append(n)
     for layer, path, fam, pri in rebuilt:
         layer.family = fam
         if prior is not None:
@@ -189,7 +209,6 @@ def convert(
             parent, last = _parent(model, p)
             setattr(parent, last, new)
         _name_sites(new, path)
-    return model
 
 
 def _nothing_to_convert(foreign: dict[str, str]) -> None:
