@@ -6,16 +6,21 @@ name):
 
 * :func:`renamed_state_keys` / :func:`renamed_submodule_hook` — ``state_dict`` keys saved under an
   old submodule name read as the new one.
+
+Names that moved in a release keep working for one more with a ``DeprecationWarning``:
+:func:`moved_names` (a module's ``__getattr__``) and :func:`deprecated` (a call's warning).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["renamed_state_keys", "renamed_submodule_hook"]
+__all__ = ["deprecated", "moved_names", "renamed_state_keys", "renamed_submodule_hook"]
 
 
 def renamed_state_keys(
@@ -53,3 +58,33 @@ def renamed_submodule_hook(old: str, new: str) -> Callable[..., None]:
     it can still be pickled (``torch.save(model)``, ``torch.multiprocessing`` spawn, DDP).
     """
     return functools.partial(_rename_submodule_keys, old, new)
+
+
+def moved_names(module: str, table: dict[str, tuple[str, str, str]]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for names that moved (kept one release): ``table`` maps an old
+    name to ``(new module, new name, what to use instead)``; looking the old name up gives the
+    new object with a ``DeprecationWarning`` naming the replacement."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in table:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        where, attr, instead = table[name]
+        warnings.warn(
+            f"{module}.{name} is deprecated and will be removed in the next release; use "
+            f"{instead} (see the migration table in docs/interop.md)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(where), attr)
+
+    return __getattr__
+
+
+def deprecated(name: str, instead: str) -> None:
+    """Warn that ``name`` (a function or class kept one release) is deprecated."""
+    warnings.warn(
+        f"{name} is deprecated and will be removed in the next release; use {instead} (see "
+        "the migration table in docs/interop.md)",
+        DeprecationWarning,
+        stacklevel=3,
+    )

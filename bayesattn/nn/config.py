@@ -75,7 +75,7 @@ class AttentionConfig:
             read-outs ``"sparse_gp"`` and ``"random_features"`` and the ``"epinet"`` head were
             tried and dropped (0.4 and 0.5; their numbers are in docs/which-attention.md): use
             ``read="sparse_gp"`` or, for a trained network,
-            :func:`~bayesattn.interop.posthoc_gp.fit_posthoc_gp`.
+            :func:`~bayesattn.posthoc.GPRead`.
 
     Names resolve through the registries (:mod:`bayesattn.registry`) when the config is made, so
     user-registered families, priors and supports work in every network built from it.
