@@ -24,8 +24,8 @@ def check_labels(name: str, y: Any, n: int | None = None, num_classes: int | Non
     if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
         raise TypeError(f"{name} must hold integer class labels; got dtype {y.dtype}")
     if y.dim() != 1 or (n is not None and y.shape[0] != n):
-        want = f"({n},)" if n is not None else "(N,)"
-        raise ValueError(f"{name} must be a 1-D label tensor {want}; got shape {tuple(y.shape)}")
+        want = f" of length {n} ({n},), one per example" if n is not None else ""
+        raise ValueError(f"{name} must be a 1-D label tensor{want}; got shape {tuple(y.shape)}")
     if y.numel() == 0:
         raise ValueError(f"{name} is empty: a read needs at least one labelled example")
     if num_classes is not None and (int(y.min()) < 0 or int(y.max()) >= num_classes):

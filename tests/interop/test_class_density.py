@@ -103,7 +103,7 @@ def test_bad_inputs_name_the_argument():
         fit_class_density([h], y.clamp(max=1), [h], y, 3)
     with pytest.raises(ValueError, match=r"val_views\[0\] must have D = 4"):
         fit_class_density([h], y, [h[:, :2]], y, 3)
-    with pytest.raises(ValueError, match="y_train must lie in"):
+    with pytest.raises(ValueError, match=r"y_train must hold labels in \[0, 3\)"):
         fit_class_density([h], y + 5, [h], y, 3)
     with pytest.raises(ValueError, match="NaN"):
         fit_class_density([h * float("nan")], y, [h], y, 3)
