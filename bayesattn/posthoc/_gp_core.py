@@ -84,6 +84,8 @@ class PosthocGP:
     mf_temperature: float = 1.0  # T_mf
     mf_scale: float = 0.0  # a ≥ 0
     half_tril: Tensor | None = None  # (R, R): L with LLᵀ = (Σ_a + Σ_b)/2, Σ of each half
+    #: KL(N(0, Σ) ‖ N(0, I)) of one output column, nats (float64, at the fit)
+    column_kl: float = 0.0
 
     def features(self, h: Tensor) -> Tensor:
         """:math:`\\phi(h)` ``(B, R)``."""
@@ -338,8 +340,17 @@ def fit_gp_features(
         )
     else:
         read.mf_temperature = T
+    read.column_kl = _column_kl(read.scale_tril)
     _to_precision(read, z.dtype if z.is_floating_point() else torch.float32)
     return read
+
+
+def _column_kl(tril: Tensor) -> float:
+    r""":math:`\tfrac12(\operatorname{tr}\Sigma - R - \log|\Sigma|)` of :math:`\Sigma = LL^\top`
+    ``(R, R)`` against :math:`I` (float64)."""
+    tril = tril.double()
+    logdet = 2 * float(torch.log(torch.diagonal(tril)).sum())
+    return 0.5 * (float((tril * tril).sum()) - tril.shape[0] - logdet)
 
 
 def _predict(read: PosthocGP, z: Tensor, h: Tensor, S: int, seed: int) -> Tensor:

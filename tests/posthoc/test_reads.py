@@ -220,10 +220,11 @@ def test_gp_read_kl_is_the_closed_form_gaussian_kl():
     from torch.distributions import MultivariateNormal, kl_divergence
 
     torch.manual_seed(0)
-    model = Encoder().eval()
+    model = Encoder().double().eval()  # float64 features: the read keeps its covariance in float64
     x, y = _data()
     read = GPRead(model, num_features=16).fit(x[:90], y[:90])
-    tril = read.core_.scale_tril.double()
+    tril = read.core_.scale_tril
+    assert tril.dtype == torch.float64
     q = MultivariateNormal(torch.zeros(16, dtype=torch.float64), scale_tril=tril)
     p = MultivariateNormal(torch.zeros(16, dtype=torch.float64), torch.eye(16, dtype=torch.float64))
     assert read.kl() == pytest.approx(3 * float(kl_divergence(q, p)), rel=1e-6)
