@@ -6,7 +6,10 @@ Rows: the deterministic network (logits); the 5-ensemble; the class-conditional 
 (``bayesattn.posthoc.DensityRead.predict_and_score``: one pass through the network with every
 token of the last layer, then the calibrated probabilities and the OOD score from one density
 evaluation); the post-hoc GP read's mean-field predictive with its variance
-(``bayesattn.posthoc.GPRead`` on the features of one pass). Timing only: the networks are
+(``bayesattn.posthoc.GPRead`` on the features of one pass). Two reference rows: the forward pass
+with every token of the last layer (what the density read's token view needs; a plain forward
+computes the CLS row of the last layer only), and the density read with its probabilities and
+score computed apart (two density evaluations, as 0.6's ``probs`` and ``score`` did). Timing only: the networks are
 untrained (the cost of a pass does not depend on the weights' values), the reads are fitted on
 their features.
 
@@ -57,15 +60,26 @@ def measure(dataset: str, repeats: int) -> list[list[object]]:
         def dens(xb: torch.Tensor = xb) -> None:
             density.predict_and_score(xb)
 
+        def tokens(xb: torch.Tensor = xb) -> None:
+            extract_features(net, xb)  # the pass the density reads: every last-layer token
+
+        def dens_apart(xb: torch.Tensor = xb) -> None:
+            f = extract_features(net, xb)  # 0.6's calls: probs and score apart (two densities)
+            views = [f.cls, f.tokens]
+            density.core_.probs(f.logits, views)
+            density.core_.score(views)
+
         def gp_mf(xb: torch.Tensor = xb) -> None:
             f = extract_features(net, xb, tokens=False)
             gp.predict(f)
             gp.score(f)
 
-        ms = interleaved({"one": one, "ensemble": ensemble, "density": dens, "gp": gp_mf},
-                         repeats)  # fmt: skip
+        ms = interleaved({"one": one, "ensemble": ensemble, "density": dens, "gp": gp_mf,
+                          "tokens": tokens, "apart": dens_apart}, repeats)  # fmt: skip
         for k, label in (("one", "deterministic forward"), ("ensemble", "5-ensemble"),
+                         ("tokens", "forward with every last-layer token (features)"),
                          ("density", "density read (probs + score)"),
+                         ("apart", "density read, probs and score apart (0.6)"),
                          ("gp", "post-hoc GP read, mean-field (probs + variance)")):  # fmt: skip
             rows.append([dataset, batch, label, round(ms[k], 3), round(ms[k] / ms["one"], 2),
                          round(ms[k] / ms["ensemble"], 2)])  # fmt: skip

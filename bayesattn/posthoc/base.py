@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch import Tensor, nn
@@ -113,7 +113,7 @@ class PosthocRead(ABC):
 
     # ---- the estimator API ---------------------------------------------------------------
 
-    def fit(self, features: Any, y: Tensor | None = None, *, val: Any = None) -> PosthocRead:
+    def fit(self, features: Any, y: Tensor | None = None, *, val: Any = None) -> Self:
         """Fit the read on ``(features, y)`` (and ``val``); returns ``self``."""
         x, labels = self._labelled(features, y, "features")
         v = None
@@ -161,7 +161,7 @@ class PosthocRead(ABC):
         self._check_fitted()
         return {"read": type(self).__name__, "num_classes": self.num_classes, **self._state()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> PosthocRead:
+    def load_state_dict(self, state: dict[str, Any]) -> Self:
         """Restore a :meth:`state_dict` (of a read of this class); returns ``self``."""
         if not isinstance(state, dict) or state.get("read") != type(self).__name__:
             got = state.get("read") if isinstance(state, dict) else type(state).__name__

@@ -99,6 +99,11 @@ class DensityRead(PosthocRead):
         return self._core().temperature
 
     @property
+    def prior_strengths(self) -> list[float]:
+        """The prior strength chosen for each view."""
+        return list(self._core().strengths)
+
+    @property
     def scale(self) -> float:
         """:math:`b` of the density-aware temperature."""
         return self._core().scale

@@ -137,7 +137,7 @@ def _chunks(n: int, batch_size: int) -> list[Tensor]:
     return [torch.arange(a, min(a + batch_size, n)) for a in range(0, n, batch_size)]
 
 
-def _ours(net: TransformerClassifier, xb: Tensor, tokens: bool) -> Features:
+def _ours(net: TransformerClassifier, xb: Any, tokens: bool) -> Features:
     cls, tok = net.forward_features(xb, tokens=tokens)  # (B, E), (B, E) | None
     return Features(net.forward_head(cls, tok), cls, tok)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from .._validation import check_int, check_seed
@@ -96,7 +95,24 @@ class GPRead(PosthocRead):
 
     @property
     def temperature(self) -> float:
+        """:math:`T` of the sampled predictive."""
         return self._core().temperature
+
+    @property
+    def outputscale(self) -> float:
+        """The chosen prior variance of the random-feature weights' logits."""
+        return self._core().outputscale
+
+    @property
+    def lengthscale(self) -> float:
+        """The RBF length-scale (the median calibration feature distance)."""
+        return self._core().lengthscale
+
+    @property
+    def mean_field(self) -> tuple[float, float]:
+        """``(T_mf, a)`` of the mean-field predictive."""
+        core = self._core()
+        return core.mf_temperature, core.mf_scale
 
     def kl(self) -> float:
         """:math:`C \\cdot \\tfrac12(\\operatorname{tr}\\Sigma - R - \\log|\\Sigma|)` (nats, from

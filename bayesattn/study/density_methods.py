@@ -41,7 +41,7 @@ class ClassDensity(Method):
                                                  val=(run.views("val"), d.y_val))  # fmt: skip
         f.train_seconds += time.perf_counter() - t0
         f.state.update(read=read, run=run)
-        f.params = {"views": list(self.views), "prior_strength": read.core_.strengths,
+        f.params = {"views": list(self.views), "prior_strength": read.prior_strengths,
                     "temperature": read.temperature, "density_scale": read.scale,
                     "chosen_by": "prior strength by validation log predictive density; score "
                                  "standardised and (T, a) fitted on validation"}  # fmt: skip

@@ -437,9 +437,8 @@ class PosthocGPMethod(Deterministic):
         read = GPRead(seed=run.seed).fit(run.passes("val"), run.data.y_val)
         f.train_seconds += time.perf_counter() - t0
         f.state.update(read=read, run=run, num_samples=run.cfg.num_samples)
-        core = read.core_
-        f.params = {"temperature": read.temperature, "outputscale": core.outputscale,
-                    "lengthscale": core.lengthscale,
+        f.params = {"temperature": read.temperature, "outputscale": read.outputscale,
+                    "lengthscale": read.lengthscale,
                     "chosen_by": "temperature and output scale on validation NLL; length "
                                  "scale the median validation feature distance"}  # fmt: skip
         return f
@@ -464,8 +463,8 @@ class PosthocGPMeanFieldMethod(PosthocGPMethod):
 
     def fit(self, run: Run) -> Fitted:
         f = super().fit(run)
-        core = f.state["read"].core_
-        f.params.update(mf_temperature=core.mf_temperature, mf_scale=core.mf_scale)
+        mf_temperature, mf_scale = f.state["read"].mean_field
+        f.params.update(mf_temperature=mf_temperature, mf_scale=mf_scale)
         return f
 
     def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:

@@ -1094,8 +1094,8 @@ def _round4_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
 
     import bayesattn as ba
     from bayesattn.functional import gaussian_process as G
-    from bayesattn.posthoc._gp_core import fit_posthoc_gp
     from bayesattn.nn import supports as NS
+    from bayesattn.posthoc._gp_core import fit_posthoc_gp
     from bayesattn.predictive import Predictive
 
     nan, inf = float("nan"), float("inf")

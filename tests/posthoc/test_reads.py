@@ -293,7 +293,7 @@ def test_reads_refuse_bad_features(fitted):
         "tokens batch": (Features(f.logits, f.cls, f.tokens[:3]), ValueError, "features.tokens"),
         "no tokens": (Features(f.logits, f.cls, None), ValueError, "token view"),
     }
-    for name, (feats, err, match) in bad.items():
+    for feats, err, match in bad.values():
         with pytest.raises(err, match=match):
             read.predict(feats)
         with pytest.raises(err, match=match):
