@@ -171,7 +171,7 @@ def _fit_mean_field(z: Tensor, v: Tensor, y: Tensor) -> tuple[float, float]:
     return fit_variance_temperature(z, v, y, "scaled")
 
 
-def _check_outputscales(outputscales: Any) -> tuple[float, ...]:
+def check_outputscales(outputscales: Any) -> tuple[float, ...]:
     """A non-empty sequence of finite positive numbers."""
     if isinstance(outputscales, (str, bytes, Tensor)) or not isinstance(outputscales, Sequence):
         raise TypeError(f"outputscales must be a sequence of numbers; got {outputscales!r}")
@@ -303,7 +303,7 @@ def fit_posthoc_gp(
     check_seed(seed)
     fwd = forward or default_forward
     _check_model_and_head(model, head)
-    scales = _check_outputscales(outputscales)
+    scales = check_outputscales(outputscales)
     n = input_batch_size(x_cal)
     if n == 0:
         raise ValueError("the calibration split is empty (x_cal holds 0 examples)")

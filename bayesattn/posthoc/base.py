@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from .._validation import check_int
 from ..predictive import PredictionResult
 from ._checks import check_labels, check_matrix
-from .features import Features, _concat, extract_features
+from .features import Features, concat_features, extract_features
 
 __all__ = ["PosthocRead"]
 
@@ -107,7 +107,7 @@ class PosthocRead(ABC):
                 ys.append(batch[1])
             if not xs:
                 raise ValueError(f"{name}: the DataLoader yielded no batches")
-            inputs = _concat(xs) if not self.takes_inputs else _cat_inputs(xs)
+            inputs = concat_features(xs) if not self.takes_inputs else _cat_inputs(xs)
             return inputs, torch.cat(ys)
         return self._inputs(data), y
 

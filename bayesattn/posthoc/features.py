@@ -126,7 +126,7 @@ def extract_features(
                                  forward or default_forward, batch_size, tokens)  # fmt: skip
     finally:
         model.train(was)
-    out = _concat(parts)
+    out = concat_features(parts)
     for name, t in (("logits", out.logits), ("features", out.cls)):
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise ValueError(f"the model's {name} for x are not finite (NaN or Inf): check x")
@@ -142,7 +142,7 @@ def _ours(net: TransformerClassifier, xb: Any, tokens: bool) -> Features:
     return Features(net.forward_head(cls, tok), cls, tok)
 
 
-def _concat(parts: list[Features]) -> Features:
+def concat_features(parts: list[Features]) -> Features:
     toks = [p.tokens for p in parts]
     tok = None if any(t is None for t in toks) else torch.cat(toks)  # type: ignore[arg-type]
     return Features(torch.cat([p.logits for p in parts]), torch.cat([p.cls for p in parts]), tok)

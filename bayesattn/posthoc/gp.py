@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .._validation import check_int, check_seed
 from ..predictive import PredictionResult
-from ._gp_core import PosthocGP, _check_outputscales, fit_gp_features
+from ._gp_core import PosthocGP, check_outputscales, fit_gp_features
 from .base import PosthocRead
 from .features import Features
 
@@ -56,7 +56,7 @@ class GPRead(PosthocRead):
     ) -> None:
         super().__init__(model, batch_size=batch_size, **kwargs)
         self.num_features = check_int("num_features", num_features, 1)
-        self.outputscales = _check_outputscales(outputscales)
+        self.outputscales = check_outputscales(outputscales)
         self.seed = check_seed(seed)
         self.core_: PosthocGP | None = None
 
