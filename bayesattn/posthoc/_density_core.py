@@ -180,6 +180,24 @@ def fit_density_temperature(logits: Tensor, u: Tensor, labels: Tensor) -> tuple[
     return fit_variance_temperature(logits, u, labels, "additive")
 
 
+def _best_strength(
+    h: Tensor, hv: Tensor, y: Tensor, yv: Tensor, num_classes: int, strengths: Sequence[float]
+) -> tuple[float, float, NIW, list[NIW]]:
+    """``(log predictive, strength, prior, class posteriors)`` of the strength whose class
+    posteriors on ``h (N, D)`` give the validation features ``hv`` the highest log predictive
+    density under their own class (the first of equals)."""
+    best: tuple[float, float, NIW, list[NIW]] | None = None
+    for s in strengths:
+        prior = _tied_prior(h, y, num_classes, float(s))
+        posts = [niw_posterior(h[y == c], prior) for c in range(num_classes)]
+        ll = sum(float(niw_log_predictive(hv[yv == c], posts[c]).sum())
+                 for c in range(num_classes) if bool((yv == c).any()))  # fmt: skip
+        if best is None or ll > best[0]:
+            best = (ll, float(s), prior, posts)
+    assert best is not None
+    return best
+
+
 def _tied_prior(h: Tensor, y: Tensor, num_classes: int, strength: float) -> NIW:
     D = h.shape[1]
     centred = torch.cat([h[y == c] - h[y == c].mean(0) for c in range(num_classes)
@@ -229,15 +247,7 @@ def fit_class_density(
         h, hv = _features(f"train_views[{i}]", h, len(y_train)), _features(
             f"val_views[{i}]", hv, len(y_val), h.shape[1]
         )
-        best: tuple[float, float, NIW, list[NIW]] | None = None
-        for s in strengths:
-            prior = _tied_prior(h, y_train, num_classes, float(s))
-            posts = [niw_posterior(h[y_train == c], prior) for c in range(num_classes)]
-            ll = sum(float(niw_log_predictive(hv[y_val == c], posts[c]).sum())
-                     for c in range(num_classes) if bool((y_val == c).any()))  # fmt: skip
-            if best is None or ll > best[0]:
-                best = (ll, float(s), prior, posts)
-        assert best is not None
+        best = _best_strength(h, hv, y_train, y_val, num_classes, strengths)
         priors.append(best[2])
         posteriors.append(best[3])
         chosen.append(best[1])

@@ -160,13 +160,17 @@ def _check_args(
 
 
 def _init(
-    K: int, D: int, init_scale: float, init_std: float, g: torch.Generator, dtype: torch.dtype
-) -> tuple[Tensor, Tensor]:
-    """Means ``1 + init_scale·ε`` (components start apart, the model nearly as trained) and
-    ``ρ`` with ``softplus(ρ) = init_std``."""
+    model: nn.Module, sites: list[Rank1Site], K: int, init_scale: float, init_std: float,
+    g: torch.Generator, fit_temperature: bool,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Means ``1 + init_scale·ε`` ``(K, D)`` (components start apart, the model nearly as
+    trained), ``ρ`` with ``softplus(ρ) = init_std`` and ``log T = 0``, in the model's dtype."""
+    D = sites[-1].offset + sites[-1].size
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     mean = 1 + init_scale * torch.randn(K, D, generator=g, dtype=dtype)
     rho = torch.full((K, D), math.log(math.expm1(init_std)), dtype=dtype)
-    return mean.requires_grad_(), rho.requires_grad_()
+    log_t = torch.zeros((), dtype=dtype, requires_grad=fit_temperature)
+    return mean.requires_grad_(), rho.requires_grad_(), log_t
 
 
 def _tqdm(it: Any) -> Any:
@@ -188,6 +192,32 @@ def _negative_elbo(
     nll = nn.functional.cross_entropy((logits / log_t.exp()).flatten(0, 1), y.repeat(J))
     std = nn.functional.softplus(rho)
     return nll + mixture_kl_bound(mean, std, 1.0, prior_std)[0] / n
+
+
+def _elbo_steps(
+    model: nn.Module, fwd: Forward, x_cal: Inputs, y_cal: Tensor, sites: list[Rank1Site],
+    params: list[Tensor], log_t: Tensor, lr: float, steps: int, batch_size: int, draws: int,
+    prior_std: float, gen: torch.Generator, progress: bool,
+) -> list[float]:  # fmt: skip
+    """Adam on the negative ELBO over ``params = [mean, rho, (log T)]``; the per-step losses."""
+    mean, rho = params[0], params[1]
+    opt = torch.optim.Adam(params, lr=lr)
+    n = input_batch_size(x_cal)
+    history: list[float] = []
+    it: Any = _tqdm(range(steps)) if progress else range(steps)
+    for step in it:
+        idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
+        xb, yb = take_rows(x_cal, idx), y_cal[idx]
+        theta = stratified_draws(mean, nn.functional.softplus(rho), draws, gen)
+        logits = factor_logits(model, fwd, xb, sites, theta)  # (mK, B, C)
+        check_logits_labels(logits[0], yb, step)
+        loss = _negative_elbo(logits, yb, log_t, mean, rho, prior_std, n)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        check_step(loss, params, step)
+        opt.step()
+        history.append(float(loss.detach()))
+    return history
 
 
 def fit_posthoc_mixture(
@@ -222,9 +252,6 @@ def fit_posthoc_mixture(
         init_std: their standard deviations start here.
         fit_temperature: fit ``log T`` jointly (else ``T = 1``).
         progress: a tqdm bar over the steps.
-
-    Returns:
-        a :class:`PosthocMixture`.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
@@ -235,34 +262,17 @@ def fit_posthoc_mixture(
     n = input_batch_size(x_cal)
     check_labels("y_cal", y_cal, n)
     sites = rank1_sites(model)
-    D = sites[-1].offset + sites[-1].size
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    mean, rho = _init(num_components, D, init_scale, init_std, gen, dtype)
-    log_t = torch.zeros((), dtype=dtype, requires_grad=fit_temperature)
+    mean, rho, log_t = _init(model, sites, num_components, init_scale, init_std, gen,
+                             fit_temperature)  # fmt: skip
     params = [mean, rho] + ([log_t] if fit_temperature else [])
-    opt = torch.optim.Adam(params, lr=lr)
     flags = [(p, p.requires_grad) for p in model.parameters()]
     was_training = model.training
-    history: list[float] = []
-    it: Any = range(steps)
-    if progress:
-        it = _tqdm(it)
     try:
         for p, _ in flags:
             p.requires_grad_(False)
         model.eval()
-        for step in it:
-            idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
-            xb, yb = take_rows(x_cal, idx), y_cal[idx]
-            theta = stratified_draws(mean, nn.functional.softplus(rho), draws_per_component, gen)
-            logits = factor_logits(model, fwd, xb, sites, theta)  # (mK, B, C)
-            check_logits_labels(logits[0], yb, step)
-            loss = _negative_elbo(logits, yb, log_t, mean, rho, prior_std, n)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            check_step(loss, params, step)
-            opt.step()
-            history.append(float(loss.detach()))
+        history = _elbo_steps(model, fwd, x_cal, y_cal, sites, params, log_t, lr, steps,
+                              batch_size, draws_per_component, prior_std, gen, progress)  # fmt: skip
     finally:
         for p, flag in flags:
             p.requires_grad_(flag)

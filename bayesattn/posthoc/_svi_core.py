@@ -136,6 +136,27 @@ class PosthocCalibration:
         )
 
 
+def _steps(steps: int, progress: bool) -> Any:
+    if not progress:
+        return range(steps)
+    from tqdm.auto import tqdm
+
+    return tqdm(range(steps), desc="post-hoc SVI")
+
+
+def _negative_elbo(
+    model: nn.Module, fwd: Forward, xb: Inputs, yb: Tensor, log_t: Tensor, n: int, step: int
+) -> Tensor:
+    """The negative ELBO per example of one batch: local KLs per example, a global latent's
+    KL (a GP read's inducing values) once per data set, i.e. 1/n of it per example."""
+    with collect_kl() as col:
+        logits = fwd(model, xb)  # (B, C)
+        kl = col.total()  # (B,) or 0.0
+    check_logits_labels(logits, yb, step)
+    nll = nn.functional.cross_entropy(logits / log_t.exp(), yb, reduction="none")  # (B,)
+    return (nll + kl).mean() + col.global_total() / n
+
+
 def fit_posthoc(
     model: nn.Module,
     x: Inputs,
@@ -175,23 +196,11 @@ def fit_posthoc(
     was_training = model.training
     model.eval()
     history: list[float] = []
-    it = range(steps)
-    if progress:
-        from tqdm.auto import tqdm
-
-        it = tqdm(it, desc="post-hoc SVI")
     try:
-        for step in it:
+        for step in _steps(steps, progress):
             idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
             xb, yb = take_rows(x, idx), y[idx].to(ref.device, torch.long)
-            with collect_kl() as col:
-                logits = fwd(model, xb)  # (B, C)
-                kl = col.total()  # (B,) or 0.0
-            check_logits_labels(logits, yb, step)
-            nll = nn.functional.cross_entropy(logits / log_t.exp(), yb, reduction="none")  # (B,)
-            # the negative ELBO per example: local KLs per example, a global latent's KL (a GP
-            # read's inducing values) once per data set, i.e. 1/n of it per example
-            loss = (nll + kl).mean() + col.global_total() / n
+            loss = _negative_elbo(model, fwd, xb, yb, log_t, n, step)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             check_step(loss, params + [log_t], step)  # before the step: parameters stay finite
