@@ -60,7 +60,7 @@ Forward = Callable[[nn.Module, Any], Tensor]
 def _logits_and_features(
     model: nn.Module, head: nn.Module, x: Inputs, forward: Forward, batch_size: int
 ) -> tuple[Tensor, Tensor]:
-    """``(logits (B, C), features (B, E))`` of one hooked pass (:mod:`.features`: the input of
+    """``(logits (B, C), features (B, E))`` of one hooked pass (:mod:`bayesattn.posthoc.features`: the input of
     ``head``; posterior-mean attention)."""
     f = extract_features(model, x, head=head, forward=forward, batch_size=batch_size,
                          tokens=False)  # fmt: skip

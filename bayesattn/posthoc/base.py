@@ -3,7 +3,7 @@ r""":class:`PosthocRead`: the one shape of a post-hoc read (scikit-learn's estim
 Hyperparameters go to ``__init__`` (with the model whose features are read, when the read
 extracts them itself); then
 
-* ``fit(features, y, *, val=None) -> self`` — ``features`` a :class:`~.features.Features`, the
+* ``fit(features, y, *, val=None) -> self`` — ``features`` a :class:`~bayesattn.posthoc.features.Features`, the
   model's inputs (a tensor or a dict of tensors; needs ``model``) or a ``DataLoader`` of
   ``(x, y)`` batches (then ``y`` is ``None``); ``val`` the same as ``(features, y)`` or a
   ``DataLoader`` (the reads that choose hyperparameters or a temperature on it need it);
@@ -39,9 +39,9 @@ class PosthocRead(ABC):
 
     Args:
         model: the trained model whose features are read (``None``: every call takes
-            :class:`~.features.Features`).
+            :class:`~bayesattn.posthoc.features.Features`).
         head, tokens_layer, forward: how the features of a model we did not write are read
-            (:func:`~.features.extract_features`).
+            (:func:`~bayesattn.posthoc.features.extract_features`).
         batch_size: rows per forward pass.
     """
 
@@ -68,7 +68,7 @@ class PosthocRead(ABC):
     # ---- data --------------------------------------------------------------------------
 
     def features(self, data: Any) -> Features:
-        """``data`` as checked :class:`~.features.Features` (extracted from model inputs)."""
+        """``data`` as checked :class:`~bayesattn.posthoc.features.Features` (extracted from model inputs)."""
         if isinstance(data, Features):
             return self._check_features(data)
         if self.model is None:

@@ -41,7 +41,7 @@ class DensityRead(PosthocRead):
     """The class-conditional density read (module docstring).
 
     Args:
-        model, head, tokens_layer, forward, batch_size: see :class:`~.base.PosthocRead`.
+        model, head, tokens_layer, forward, batch_size: see :class:`~bayesattn.posthoc.base.PosthocRead`.
         views: the features read, any of ``"cls"`` and ``"tokens"`` (``None``: both where the
             model gives tokens, else ``"cls"``).
         strengths: candidate prior strengths :math:`\\nu_0 - D - 1`, chosen per view by the

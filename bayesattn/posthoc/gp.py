@@ -37,7 +37,7 @@ class GPRead(PosthocRead):
     """The post-hoc random-feature GP read (module docstring).
 
     Args:
-        model, head, forward, batch_size: see :class:`~.base.PosthocRead`.
+        model, head, forward, batch_size: see :class:`~bayesattn.posthoc.base.PosthocRead`.
         num_features: ``R`` random features.
         outputscales: candidate prior variances (units of the tempered logits' variance),
             chosen on the second half of the calibration split by the predictive NLL.
