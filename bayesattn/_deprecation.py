@@ -7,21 +7,29 @@ name):
 * :func:`renamed_state_keys` / :func:`renamed_submodule_hook` — ``state_dict`` keys saved under an
   old submodule name read as the new one.
 
-Names moved within the package keep their old import path for one release:
-:func:`moved_names` is the old module's ``__getattr__``, which warns (``DeprecationWarning``) and
-hands out the object from its new home.
+Names that moved in a release keep working for one more with a ``DeprecationWarning``:
+:func:`moved_names` (a module's ``__getattr__`` with a table of replacements),
+:func:`moved_module` (the same for names that moved unchanged to one new module) and
+:func:`deprecated` (a call's warning).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import re
 import warnings
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["moved_names", "renamed_state_keys", "renamed_submodule_hook"]
+__all__ = [
+    "deprecated",
+    "moved_module",
+    "moved_names",
+    "renamed_state_keys",
+    "renamed_submodule_hook",
+]
 
 
 def renamed_state_keys(
@@ -61,7 +69,37 @@ def renamed_submodule_hook(old: str, new: str) -> Callable[..., None]:
     return functools.partial(_rename_submodule_keys, old, new)
 
 
-def moved_names(old: str, new: ModuleType, names: Any) -> Callable[[str], Any]:
+def moved_names(module: str, table: dict[str, tuple[str, str, str]]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for names that moved (kept one release): ``table`` maps an old
+    name to ``(new module, new name, what to use instead)``; looking the old name up gives the
+    new object with a ``DeprecationWarning`` naming the replacement."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in table:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        where, attr, instead = table[name]
+        warnings.warn(
+            f"{module}.{name} is deprecated and will be removed in the next release; use "
+            f"{instead} (see the migration table in docs/interop.md)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(where), attr)
+
+    return __getattr__
+
+
+def deprecated(name: str, instead: str) -> None:
+    """Warn that ``name`` (a function or class kept one release) is deprecated."""
+    warnings.warn(
+        f"{name} is deprecated and will be removed in the next release; use {instead} (see "
+        "the migration table in docs/interop.md)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+def moved_module(old: str, new: ModuleType, names: Any) -> Callable[[str], Any]:
     """The module ``__getattr__`` (PEP 562) of ``old``, a module whose ``names`` moved to
     ``new``: ``old.<name>`` warns with a ``DeprecationWarning`` naming the new path and returns
     ``new.<name>``; any other name is an ``AttributeError``."""
@@ -79,3 +117,4 @@ def moved_names(old: str, new: ModuleType, names: Any) -> Callable[[str], Any]:
         return getattr(new, name)
 
     return __getattr__
+

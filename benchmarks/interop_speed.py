@@ -30,7 +30,7 @@ from torch import nn
 
 import bayesattn
 from bayesattn import AttentionConfig, attention_mode
-from bayesattn.interop import posthoc
+from bayesattn.posthoc import _svi_core as posthoc
 from bayesattn.predictive.foreign import sample_foreign
 from bayesattn.uncertainty import predict
 

@@ -1,4 +1,4 @@
-"""Post-hoc distance-aware read (``bayesattn.interop.posthoc_gp``) against temperature scaling on
+"""Post-hoc distance-aware read (``bayesattn.posthoc.GPRead``) against temperature scaling on
 the two models of ``examples/07_posthoc_calibration.py`` (a plain torch encoder on digits with
 8/9 held out; a tiny Hugging Face BERT with never-seen tokens as OOD), and its cost.
 
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from bayesattn import calibration as C
-from bayesattn.interop.posthoc import evaluate
-from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+from bayesattn.posthoc._gp_core import fit_posthoc_gp
+from bayesattn.posthoc._svi_core import evaluate
 from bayesattn.study.stats import paired_interval
 
 ROOT = Path(__file__).resolve().parents[1]

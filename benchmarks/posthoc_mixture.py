@@ -1,5 +1,5 @@
-"""Post-hoc rank-1 mixture on the attention projections (``bayesattn.interop.posthoc_mixture``)
-against the post-hoc GP read (``bayesattn.interop.posthoc_gp``) and temperature scaling, on the
+"""Post-hoc rank-1 mixture on the attention projections (``bayesattn.posthoc.MixtureRead``)
+against the post-hoc GP read (``bayesattn.posthoc.GPRead``) and temperature scaling, on the
 two models of ``examples/07_posthoc_calibration.py`` (a plain torch encoder on digits with 8/9
 held out; a tiny Hugging Face BERT with never-seen tokens as OOD).
 
@@ -28,9 +28,9 @@ import torch
 from posthoc_gp import _example, _median_time, _oracle, _paired
 
 from bayesattn import calibration as C
-from bayesattn.interop.posthoc import evaluate
-from bayesattn.interop.posthoc_gp import fit_posthoc_gp
-from bayesattn.interop.posthoc_mixture import fit_posthoc_mixture
+from bayesattn.posthoc._gp_core import fit_posthoc_gp
+from bayesattn.posthoc._mixture_core import fit_posthoc_mixture
+from bayesattn.posthoc._svi_core import evaluate
 
 S = 8  # predictive draws of the sampled reads
 MIXTURES = {  # row name: fit_posthoc_mixture keywords

@@ -3,9 +3,13 @@ and a 5-member deep ensemble, measured in one process (same-process ratios, one 
 on the study's two architectures (digits ViT, MNIST-1D signal transformer).
 
 Rows: the deterministic network (logits); the 5-ensemble; the class-conditional density read
-(``bayesattn.interop.class_density``: one pass through the network with every token of the last
-layer, then the calibrated probabilities and the OOD score); the post-hoc GP read's mean-field
-predictive with its variance (``bayesattn.interop.posthoc_gp``). Timing only: the networks are
+(``bayesattn.posthoc.DensityRead.predict_and_score``: one pass through the network with every
+token of the last layer, then the calibrated probabilities and the OOD score from one density
+evaluation); the post-hoc GP read's mean-field predictive with its variance
+(``bayesattn.posthoc.GPRead`` on the features of one pass). Two reference rows: the forward pass
+with every token of the last layer (what the density read's token view needs; a plain forward
+computes the CLS row of the last layer only), and the density read with its probabilities and
+score computed apart (two density evaluations, as 0.6's ``probs`` and ``score`` did). Timing only: the networks are
 untrained (the cost of a pass does not depend on the weights' values), the reads are fitted on
 their features.
 
@@ -24,10 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import table, write_results  # noqa: E402
 from _timing import interleaved  # noqa: E402
 
-from bayesattn.interop.class_density import fit_class_density, state_views  # noqa: E402
-from bayesattn.interop.posthoc_gp import fit_posthoc_gp  # noqa: E402
+from bayesattn.posthoc import DensityRead, GPRead, extract_features  # noqa: E402
 from bayesattn.study import StudyConfig  # noqa: E402
-from bayesattn.study.runs import Run, pooled_features  # noqa: E402
+from bayesattn.study.runs import Run  # noqa: E402
 
 
 def measure(dataset: str, repeats: int) -> list[list[object]]:
@@ -39,11 +42,8 @@ def measure(dataset: str, repeats: int) -> list[list[object]]:
         torch.manual_seed(i)
         nets.append(run.network(None).eval())
     net = nets[0]
-    _, cls, tok = state_views(net, d.x_train)
-    vl, vcls, vtok = state_views(net, d.x_val)
-    density = fit_class_density([cls, tok], d.y_train, [vcls, vtok], d.y_val, d.num_classes,
-                                val_logits=vl)  # fmt: skip
-    gp = fit_posthoc_gp(net.head, vcls, d.y_val, net.head, seed=0)
+    density = DensityRead(net).fit(d.x_train, d.y_train, val=(d.x_val, d.y_val))
+    gp = GPRead(net, seed=0).fit(d.x_val, d.y_val)
     x = d.x_test
     rows = []
     for batch in (512, 1):
@@ -58,19 +58,28 @@ def measure(dataset: str, repeats: int) -> list[list[object]]:
                 torch.stack([torch.softmax(m(xb), -1) for m in nets]).mean(0)
 
         def dens(xb: torch.Tensor = xb) -> None:
-            logits, c, t = state_views(net, xb)
-            density.probs(logits, [c, t])
-            density.score([c, t])
+            density.predict_and_score(xb)
+
+        def tokens(xb: torch.Tensor = xb) -> None:
+            extract_features(net, xb)  # the pass the density reads: every last-layer token
+
+        def dens_apart(xb: torch.Tensor = xb) -> None:
+            f = extract_features(net, xb)  # 0.6's calls: probs and score apart (two densities)
+            views = [f.cls, f.tokens]
+            density.core_.probs(f.logits, views)
+            density.core_.score(views)
 
         def gp_mf(xb: torch.Tensor = xb) -> None:
-            h = pooled_features(net, xb)
-            gp.probs(h)
-            gp.variance(h)
+            f = extract_features(net, xb, tokens=False)
+            gp.predict(f)
+            gp.score(f)
 
-        ms = interleaved({"one": one, "ensemble": ensemble, "density": dens, "gp": gp_mf},
-                         repeats)  # fmt: skip
+        ms = interleaved({"one": one, "ensemble": ensemble, "density": dens, "gp": gp_mf,
+                          "tokens": tokens, "apart": dens_apart}, repeats)  # fmt: skip
         for k, label in (("one", "deterministic forward"), ("ensemble", "5-ensemble"),
+                         ("tokens", "forward with every last-layer token (features)"),
                          ("density", "density read (probs + score)"),
+                         ("apart", "density read, probs and score apart (0.6)"),
                          ("gp", "post-hoc GP read, mean-field (probs + variance)")):  # fmt: skip
             rows.append([dataset, batch, label, round(ms[k], 3), round(ms[k] / ms["one"], 2),
                          round(ms[k] / ms["ensemble"], 2)])  # fmt: skip

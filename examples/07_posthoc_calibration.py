@@ -10,9 +10,9 @@ Two models that know nothing about bayesattn are trained the ordinary way (cross
 
 Then, post hoc: ``bayesattn.convert`` / ``bayesattn.interop.hf.convert_hf`` make their attention
 Bayesian (Dirichlet posteriors, same weights, identical mean-mode outputs),
-``bayesattn.interop.posthoc.fit_posthoc`` freezes every weight and fits only the attention
-posteriors and a temperature by SVI on the validation split, and ``sample_probs`` draws the
-posterior predictive ``(S, B, C)``. Beside them, ``bayesattn.interop.posthoc_gp.fit_posthoc_gp``
+``bayesattn.posthoc.AttentionRead`` freezes every weight and fits only the attention
+posteriors and a temperature by SVI on the validation split, and its ``predict`` draws the
+posterior predictive ``(S, B, C)``. Beside them, ``bayesattn.posthoc.GPRead``
 fits the post-hoc GP read of the features the classification head reads, without converting
 anything (its samples, and its mean-field predictive: a temperature that grows with the GP
 variance). Test-set accuracy, ECE, NLL, Brier and OOD AUROC (predictive entropy) are printed
@@ -57,9 +57,9 @@ from torch import nn
 
 import bayesattn
 from bayesattn import calibration as C
-from bayesattn.interop import posthoc
-from bayesattn.interop.posthoc_gp import fit_posthoc_gp
 from bayesattn.plots import plot_reliability_diagram, plot_uncertainty_histograms
+from bayesattn.posthoc import AttentionRead, GPRead
+from bayesattn.posthoc import _svi_core as posthoc  # mean_probs, evaluate
 from bayesattn.predictive.foreign import input_batch_size, take_rows
 
 matplotlib.use("Agg")
@@ -157,13 +157,14 @@ def run(name: str, quick: bool, seed: int, out: Path) -> dict[str, dict[str, flo
     ts_ood = posthoc.mean_probs(model, x_ood, forward=fwd, temperature=t_only)
     # the post-hoc GP read of the features the head reads (no conversion; one forward pass)
     head = model.head if name == "torch" else model.classifier
-    gp = fit_posthoc_gp(model, x_cal, y_cal, head, forward=fwd, seed=seed)
+    gp = GPRead(model, head=head, forward=fwd, seed=seed).fit(x_cal, y_cal)
+    draws = lambda x, s: gp.predict(x, S, seed=s).probs  # noqa: E731
     gp_rows = {
         f"GP read, {S} samples": posthoc.evaluate(
-            gp.sample_probs(x_test, S, seed=seed), y_test, gp.sample_probs(x_ood, S, seed=seed + 1)
+            draws(x_test, seed), y_test, draws(x_ood, seed + 1)
         ),
-        f"GP read, mean-field (a={gp.mf_scale:.2g})": posthoc.evaluate(
-            gp.probs(x_test)[None], y_test, gp.probs(x_ood)[None]
+        f"GP read, mean-field (a={gp.mean_field[1]:.2g})": posthoc.evaluate(
+            gp.predict(x_test).probs, y_test, gp.predict(x_ood).probs
         ),
     }
     # after: Bayesian attention posteriors + temperature, fitted by SVI with frozen weights
@@ -175,11 +176,11 @@ def run(name: str, quick: bool, seed: int, out: Path) -> dict[str, dict[str, flo
         convert_hf(model, family="dirichlet")
     with torch.no_grad():  # mean mode is still the trained model
         assert torch.allclose(posthoc.mean_probs(model, x_test, forward=fwd), before, atol=1e-5)
-    cal = posthoc.fit_posthoc(
-        model, x_cal, y_cal, forward=fwd, steps=10 if quick else 300, seed=seed, progress=not quick
-    )
-    after = cal.sample_probs(x_test, S)  # (S, B, C)
-    after_ood = cal.sample_probs(x_ood, S)
+    cal = AttentionRead(
+        model, forward=fwd, steps=10 if quick else 300, seed=seed, progress=not quick
+    ).fit(x_cal, y_cal)
+    after = cal.predict(x_test, S).probs  # (S, B, C)
+    after_ood = cal.predict(x_ood, S).probs
     rows = {
         "before": posthoc.evaluate(before, y_test, before_ood),
         f"temperature only (T={t_only:.2f})": posthoc.evaluate(ts, y_test, ts_ood),

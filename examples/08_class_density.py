@@ -2,7 +2,7 @@
 one trained network.
 
 A small ViT (``bayesattn.VisionTransformer``, softmax attention) is trained on the 8×8 digits
-with two classes held out. ``bayesattn.interop.class_density.fit_network_density`` then fits,
+with two classes held out. ``bayesattn.posthoc.DensityRead`` then fits,
 post hoc and without touching the network, a conjugate Normal–inverse-Wishart posterior per class
 over two views of the last layer's output — the CLS state the head reads and the mean token
 state — on the training split; its prior strength, score standardisation and density-aware
@@ -37,8 +37,8 @@ import torch
 from bayesattn import VisionTransformer
 from bayesattn import calibration as C
 from bayesattn.data import load_digits_data
-from bayesattn.interop.class_density import fit_network_density
 from bayesattn.plots import plot_uncertainty_histograms
+from bayesattn.posthoc import DensityRead
 from bayesattn.training import fit
 
 
@@ -65,9 +65,10 @@ def main() -> None:
         restore_best=True, val_samples=0)
     net.eval()
 
-    read = fit_network_density(net, (d.x_train, d.y_train), (d.x_val, d.y_val))
-    probs, score_in = read(d.x_test)
-    _, score_out = read(d.x_ood_classes)
+    read = DensityRead(net).fit(d.x_train, d.y_train, val=(d.x_val, d.y_val))
+    res, score_in = read.predict_and_score(d.x_test)  # one forward pass
+    probs = res.probs[0].double()  # (B, C)
+    score_out = read.score(d.x_ood_classes)
     with torch.no_grad():
         logits_val, logits_test = net(d.x_val), net(d.x_test)
         logits_out = net(d.x_ood_classes)
@@ -77,12 +78,12 @@ def main() -> None:
     print(f"accuracy {C.accuracy(probs, d.y_test):.3f}; NLL: density read "
           f"{C.negative_log_likelihood(probs, d.y_test):.3f}, temperature scaling "
           f"{C.negative_log_likelihood(ts, d.y_test):.3f} (T = {T:.2f}; read: sqrt(T² + b·u) with "
-          f"T = {read.read.temperature:.2f}, b = {read.read.scale:.2f})")
+          f"T = {read.temperature:.2f}, b = {read.scale:.2f})")
     print(f"held-out classes 8, 9 — AUROC by density {C.ood_auroc(score_in, score_out):.3f}, "
           f"by entropy {C.ood_auroc(ent(ts), ent(torch.softmax(logits_out / T, -1))):.3f}")
-    mi_in = mutual_information(read.sample_probs(d.x_test, 32)).mean()
-    mi_out = mutual_information(read.sample_probs(d.x_ood_classes, 32)).mean()
-    print(f"KL of the class posteriors from their prior {read.read.kl():.0f} nats; generative "
+    mi_in = mutual_information(read.sample(d.x_test, 32).probs).mean()
+    mi_out = mutual_information(read.sample(d.x_ood_classes, 32).probs).mean()
+    print(f"KL of the class posteriors from their prior {read.kl():.0f} nats; generative "
           f"classifier MI on the data {mi_in:.4f}, off it {mi_out:.4f}")
     plot_uncertainty_histograms(score_in, score_out, label="density score (higher: less like "
                                 "the training features)", path=args.out / "density_scores.png")

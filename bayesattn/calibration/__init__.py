@@ -42,6 +42,7 @@ from .selective import (
     risk_coverage_curve,
 )
 from .temperature import TemperatureScaler, fit_temperature
+from .variance_temperature import fit_variance_temperature, variance_tempered
 
 __all__ = [
     "PAvPUCurve",
@@ -54,6 +55,7 @@ __all__ = [
     "brier_score",
     "expected_calibration_error",
     "fit_temperature",
+    "fit_variance_temperature",
     "maximum_calibration_error",
     "negative_log_likelihood",
     "ood_aupr",
@@ -63,4 +65,5 @@ __all__ = [
     "predictive_entropy",
     "reliability_curve",
     "risk_coverage_curve",
+    "variance_tempered",
 ]

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["NIW", "niw_posterior", "student_t_log_prob", "niw_predictive", "niw_log_predictive",
+__all__ = ["NIW", "niw_posterior", "student_t_log_prob", "student_t_log_prob_batched",
+           "niw_predictive", "niw_log_predictive",
            "niw_kl",
            "niw_sample"]  # fmt: skip
 
@@ -103,6 +104,24 @@ def student_t_log_prob(x: Tensor, loc: Tensor, scale_tril: Tensor, df: float) ->
         math.lgamma((df + D) / 2) - math.lgamma(df / 2) - 0.5 * D * math.log(df * math.pi)
         - logdet - 0.5 * (df + D) * torch.log1p(maha / df)
     )  # fmt: skip
+
+
+def student_t_log_prob_batched(x: Tensor, loc: Tensor, scale_tril: Tensor, df: Tensor) -> Tensor:
+    r""":func:`student_t_log_prob` of every row of ``x`` under each of ``C`` Student-t
+    distributions at once (one batched triangular solve).
+
+    Shape:
+        x ``(B, D)``, loc ``(C, D)``, scale_tril ``(C, D, D)``, df ``(C,)`` → ``(B, C)``.
+    """
+    D = loc.shape[-1]
+    diff = (x.unsqueeze(0) - loc.unsqueeze(1)).transpose(-1, -2)  # (C, D, B)
+    z = torch.linalg.solve_triangular(scale_tril, diff, upper=False)  # (C, D, B)
+    maha = (z * z).sum(-2)  # (C, B)
+    logdet = torch.log(torch.diagonal(scale_tril, dim1=-2, dim2=-1)).sum(-1)  # (C,)
+    const = (torch.lgamma((df + D) / 2) - torch.lgamma(df / 2)
+             - 0.5 * D * torch.log(df * math.pi) - logdet)  # (C,)  # fmt: skip
+    lp = const[:, None] - 0.5 * (df + D)[:, None] * torch.log1p(maha / df[:, None])  # (C, B)
+    return lp.T  # (B, C)
 
 
 def niw_predictive(post: NIW) -> tuple[Tensor, Tensor, float]:

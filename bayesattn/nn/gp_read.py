@@ -14,7 +14,7 @@ their numbers in ``docs/which-attention.md``: a DUE-style sparse-GP read-out (it
 chance with a zero initial mean and was badly under-confident otherwise) and an SNGP-style
 random-feature GP read-out with a Laplace covariance (less accurate and worse calibrated than
 the deterministic network, no better held-out AUROC). For a GP read of a trained network use
-:func:`~bayesattn.interop.posthoc_gp.fit_posthoc_gp`.
+:func:`~bayesattn.posthoc.GPRead`.
 
 How the global value is drawn, by attention mode (:mod:`bayesattn.nn.modes`; inside an attention
 layer the layer's mode, alone the module's own: drawn in training mode, the mean in eval mode

@@ -19,7 +19,7 @@ no keyword, ``(*S, B, T, E)`` input  one sample per leading entry (the dims are 
 
 The context is the vectorised path: it needs a model whose other operations broadcast over a
 leading dim (our networks do; many foreign models do not, see
-:func:`bayesattn.interop.posthoc.sample_probs`, which falls back to batched repetition).
+:func:`bayesattn.posthoc.AttentionRead.predict`, which falls back to batched repetition).
 Inside ``torch.compile`` the context is read once, at trace time.
 """
 

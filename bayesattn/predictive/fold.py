@@ -4,9 +4,9 @@ in the next release."""
 
 from __future__ import annotations
 
-from .._deprecation import moved_names
+from .._deprecation import moved_module
 from ..nn import fold as _new
 
 __all__: list[str] = []
 
-__getattr__ = moved_names(__name__, _new, ("FoldError", "FoldPlan", "fold_plan", "folded"))
+__getattr__ = moved_module(__name__, _new, ("FoldError", "FoldPlan", "fold_plan", "folded"))

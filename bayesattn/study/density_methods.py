@@ -1,5 +1,5 @@
 """The study's distance-aware read of what attention writes (issue 30): the class-conditional
-density read (:mod:`bayesattn.interop.class_density`) on the deterministic network.
+density read (:class:`bayesattn.posthoc.DensityRead`) on the deterministic network.
 
 Every hyperparameter is chosen on in-distribution data: the density's prior strength by the
 validation features' log predictive density, its score's standardisation and the density-aware
@@ -13,7 +13,7 @@ import time
 
 from torch import Tensor
 
-from ..interop.class_density import ClassDensityRead, fit_class_density
+from ..posthoc import DensityRead
 from ..uncertainty import PredictionResult
 from .methods import Fitted, Method, register_method
 from .runs import Run
@@ -30,23 +30,18 @@ class ClassDensity(Method):
     description = ("class-conditional NIW density of the CLS output + token states (DDU-style, "
                    "conjugate); density-aware temperature")  # fmt: skip
     own_score = "class density"
-    views = ("cls", "tokens")  # what the density reads: Run.views' (logits, cls, tokens)[1:]
-
-    @staticmethod
-    def _views(run: Run, split: str, x: Tensor | None = None) -> list[Tensor]:
-        return list(run.views(split, x)[1:])
+    views = ("cls", "tokens")  # the Features the density reads (Run.views: one pass)
 
     def fit(self, run: Run) -> Fitted:
         nets, secs = run.members(1)
         f = Fitted(list(nets), secs[0])
         t0 = time.perf_counter()
         d = run.data
-        val_logits, *val_views = run.views("val")
-        read = fit_class_density(self._views(run, "train"), d.y_train, val_views, d.y_val,
-                                 d.num_classes, val_logits=val_logits)  # fmt: skip
+        read = DensityRead(views=self.views).fit(run.views("train"), d.y_train,
+                                                 val=(run.views("val"), d.y_val))  # fmt: skip
         f.train_seconds += time.perf_counter() - t0
         f.state.update(read=read, run=run)
-        f.params = {"views": list(self.views), "prior_strength": read.strengths,
+        f.params = {"views": list(self.views), "prior_strength": read.prior_strengths,
                     "temperature": read.temperature, "density_scale": read.scale,
                     "chosen_by": "prior strength by validation log predictive density; score "
                                  "standardised and (T, a) fitted on validation"}  # fmt: skip
@@ -54,12 +49,10 @@ class ClassDensity(Method):
 
     def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
         run: Run = fitted.state["run"]
-        read: ClassDensityRead = fitted.state["read"]
-        logits, *views = run.views("", x)
-        return PredictionResult(read.probs(logits, views).float()[None])  # (1, B, C)
+        return fitted.state["read"].predict(run.views("", x))  # (1, B, C)
 
     def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
-        return fitted.state["read"].score(self._views(run, "", x))
+        return fitted.state["read"].score(run.views("", x))
 
     def posterior_kl(self, fitted: Fitted, run: Run) -> tuple[float, float]:
         return 0.0, fitted.state["read"].kl()

@@ -421,7 +421,7 @@ register_method(
 
 class PosthocGPMethod(Deterministic):
     """The deterministic network, frozen, with the post-hoc random-feature GP read of
-    :func:`bayesattn.interop.posthoc_gp.fit_posthoc_gp` on its pooled CLS features: temperature
+    :class:`bayesattn.posthoc.GPRead` on its pooled CLS features: temperature
     and prior output scale chosen on validation NLL, the Gaussian posterior over the random
     feature weights from the validation features; own score: the GP's posterior variance."""
 
@@ -430,12 +430,11 @@ class PosthocGPMethod(Deterministic):
     own_score = "GP variance"
 
     def fit(self, run: Run) -> Fitted:
-        from ..interop.posthoc_gp import fit_posthoc_gp
+        from ..posthoc import GPRead
 
         f = super().fit(run)
         t0 = time.perf_counter()
-        head = f.nets[0].head  # the GP reads the head's input: the pooled features
-        read = fit_posthoc_gp(head, run.features("val"), run.data.y_val, head, seed=run.seed)
+        read = GPRead(seed=run.seed).fit(run.passes("val"), run.data.y_val)
         f.train_seconds += time.perf_counter() - t0
         f.state.update(read=read, run=run, num_samples=run.cfg.num_samples)
         f.params = {"temperature": read.temperature, "outputscale": read.outputscale,
@@ -445,18 +444,17 @@ class PosthocGPMethod(Deterministic):
         return f
 
     def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
-        z = fitted.state["run"].features("", x)
+        feats = fitted.state["run"].passes("", x)
         seed = int(torch.randint(0, 2**31 - 1, ()))  # the study seeds the global generator
-        probs = fitted.state["read"].sample_probs(z, fitted.state["num_samples"], seed=seed)
-        return PredictionResult(probs)
+        return fitted.state["read"].predict(feats, fitted.state["num_samples"], seed=seed)
 
     def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
-        return fitted.state["read"].variance(run.features("", x))
+        return fitted.state["read"].score(run.passes("", x))
 
 
 class PosthocGPMeanFieldMethod(PosthocGPMethod):
     r""":class:`PosthocGPMethod`'s read with its deterministic mean-field predictive
-    (:meth:`~bayesattn.interop.posthoc_gp.PosthocGP.probs`): the logits divided by
+    (:meth:`bayesattn.posthoc.GPRead.predict` without ``num_samples``): the logits divided by
     :math:`T_{\rm mf}\sqrt{1 + a\,v(x)}`, a temperature that grows with the GP variance, both
     fitted on validation with out-of-fold variances; own score: the GP's posterior variance."""
 
@@ -465,13 +463,12 @@ class PosthocGPMeanFieldMethod(PosthocGPMethod):
 
     def fit(self, run: Run) -> Fitted:
         f = super().fit(run)
-        read = f.state["read"]
-        f.params.update(mf_temperature=read.mf_temperature, mf_scale=read.mf_scale)
+        mf_temperature, mf_scale = f.state["read"].mean_field
+        f.params.update(mf_temperature=mf_temperature, mf_scale=mf_scale)
         return f
 
     def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
-        z = fitted.state["run"].features("", x)
-        return PredictionResult(fitted.state["read"].probs(z)[None])  # (1, B, C)
+        return fitted.state["read"].predict(fitted.state["run"].passes("", x))  # (1, B, C)
 
 
 register_method(PosthocGPMethod(), default=True)  # the main job runs it (issue 28)

@@ -20,15 +20,15 @@ from ..data.far_ood import SEQUENCE_CORRUPTIONS, corrupt_sequences, far_ood_suit
 from ..data.fortunes import FortunesData
 from ..data.mnist1d import load_mnist1d_data
 from ..data.token_ood import TOKEN_CORRUPTIONS, corrupt_tokens, token_far_ood_suite
-from ..interop.class_density import state_views
 from ..nn.blocks import AttentionConfig
 from ..nn.networks import BayesianNetwork, TransformerClassifier, VisionTransformer
+from ..posthoc.features import Features, extract_features
 from ..training import fit
 
 if TYPE_CHECKING:  # the config validates method names against the registry, which uses Run
     from .config import StudyConfig
 
-__all__ = ["Run", "SignalTransformer", "pooled_features", "state_views"]
+__all__ = ["Run", "SignalTransformer"]
 
 
 class SignalTransformer(TransformerClassifier):
@@ -78,27 +78,9 @@ class SignalTransformer(TransformerClassifier):
         return super().forward_logits(self.patchify(x), y, num_samples)
 
 
-def pooled_features(net: TransformerClassifier, x: Tensor, batch_size: int = 512) -> Tensor:
-    """The pooled representation the head reads (the final-normed CLS state), eval mode, no
-    grad: ``head(pooled_features(net, x)) == net(x)`` logits.
-
-    Shape:
-        x as the network takes it → ``(B, d_model)``.
-    """
-    if net.cls is None:
-        raise ValueError("pooled_features needs a CLS-pooled network (pooling='cls')")
-    patchify = getattr(net, "patchify", None)
-    was = net.training
-    net.eval()
-    out = []
-    with torch.no_grad():
-        for i in range(0, len(x), batch_size):
-            xb = x[i : i + batch_size]
-            tokens = patchify(xb) if patchify is not None else xb
-            h, _ = net.encode(tokens, 1, cls_only=True)  # (B, 1, E)
-            out.append(h[..., 0, :])
-    net.train(was)
-    return torch.cat(out)  # (B, E)
+def _one_pass(net: TransformerClassifier, x: Tensor) -> Features:
+    """Logits and the pooled features the head reads, one pass (no token view)."""
+    return extract_features(net, x, tokens=False)
 
 
 @dataclass
@@ -192,17 +174,23 @@ class Run:
             nets.append(net.eval())
         return nets[:n], secs[:n]
 
-    def views(self, split: str, x: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """:func:`state_views` of the deterministic network (member 0) on a named split (cached)
-        or on ``x`` (the last ``x`` is remembered by identity, as in :meth:`features`)."""
-        return self._member0("views", state_views, split, x)
+    def views(self, split: str, x: Tensor | None = None) -> Features:
+        """:class:`~bayesattn.posthoc.Features` ``(logits, cls, tokens)`` of the deterministic
+        network (member 0) on a named split (cached) or on ``x`` (the last ``x`` is remembered
+        by identity, as in :meth:`features`)."""
+        return self._member0("views", extract_features, split, x)
+
+    def passes(self, split: str, x: Tensor | None = None) -> Features:
+        """:class:`~bayesattn.posthoc.Features` ``(logits, cls)`` of member 0 without the token
+        view (its last layer computes the CLS row only), cached as :meth:`views`."""
+        return self._member0("features", _one_pass, split, x)
 
     def features(self, split: str, x: Tensor | None = None) -> Tensor:
-        """Pooled features of the deterministic network (member 0) on a named split (cached) or
-        on ``x`` (the last ``x`` is remembered, by identity: a post-hoc method's prediction and
-        its own score on the same inputs share one pass through the network, as a user's
-        would)."""
-        return self._member0("features", pooled_features, split, x)
+        """Pooled features ``(B, E)`` of the deterministic network (member 0) on a named split
+        (cached) or on ``x`` (the last ``x`` is remembered, by identity: a post-hoc method's
+        prediction and its own score on the same inputs share one pass through the network,
+        as a user's would)."""
+        return self.passes(split, x).cls
 
     def _member0(
         self, kind: str, read: Callable[[TransformerClassifier, Tensor], Any], split: str,

@@ -4,9 +4,9 @@
 
 from __future__ import annotations
 
-from .._deprecation import moved_names
+from .._deprecation import moved_module
 from ..nn.networks import foreign as _new
 
 __all__: list[str] = []
 
-__getattr__ = moved_names(__name__, _new, ("ModuleClassifier", "as_network"))
+__getattr__ = moved_module(__name__, _new, ("ModuleClassifier", "as_network"))

@@ -866,7 +866,8 @@ def _new_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
     from bayesattn import functional as F
     from bayesattn import training as I
     from bayesattn import uncertainty as U
-    from bayesattn.interop import convert, posthoc, unconvert
+    from bayesattn.interop import convert, unconvert
+    from bayesattn.posthoc import _svi_core as posthoc
 
     nan = float("nan")
     small = dict(d_model=8, nhead=2, num_layers=1, dim_feedforward=16)
@@ -1093,8 +1094,8 @@ def _round4_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
 
     import bayesattn as ba
     from bayesattn.functional import gaussian_process as G
-    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
     from bayesattn.nn import supports as NS
+    from bayesattn.posthoc._gp_core import fit_posthoc_gp
     from bayesattn.predictive import Predictive
 
     nan, inf = float("nan"), float("inf")

@@ -58,7 +58,7 @@ def _no_warning():
         ("bayesattn.families", "AttentionPosterior", "AttentionFamily"),
         ("bayesattn.families", "get_posterior", "get_family"),
         ("bayesattn.families", "PRIOR_LOCATIONS", "MODEL_LOCATIONS"),
-        ("bayesattn.interop.posthoc", "posterior_parameters", "family_parameters"),
+        ("bayesattn.posthoc._svi_core", "posterior_parameters", "family_parameters"),
         ("bayesattn.diagnostics", "prediction_to_arviz", "predictive_to_arviz"),
     ],
 )

@@ -396,7 +396,7 @@ def test_posthoc_gp_read_on_a_frozen_torch_model():
     the calibration inputs are those of temperature scaling up to small noise, and far from them
     the samples disagree (mutual information) while they barely do on them."""
     from bayesattn import calibration as C
-    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+    from bayesattn.posthoc._gp_core import fit_posthoc_gp
 
     model, x, y = _toy_frozen_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -426,7 +426,7 @@ def test_posthoc_gp_half_variance_is_the_dense_gp_variance_of_each_half():
     """``half_variance`` against a dense Gaussian process on each half of the calibration split
     (covariance ``K = ΦΦᵀ`` of the read's random features, unit noise): the mean over the two
     halves of ``k(x,x) − k_xᵀ(K + I)⁻¹k_x``, to 1e-6 in float64."""
-    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+    from bayesattn.posthoc._gp_core import fit_posthoc_gp
 
     model, x, y = _toy_frozen_model()
     read = fit_posthoc_gp(model.double(), x[:300].double(), y[:300], model[2], seed=0)
@@ -455,7 +455,7 @@ def test_posthoc_gp_mean_field_predictive():
     > 0.9); the fitted ``(T_mf, a)`` minimise the NLL (no grid point does better) and ``a`` grows
     when errors grow with the variance; a one-example split falls back to temperature scaling."""
     from bayesattn import calibration as C
-    from bayesattn.interop import posthoc_gp as P
+    from bayesattn.posthoc import _gp_core as P
 
     model, x, y = _toy_frozen_model()
     read = P.fit_posthoc_gp(model, x[:300], y[:300], model[2], seed=0)
@@ -541,7 +541,7 @@ def test_fit_posthoc_charges_a_gp_reads_global_kl_once_per_data_set():
 
     import bayesattn
     from bayesattn._validation import torch_generator
-    from bayesattn.interop.posthoc import family_parameters, fit_posthoc
+    from bayesattn.posthoc._svi_core import family_parameters, fit_posthoc
 
     torch.manual_seed(0)
     model = _TorchModel().eval()
@@ -610,7 +610,7 @@ class _Tiny(torch.nn.Module):
 
 
 def test_posthoc_gp_edge_inputs_get_clear_errors_or_finite_reads():
-    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+    from bayesattn.posthoc._gp_core import fit_posthoc_gp
 
     torch.manual_seed(0)
     m = _Tiny()
@@ -642,7 +642,7 @@ def test_posthoc_gp_edge_inputs_get_clear_errors_or_finite_reads():
 
 
 def test_posthoc_gp_refuses_non_finite_inputs_and_is_smallest_near_calibration_points():
-    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+    from bayesattn.posthoc._gp_core import fit_posthoc_gp
 
     torch.manual_seed(0)
 

@@ -1,4 +1,4 @@
-"""The class-conditional density read (bayesattn.interop.class_density)."""
+"""The class-conditional density read's maths (bayesattn.posthoc._density_core)."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 
 from bayesattn import calibration as C
 from bayesattn.functional.niw import niw_kl
-from bayesattn.interop.class_density import fit_class_density, fit_density_temperature
+from bayesattn.posthoc._density_core import fit_class_density, fit_density_temperature
 
 
 def _blobs(n: int, seed: int, shift: float = 0.0, D: int = 4):
@@ -103,7 +103,7 @@ def test_bad_inputs_name_the_argument():
         fit_class_density([h], y.clamp(max=1), [h], y, 3)
     with pytest.raises(ValueError, match=r"val_views\[0\] must have D = 4"):
         fit_class_density([h], y, [h[:, :2]], y, 3)
-    with pytest.raises(ValueError, match="y_train must lie in"):
+    with pytest.raises(ValueError, match=r"y_train must hold labels in \[0, 3\)"):
         fit_class_density([h], y + 5, [h], y, 3)
     with pytest.raises(ValueError, match="NaN"):
         fit_class_density([h * float("nan")], y, [h], y, 3)
@@ -118,26 +118,31 @@ def test_bad_inputs_name_the_argument():
     assert torch.isfinite(fit_class_density([same], y, [same], y, 3).score([same])).all()
 
 
-def test_fit_network_density_reads_one_pass_of_a_cls_network():
-    from bayesattn.interop.class_density import fit_network_density, state_views
+def test_fit_network_density_is_deprecated_and_reads_one_pass_of_a_cls_network():
     from bayesattn.nn.networks import TransformerClassifier
+    from bayesattn.posthoc.features import extract_features
 
     torch.manual_seed(0)
     net = TransformerClassifier(3, input_dim=2, d_model=16, nhead=2, num_layers=1,
                                 dim_feedforward=16, pooling="cls").eval()
     x = torch.randn(90, 5, 2)
     y = torch.arange(90) % 3
-    r = fit_network_density(net, (x[:60], y[:60]), (x[60:], y[60:]))
+    with pytest.warns(DeprecationWarning, match="DensityRead"):
+        from bayesattn.interop.class_density import fit_network_density
+        r = fit_network_density(net, (x[:60], y[:60]), (x[60:], y[60:]))
     p, s = r(x[:7])
-    logits, cls, tok = state_views(net, x[:7])
-    torch.testing.assert_close(p, r.read.probs(logits, [cls, tok]))
-    torch.testing.assert_close(s, r.read.score([cls, tok]))
-    torch.testing.assert_close(logits, net(x[:7]), atol=1e-5, rtol=0)
+    f = extract_features(net, x[:7])
+    core = r.read.core_
+    torch.testing.assert_close(p, core.probs(f.logits, [f.cls, f.tokens]))
+    torch.testing.assert_close(s, core.score([f.cls, f.tokens]))
+    torch.testing.assert_close(f.logits, net(x[:7]), atol=1e-5, rtol=0)
     assert r.sample_probs(x[:7], 4).shape == (4, 7, 3)
-    assert fit_network_density(net, (x[:60], y[:60]), (x[60:], y[60:]), views=("cls",)).read.num_views == 1
-    with pytest.raises(TypeError, match="TransformerClassifier"):
+    with pytest.warns(DeprecationWarning):
+        one = fit_network_density(net, (x[:60], y[:60]), (x[60:], y[60:]), views=("cls",))
+    assert one.read.core_.num_views == 1
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="TransformerClassifier"):
         fit_network_density(torch.nn.Linear(2, 2), (x, y), (x, y))
-    with pytest.raises(ValueError, match="views must be distinct"):
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="views must be distinct"):
         fit_network_density(net, (x, y), (x, y), views=("cls", "cls"))
 
 

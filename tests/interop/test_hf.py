@@ -374,7 +374,7 @@ def test_gpt2_generate_with_left_padding_under_sampling():
 def test_posthoc_gp_reads_the_position_a_gpt2_classifier_pools():
     """GPT-2's sequence classifier applies its head to every token and keeps the last one: the
     read's variance must depend on the tokens after the first (it read token 0 before)."""
-    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+    from bayesattn.posthoc._gp_core import fit_posthoc_gp
 
     model = _small_gpt2(transformers.GPT2ForSequenceClassification, num_labels=3)
     x, y = torch.randint(1, 30, (24, 6)), torch.randint(0, 3, (24,))
@@ -391,7 +391,7 @@ def test_posthoc_gp_reads_the_position_a_gpt2_classifier_pools():
 
 
 def test_posthoc_gp_read_of_a_converted_bert_is_deterministic():
-    from bayesattn.interop.posthoc_gp import fit_posthoc_gp
+    from bayesattn.posthoc._gp_core import fit_posthoc_gp
 
     cfg = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                   intermediate_size=32, vocab_size=30, num_labels=3,

@@ -9,7 +9,7 @@ from torch import nn
 
 import bayesattn
 from bayesattn import calibration as C
-from bayesattn.interop import posthoc
+from bayesattn.posthoc import _svi_core as posthoc
 
 E, H, K = 16, 4, 3
 

@@ -9,8 +9,8 @@ from torch import nn
 import bayesattn
 from bayesattn import calibration as C
 from bayesattn.functional.mixture import rank1_weight
-from bayesattn.interop.posthoc_mixture import factor_logits, fit_posthoc_mixture
-from bayesattn.interop.rank1_hooks import apply_factors, hook_count, rank1_sites
+from bayesattn.posthoc._mixture_core import factor_logits, fit_posthoc_mixture
+from bayesattn.posthoc.rank1_hooks import apply_factors, hook_count, rank1_sites
 
 E, H, K = 16, 4, 3
 

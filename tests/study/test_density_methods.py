@@ -5,9 +5,19 @@ network refitted, the read's KL reported."""
 import pytest
 import torch
 
-from bayesattn.interop.class_density import fit_class_density
+from bayesattn.posthoc._density_core import fit_class_density
+from bayesattn.posthoc.features import extract_features
 from bayesattn.study import StudyConfig, get_method
-from bayesattn.study.runs import Run, pooled_features, state_views
+from bayesattn.study.runs import Run
+
+
+def state_views(net, x):
+    f = extract_features(net, x)
+    return f.logits, f.cls, f.tokens
+
+
+def pooled_features(net, x):
+    return extract_features(net, x, tokens=False).cls
 
 
 @pytest.fixture(scope="module")
@@ -46,5 +56,7 @@ def test_density_method_is_the_interop_read_on_the_views(run):
     local, global_ = m.posterior_kl(f, run)
     assert local == 0.0 and global_ == pytest.approx(read.kl()) and global_ > 0
     assert f.params["views"] == ["cls", "tokens"] and f.params["density_scale"] >= 0
-    # prediction and own score share one pass on the same inputs
+    # prediction and own score share one pass on the same inputs; bit for bit the two-pass
+    # values (state_views before the one-pass features)
     assert run.views("", x) is run.views("", x)
+    assert torch.equal(m.predict(f, x).probs[0], read.probs(lx, [cx, tx]).float())

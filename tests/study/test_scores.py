@@ -7,8 +7,9 @@ from scipy.optimize import minimize_scalar
 from sklearn.neighbors import NearestNeighbors
 
 from bayesattn import calibration as C
+from bayesattn.posthoc.features import extract_features
 from bayesattn.study.metrics import _scaled
-from bayesattn.study.runs import SignalTransformer, pooled_features
+from bayesattn.study.runs import SignalTransformer
 from bayesattn.study.scores import choose_k, fit_mahalanobis, knn_distance
 
 
@@ -102,7 +103,7 @@ def test_pooled_features_are_what_the_head_reads():
                            dim_feedforward=8), torch.randn(5, 12)),
     ):  # fmt: skip
         net.eval()
-        f = pooled_features(net, x, batch_size=2)
+        f = extract_features(net, x, batch_size=2, tokens=False).cls
         assert f.shape == (5, 8)
         with torch.no_grad():
             torch.testing.assert_close(net.head(f), net(x), atol=1e-5, rtol=1e-5)

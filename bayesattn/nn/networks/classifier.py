@@ -154,6 +154,40 @@ class TransformerClassifier(BayesianNetwork):
         norm = self.encoder.norm
         return (norm(h) if norm is not None else h), pad
 
+    def patchify(self, x: Tensor) -> Tensor:
+        """The inputs as the encoder's embedding takes them (here ``x`` itself; image and
+        signal networks cut it into patches)."""
+        return x
+
+    def forward_features(self, x: Tensor, tokens: bool = True) -> tuple[Tensor, Tensor | None]:
+        r"""One deterministic pass (``S = 1``, the current attention mode) up to the head:
+        ``(cls, tokens)`` (timm's ``forward_features``/``forward_head`` split).
+
+        ``cls`` ``(B, E)`` is what the head reads (the final-normed CLS state, or with
+        ``pooling="mean"`` the masked mean of the token states); ``tokens`` ``(B, E)`` the
+        mean of the final-normed token states, the CLS token and padding excluded (``None``
+        with ``pooling="mean"``, where it is ``cls``, or ``tokens=False``: then a CLS-pooled
+        network's last layer computes the CLS row only, as :meth:`forward_logits` does).
+        ``forward_head(*forward_features(x))`` are the logits ``(B, C)``.
+        """
+        h, pad = self.encode(self.patchify(x), 1, cls_only=self.cls is not None and not tokens)
+        if h.dim() != 3:  # a trunk mixture draws its K components even at S = 1
+            raise ValueError(
+                f"forward_features reads one deterministic pass (B, T, E); this network's "
+                f"encoder gave {tuple(h.shape)} (a trunk mixture): use forward_logits"
+            )
+        if self.cls is None:
+            return _masked_mean(h, pad), None  # (B, E)
+        if not tokens:
+            return h[..., 0, :], None
+        body = h[..., 1:, :]  # (B, T, E)
+        return h[..., 0, :], _masked_mean(body, None if pad is None else pad[:, 1:])
+
+    def forward_head(self, cls: Tensor, tokens: Tensor | None = None) -> Tensor:
+        """Logits ``(B, C)`` of the pooled features ``cls`` ``(B, E)`` (``tokens`` unused: the
+        head reads the pooled state only)."""
+        return self.head(cls)
+
     def _encoder_layers(self) -> Sequence[EncoderLayer]:
         # the Encoder's nn.ModuleList holds EncoderLayers (typed as holding any Module)
         return cast("Sequence[EncoderLayer]", self.encoder.layers)
@@ -191,3 +225,11 @@ class TransformerClassifier(BayesianNetwork):
     def targets(self, x: Tensor, y: Tensor | None) -> tuple[Tensor | None, Tensor | None, int]:
         return y, None, 0
 
+
+def _masked_mean(h: Tensor, pad: Tensor | None) -> Tensor:
+    """Mean over the positions ``(B, T, E) -> (B, E)``, padding (``pad (B, T)`` ``True``)
+    excluded."""
+    if pad is None:
+        return h.mean(-2)
+    keep = (~pad).to(h.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (h * keep).sum(-2) / keep.sum(-2).clamp_min(1.0)
