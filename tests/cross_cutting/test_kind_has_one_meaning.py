@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import bayesattn
-from bayesattn.interop.rank1_hooks import rank1_sites
+from bayesattn.posthoc.rank1_hooks import rank1_sites
 from bayesattn.nn.fold import fold_plan
 from bayesattn.nn.networks import TransformerClassifier
 from bayesattn.predictive import Predictive
