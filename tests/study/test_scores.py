@@ -7,8 +7,9 @@ from scipy.optimize import minimize_scalar
 from sklearn.neighbors import NearestNeighbors
 
 from bayesattn import calibration as C
+from bayesattn.study.datasets.mnist1d import SignalTransformer
 from bayesattn.study.metrics import _scaled
-from bayesattn.study.runs import SignalTransformer, pooled_features
+from bayesattn.study.runs import pooled_features
 from bayesattn.study.scores import choose_k, fit_mahalanobis, knn_distance
 
 
