@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -236,11 +237,11 @@ def abandon_run(out: Any) -> None:
 
 
 def finish_run(
-    out: Path, results: dict[str, Any], report: str, foreign: frozenset[str] = frozenset()
-) -> None:
-    """Write ``report.md``, then ``results.json`` (last, listing every file of the run: those in
-    the folder but not in ``foreign``), both atomically; then remove ``INCOMPLETE`` and the
-    replaced run's files (``.previous-run``)."""
+    out: Path, results: Mapping[str, Any], report: str, foreign: frozenset[str] = frozenset()
+) -> list[str]:
+    """Write ``report.md``, then ``results.json`` (last, with ``files``: every file of the run,
+    those in the folder but not in ``foreign``), both atomically; then remove ``INCOMPLETE`` and
+    the replaced run's files (``.previous-run``). Returns ``files``."""
     register_output(out, REPORT)
     atomic_write_text(out / REPORT, report)
     files = sorted(
@@ -250,14 +251,17 @@ def finish_run(
         and p.name not in (INCOMPLETE, RESULTS, *foreign)
         and not p.name.startswith(".")
     )
-    results["files"] = [*files, RESULTS]
-    atomic_write_text(out / RESULTS, json.dumps(results, indent=2, sort_keys=True))
+    listed = [*files, RESULTS]
+    atomic_write_text(
+        out / RESULTS, json.dumps({**results, "files": listed}, indent=2, sort_keys=True)
+    )
     with contextlib.suppress(FileNotFoundError):
         (out / INCOMPLETE).unlink()
     shutil.rmtree(out / PREVIOUS, ignore_errors=True)
     key = _key(out)
     if key is not None:
         _ACTIVE.discard(key)
+    return listed
 
 
 def study_status(out: str | Path) -> str:

@@ -46,7 +46,7 @@ from bayesattn import attention_mode
 from bayesattn.nn import AttentionConfig
 from bayesattn.nn.networks import VisionTransformer
 from bayesattn.study.config import MODEL_DEFAULTS
-from bayesattn.study.runs import SignalTransformer
+from bayesattn.study.datasets.mnist1d import SignalTransformer
 from bayesattn.uncertainty import predict
 
 S = 8  # posterior-predictive draws

@@ -1,6 +1,6 @@
 """Which MNIST-1D transformer the study trains: test accuracy against training time.
 
-Trains the study's deterministic network (``bayesattn.study.runs.SignalTransformer``, trained by
+Trains the study's deterministic network (``bayesattn.study.datasets.mnist1d.SignalTransformer``, trained by
 the study's own ``Run.train``: AdamW, warm-up, best validation epoch restored) on MNIST-1D with
 one held-out class pair, for each architecture below and each seed, and prints the mean test
 accuracy (the 8 in-distribution classes) and the mean training seconds of one torch thread.
@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from bayesattn.study import MODEL_DEFAULTS, StudyConfig
-from bayesattn.study.runs import Run, SignalTransformer
+from bayesattn.study.datasets.mnist1d import SignalTransformer
+from bayesattn.study.runs import Run
 
 #: name -> (architecture and training settings); ``patch``/``stride``: windows of ``patch`` steps
 #: every ``stride`` steps

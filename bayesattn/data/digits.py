@@ -9,52 +9,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from .._validation import check_seed
-from .holdout import HoldoutSplit, check_holdout_classes, holdout_split_indices
+from .holdout import HoldoutData, check_holdout_classes, data_from_split, holdout_split_indices
 
 __all__ = ["DigitsData", "load_digits_data"]
 
 
 @dataclass(frozen=True, eq=False)
-class DigitsData:
-    """Stratified split of the 8x8 digits with held-out classes kept aside for OOD.
-
-    Labels of in-distribution classes are remapped to ``0..C-1`` in increasing order of
-    the original digit; ``classes[k]`` is the original digit of new label ``k`` and
-    ``label_map`` maps original digit -> new label. ``y_ood_classes`` keeps the
-    *original* digit ids (they have no in-distribution label).
+class DigitsData(HoldoutData):
+    """Stratified split of the 8x8 digits with held-out classes kept aside for OOD (the fields
+    of :class:`~bayesattn.data.holdout.HoldoutData`; classes are the digits).
 
     Shape:
         x_train, x_val, x_test: ``(N_split, 8, 8)`` float32 in ``[0, 1]``.
         y_train, y_val, y_test: ``(N_split,)`` int64 in ``[0, C)``.
         x_ood_classes: ``(N_ood, 8, 8)`` float32; y_ood_classes: ``(N_ood,)`` int64.
     """
-
-    x_train: Tensor
-    y_train: Tensor
-    x_val: Tensor
-    y_val: Tensor
-    x_test: Tensor
-    y_test: Tensor
-    classes: tuple[int, ...]
-    label_map: dict[int, int]
-    holdout_classes: tuple[int, ...]
-    x_ood_classes: Tensor
-    y_ood_classes: Tensor
-    seed: int
-
-    @property
-    def num_classes(self) -> int:
-        """Number of in-distribution classes ``C``."""
-        return len(self.classes)
-
-    @property
-    def class_names(self) -> tuple[str, ...]:
-        """Printable names of the in-distribution classes, indexed by new label."""
-        return tuple(str(c) for c in self.classes)
 
 
 def _import_load_digits() -> Callable[..., Any]:
@@ -93,37 +64,4 @@ def load_digits_data(
     images = np.asarray(bunch.images, dtype=np.float32) / 16.0  # (1797, 8, 8)
     targets = np.asarray(bunch.target, dtype=np.int64)  # (1797,)
     split = holdout_split_indices(targets, holdout_list, seed, val_fraction, test_fraction)
-    return data_from_split(images, targets, split, seed)
-
-
-def data_from_split(
-    images: np.ndarray, targets: np.ndarray, split: HoldoutSplit, seed: int
-) -> DigitsData:
-    """The :class:`DigitsData` of ``images``/``targets`` rows picked by ``split``."""
-    labels = split.remap(targets)
-
-    def take(idx: np.ndarray) -> tuple[Tensor, Tensor]:
-        return torch.from_numpy(images[idx].copy()), torch.from_numpy(labels[idx].copy())
-
-    x_train, y_train = take(split.train)
-    x_val, y_val = take(split.val)
-    x_test, y_test = take(split.test)
-    x_ood = torch.from_numpy(images[split.ood].copy())  # (N_ood, ...)
-    y_ood = torch.from_numpy(targets[split.ood].copy())  # (N_ood,)
-    classes = split.classes
-    label_map = {c: k for k, c in enumerate(classes)}
-    holdout = split.holdout
-    return DigitsData(
-        x_train=x_train,
-        y_train=y_train,
-        x_val=x_val,
-        y_val=y_val,
-        x_test=x_test,
-        y_test=y_test,
-        classes=classes,
-        label_map=label_map,
-        holdout_classes=holdout,
-        x_ood_classes=x_ood,
-        y_ood_classes=y_ood,
-        seed=seed,
-    )
+    return data_from_split(images, targets, split, seed, DigitsData)

@@ -23,8 +23,7 @@ import numpy as np
 import torch
 
 from .._validation import check_int, check_seed
-from .digits import DigitsData
-from .holdout import check_holdout_classes, holdout_split_indices
+from .holdout import HoldoutData, check_holdout_classes, holdout_split_indices
 
 __all__ = ["FORTUNE_TOPICS", "FORTUNES_DIR", "FortunesData", "read_fortunes", "tokenize",
            "load_fortunes_data", "PAD", "UNK"]  # fmt: skip
@@ -73,8 +72,8 @@ def read_fortunes(
 
 
 @dataclass(frozen=True, eq=False)
-class FortunesData(DigitsData):
-    """The fields of :class:`~bayesattn.data.digits.DigitsData` for the fortunes: ``x_*`` int64
+class FortunesData(HoldoutData):
+    """The fields of :class:`~bayesattn.data.holdout.HoldoutData` for the fortunes: ``x_*`` int64
     token ids ``(N, max_len)``; with the ``vocab`` (id → word, ids 0 and 1 the padding and the
     unknown word) and the topic names."""
 

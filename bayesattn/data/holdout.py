@@ -1,21 +1,32 @@
 """Class-held-out splits: stratified train/val/test indices of the in-distribution classes and the
 indices of the held-out classes (the OOD pool), and the disjoint class pairs a study rotates over.
 
-Both datasets of the study (:mod:`~bayesattn.data.digits`, :mod:`~bayesattn.data.mnist1d`) split
-through :func:`holdout_split_indices`, so "no held-out class in training or validation" is a
-property of one function, checked on its indices."""
+Every dataset of the study (:mod:`~bayesattn.data.digits`, :mod:`~bayesattn.data.mnist1d`,
+:mod:`~bayesattn.data.fortunes`) splits through :func:`holdout_split_indices`, so "no held-out
+class in training or validation" is a property of one function, checked on its indices; each
+returns a :class:`HoldoutData` (the split's tensors), of its own subclass."""
 
 from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
+import torch
+from torch import Tensor
 
 from .._validation import check_int, check_real, check_seed
 
-__all__ = ["HoldoutSplit", "holdout_split_indices", "check_holdout_classes", "rotation_pairs"]
+__all__ = [
+    "HoldoutSplit",
+    "HoldoutData",
+    "holdout_split_indices",
+    "check_holdout_classes",
+    "rotation_pairs",
+    "data_from_split",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,6 +50,74 @@ class HoldoutSplit:
         return table[targets]
 
 
+@dataclass(frozen=True, eq=False)
+class HoldoutData:
+    """The tensors of a class-held-out split: in-distribution ``train``/``val``/``test`` inputs
+    and labels, and the held-out classes' inputs (``x_ood_classes``, all of their rows).
+
+    Labels of in-distribution classes are remapped to ``0..C-1`` in increasing order of the
+    original class; ``classes[k]`` is the original class of new label ``k`` and ``label_map``
+    maps original class -> new label. ``y_ood_classes`` keeps the *original* class ids (they
+    have no in-distribution label). Each dataset subclasses it (the inputs' shape and type are
+    the subclass's: images, sequences, token ids).
+
+    Shape:
+        x_train, x_val, x_test: ``(N_split, *input)``; y_train, y_val, y_test: ``(N_split,)``
+        int64 in ``[0, C)``; x_ood_classes ``(N_ood, *input)``; y_ood_classes ``(N_ood,)`` int64.
+    """
+
+    x_train: Tensor
+    y_train: Tensor
+    x_val: Tensor
+    y_val: Tensor
+    x_test: Tensor
+    y_test: Tensor
+    classes: tuple[int, ...]
+    label_map: dict[int, int]
+    holdout_classes: tuple[int, ...]
+    x_ood_classes: Tensor
+    y_ood_classes: Tensor
+    seed: int
+
+    @property
+    def num_classes(self) -> int:
+        """Number of in-distribution classes ``C``."""
+        return len(self.classes)
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """Printable names of the in-distribution classes, indexed by new label."""
+        return tuple(str(c) for c in self.classes)
+
+
+DataT = TypeVar("DataT", bound=HoldoutData)
+
+
+def data_from_split(
+    inputs: np.ndarray, targets: np.ndarray, split: HoldoutSplit, seed: int, cls: type[DataT]
+) -> DataT:
+    """The ``cls`` (a :class:`HoldoutData`) of ``inputs``/``targets`` rows picked by ``split``.
+
+    Shape:
+        inputs ``(N, *input)``, targets ``(N,)`` original labels → the split's tensors.
+    """
+    labels = split.remap(targets)
+
+    def take(idx: np.ndarray) -> tuple[Tensor, Tensor]:
+        return torch.from_numpy(inputs[idx].copy()), torch.from_numpy(labels[idx].copy())
+
+    (x_train, y_train), (x_val, y_val), (x_test, y_test) = map(
+        take, (split.train, split.val, split.test)
+    )
+    x_ood = torch.from_numpy(inputs[split.ood].copy())  # (N_ood, ...)
+    y_ood = torch.from_numpy(targets[split.ood].copy())  # (N_ood,)
+    return cls(
+        x_train=x_train, y_train=y_train, x_val=x_val, y_val=y_val, x_test=x_test,
+        y_test=y_test, classes=split.classes, label_map={c: k for k, c in enumerate(split.classes)},
+        holdout_classes=split.holdout, x_ood_classes=x_ood, y_ood_classes=y_ood, seed=seed,
+    )  # fmt: skip
+
+
 def check_holdout_classes(holdout_classes: Iterable[int], num_classes: int = 10) -> tuple[int, ...]:
     """``holdout_classes`` as a sorted tuple of distinct class ids in ``0..num_classes-1`` that
     leaves at least 2 classes in distribution (``ValueError``/``TypeError`` otherwise)."""
@@ -47,9 +126,7 @@ def check_holdout_classes(holdout_classes: Iterable[int], num_classes: int = 10)
     h = list(holdout_classes)
     for c in h:
         if isinstance(c, bool) or not isinstance(c, numbers.Integral) or not 0 <= c < num_classes:
-            raise ValueError(
-                f"holdout_classes must contain digits 0..{num_classes - 1}, got {h!r}"
-            )
+            raise ValueError(f"holdout_classes must contain digits 0..{num_classes - 1}, got {h!r}")
     if len(set(h)) != len(h):
         raise ValueError(f"holdout_classes must not repeat a class, got {h!r}")
     if num_classes - len(h) < 2:

@@ -15,15 +15,14 @@ from typing import Any
 import numpy as np
 
 from .._validation import check_int, check_seed
-from .digits import DigitsData, data_from_split
-from .holdout import check_holdout_classes, holdout_split_indices
+from .holdout import HoldoutData, check_holdout_classes, data_from_split, holdout_split_indices
 
 __all__ = ["Mnist1dData", "load_mnist1d_data", "generate_mnist1d"]
 
 
 @dataclass(frozen=True, eq=False)
-class Mnist1dData(DigitsData):
-    """The fields of :class:`~bayesattn.data.digits.DigitsData` for MNIST-1D: ``x_*`` are
+class Mnist1dData(HoldoutData):
+    """The fields of :class:`~bayesattn.data.holdout.HoldoutData` for MNIST-1D: ``x_*`` are
     float32 sequences ``(N, 40)`` (standardised over the whole generated set, as the package
     does), ``y_*`` int64 labels remapped to ``0..C-1``; ``y_ood_classes`` the original digits."""
 
@@ -86,5 +85,4 @@ def load_mnist1d_data(
     holdout = check_holdout_classes(holdout_classes)
     x, y = generate_mnist1d(num_samples, data_seed)
     split = holdout_split_indices(y, holdout, seed, val_fraction, test_fraction)
-    d = data_from_split(x, y, split, seed)
-    return Mnist1dData(**{f: getattr(d, f) for f in d.__dataclass_fields__})
+    return data_from_split(x, y, split, seed, Mnist1dData)

@@ -1,6 +1,7 @@
 r"""The uncertainty study: several ways of being uncertain, trained and scored on the same runs.
 
-A **run** is a dataset (the 8×8 digits, or MNIST-1D sequences), a held-out class pair (the
+A **run** is a data set (the 8×8 digits, MNIST-1D sequences, the fortunes' tokens: a registry,
+:mod:`.datasets`, one file each), a held-out class pair (the
 out-of-distribution classes; ``holdout_rotation=K`` rotates over ``K`` disjoint pairs) and a
 seed (its own split, initialisation and sampling). Every registered method (:mod:`.methods`:
 the deterministic network, temperature scaling, MC dropout, deep ensembles and their size
@@ -10,7 +11,8 @@ every-layer Bayesian attentions, Bayesian projection weights) is fitted and scor
 (:mod:`.stats`, :mod:`.protocol`) and written as ``results.json`` (every run's numbers and the
 configuration), ``report.md`` (:mod:`.report`) and figures (:mod:`.figures`).
 
-Modules: :mod:`.config` (:class:`StudyConfig`), :mod:`.runs` (one run's data and networks),
+Modules: :mod:`.config` (:class:`StudyConfig`), :mod:`.datasets` (the data sets:
+:class:`StudyDataset`, :func:`register_dataset`), :mod:`.runs` (one run's data and networks),
 :mod:`.methods` (the registry), :mod:`.scores` (kNN, Mahalanobis), :mod:`.metrics`,
 :mod:`.stats`, :mod:`.protocol` (:func:`run_study`), :mod:`.report`, :mod:`.figures`.
 """
@@ -23,6 +25,7 @@ from . import (
 )
 from ._compat import _train, _vit  # noqa: F401 - the 0.3 names benchmark scripts import
 from .config import DATASETS, DEFAULT_ROTATION, MODEL_DEFAULTS, StudyConfig
+from .datasets import FULL_DATASETS, StudyDataset, get_dataset, register_dataset
 from .merge import merge_studies
 from .methods import (
     DEFAULT_METHODS,
@@ -42,6 +45,10 @@ __all__ = [
     "DEFAULT_METHODS",
     "FULL_METHODS",
     "DATASETS",
+    "FULL_DATASETS",
+    "StudyDataset",
+    "register_dataset",
+    "get_dataset",
     "DEFAULT_ROTATION",
     "MODEL_DEFAULTS",
     "Method",

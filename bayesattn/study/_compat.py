@@ -7,6 +7,7 @@ from ..data import DigitsData
 from ..nn.blocks import AttentionConfig
 from ..nn.networks import BayesianNetwork, TransformerClassifier, VisionTransformer
 from .config import StudyConfig
+from .datasets import StudyDataset
 from .runs import Run
 
 __all__: list[str] = []
@@ -20,12 +21,8 @@ def _vit(
     cfg: StudyConfig, num_classes: int, attention: AttentionConfig | None
 ) -> TransformerClassifier:
     """The study's digits ViT (``cfg``'s sizes) with ``num_classes`` outputs."""
-    m = cfg.model("digits")
-    return VisionTransformer(
-        num_classes, image_size=8, patch_size=m["patch"], d_model=m["d_model"],
-        nhead=m["nhead"], num_layers=m["num_layers"], dim_feedforward=m["dim_feedforward"],
-        dropout=cfg.dropout, attention=attention,
-    )  # fmt: skip
+    m, kw = cfg.model("digits"), StudyDataset.sizes(cfg.model("digits"), cfg.dropout, attention)
+    return VisionTransformer(num_classes, image_size=8, patch_size=m["patch"], **kw)
 
 
 def _train(

@@ -1,83 +1,25 @@
-"""The study's settings (:class:`StudyConfig`) and the per-dataset model defaults."""
+"""The study's settings (:class:`StudyConfig`). The configuration checks its data sets against
+the data-set registry (:mod:`.datasets`, whose per-data-set model defaults it reads) and its
+methods against the method registry (:mod:`.methods`, with the modules that register the density
+and mixture methods), both imported here: no name reaches it by import order."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
 from .._study_io import validate_study_config
 from ..data.holdout import check_holdout_classes, rotation_pairs
+from . import density_methods, mixture_methods  # noqa: F401 - they register their methods
+from .datasets import DATASETS, FULL_DATASETS, MODEL_DEFAULTS, MODEL_KEYS, get_dataset
+from .methods import DEFAULT_METHODS, FULL_METHODS, METHODS
 
-__all__ = [
-    "StudyConfig",
-    "DATASETS",
-    "FULL_DATASETS",
-    "MODEL_DEFAULTS",
-    "DEFAULT_ROTATION",
-    "MethodNames",
-    "use_method_names",
-    "method_names",
-]
+__all__ = ["StudyConfig", "DATASETS", "FULL_DATASETS", "MODEL_DEFAULTS", "DEFAULT_ROTATION"]
 
 #: held-out pairs of the default study (``make study``) when neither ``holdout_classes`` nor
 #: ``holdout_rotation`` is given
 DEFAULT_ROTATION = 2
-
-Dataset = Literal["digits", "mnist1d", "fortunes"]
-DATASETS: tuple[Dataset, ...] = ("digits", "mnist1d", "fortunes")
-#: the datasets of the full protocol: two of signals and one of tokens (``fortunes`` needs
-#: Debian's ``fortunes`` package: ``apt-get install fortunes``)
-FULL_DATASETS: tuple[Dataset, ...] = ("digits", "mnist1d", "fortunes")
-
-#: per-dataset architecture and training defaults (a ``StudyConfig`` field left at ``None``
-#: takes the dataset's value). digits: a ViT over 2×2 patches (16 tokens + CLS); mnist1d: a
-#: transformer over the 40-step sequence cut into overlapping windows of ``patch`` steps every
-#: ``stride`` steps (9 tokens + CLS). The MNIST-1D model (0.5) reaches about .91 test accuracy in
-#: about 17 s of one core; the 0.4 one (3 layers, 40 epochs, non-overlapping windows of 4) .90 in
-#: about 50 s (docs/which-attention.md, "The MNIST-1D model").
-#: fortunes: a transformer over the word tokens, CLS pooling; 10 epochs, chosen on validation NLL
-#: (2.03 against 2.76 at 20 epochs, two runs) at half the training cost (docs/which-attention.md,
-#: "Tokens").
-MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "digits": dict(d_model=32, nhead=4, num_layers=2, dim_feedforward=64, epochs=20, lr=3e-3,
-                   batch_size=64, patch=2),
-    "mnist1d": dict(d_model=64, nhead=4, num_layers=2, dim_feedforward=128, epochs=30, lr=5e-3,
-                    batch_size=128, patch=8, stride=4),
-    "fortunes": dict(d_model=64, nhead=4, num_layers=2, dim_feedforward=128, epochs=10, lr=3e-3,
-                     batch_size=64, patch=1),
-}  # fmt: skip
-_MODEL_KEYS = ("d_model", "nhead", "num_layers", "dim_feedforward", "epochs", "lr", "batch_size")
-
-
-class MethodNames(NamedTuple):
-    """The method names a configuration is checked against and takes its defaults from: live
-    views of the method registry (:data:`~bayesattn.study.methods.METHODS`, ``DEFAULT_METHODS``
-    and ``FULL_METHODS``), handed over by :mod:`bayesattn.study.methods` through
-    :func:`use_method_names`, so that the configuration imports nothing from the methods."""
-
-    registered: Sequence[str]
-    default: Sequence[str]
-    full: Sequence[str]
-
-
-_METHOD_NAMES: list[MethodNames] = []  # the names use_method_names installed (one entry)
-
-
-def use_method_names(names: MethodNames) -> None:
-    """Install the method names configurations are checked against (called by
-    :mod:`bayesattn.study.methods` when it is imported, before any configuration is built)."""
-    _METHOD_NAMES[:] = [names]
-
-
-def method_names() -> MethodNames:
-    """The installed method names (a ``RuntimeError`` before the methods are registered)."""
-    if not _METHOD_NAMES:
-        raise RuntimeError(
-            "no study methods are registered yet: import bayesattn.study (which registers them) "
-            "before building a StudyConfig"
-        )
-    return _METHOD_NAMES[0]
 
 
 @dataclass
@@ -96,8 +38,8 @@ class StudyConfig:
     """
 
     out: str = "bayesattn-study"
-    dataset: Dataset = "digits"
-    datasets: Sequence[Dataset] = ()
+    dataset: str = "digits"
+    datasets: Sequence[str] = ()
     methods: Sequence[str] = ()
     epochs: int | None = None
     seed: int = 0
@@ -144,10 +86,10 @@ class StudyConfig:
         """The whole protocol: the three datasets of :data:`FULL_DATASETS`, 5 disjoint held-out
         pairs × 5 seeds, the methods of :data:`~bayesattn.study.methods.FULL_METHODS`, on 2
         worker processes (``jobs``)."""
-        full_methods = tuple(method_names().full)
         base: dict[str, Any] = dict(
-            datasets=FULL_DATASETS, holdout_rotation=5, seeds=5, methods=full_methods, jobs=2
-        )
+            datasets=tuple(FULL_DATASETS), holdout_rotation=5, seeds=5, methods=tuple(FULL_METHODS),
+            jobs=2,
+        )  # fmt: skip
         if kw.get("holdout_classes"):
             base.pop("holdout_rotation")
         base.update(kw)
@@ -167,24 +109,22 @@ class StudyConfig:
 
     def model(self, dataset: str) -> dict[str, Any]:
         """Architecture and training settings on ``dataset`` (explicit fields win)."""
-        out = dict(MODEL_DEFAULTS[dataset])
-        for k in _MODEL_KEYS:
+        out = dict(get_dataset(dataset).model_defaults)
+        for k in MODEL_KEYS:
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
         return out
 
     def __post_init__(self) -> None:
-        names = method_names()
         validate_study_config(self)
-        self.methods = tuple(self.methods) if self.methods else tuple(names.default)
+        self.methods = tuple(self.methods) if self.methods else tuple(DEFAULT_METHODS)
         for d in (self.dataset, *self.datasets):
             if d not in DATASETS:
-                raise ValueError(f"dataset must be one of {DATASETS}; got {d!r}")
-        bad = [m for m in self.methods if m not in names.registered]
+                raise ValueError(f"dataset must be one of {tuple(DATASETS)}; got {d!r}")
+        bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise ValueError(
-                f"methods must be a non-empty subset of {names.registered}; got "
-                f"{list(self.methods)}"
+                f"methods must be a non-empty subset of {tuple(METHODS)}; got {list(self.methods)}"
             )
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"methods must not repeat a method; got {list(self.methods)}")

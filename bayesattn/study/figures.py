@@ -11,18 +11,20 @@ from pathlib import Path
 from typing import Any
 
 from .._study_io import register_output
+from .datasets import get_dataset
 from .methods import Fitted, Method
+from .results import DatasetBlock, Interval, PooledRow
 from .runs import Run
 
 __all__ = ["run_figures", "dataset_figures", "prefix"]
 
-#: methods whose attention geometry the study reports (first digits run)
+#: methods whose attention geometry the study reports (first run of a data set with ``geometry``)
 GEOMETRY = ("deterministic", "recommended", "dirichlet")
 
 
 def prefix(dataset: str) -> str:
-    """File-name prefix of a dataset's figures (none for the digits, the default dataset)."""
-    return "" if dataset == "digits" else f"{dataset}_"
+    """File-name prefix of a dataset's figures (its :attr:`~.datasets.StudyDataset.figure_prefix`)."""
+    return get_dataset(dataset).figure_prefix
 
 
 def run_figures(
@@ -48,7 +50,7 @@ def run_figures(
     extra: dict[str, Any] = {"figures": files}
     if method.attention_outputs:
         extra["attention"] = _attention_outputs(out, run, name, fitted)
-    if run.cfg.geometry and run.dataset == "digits" and name in GEOMETRY:
+    if run.cfg.geometry and run.spec.geometry and name in GEOMETRY:
         extra["geometry"] = _geometry(out, run, name, fitted)
     return extra
 
@@ -95,7 +97,7 @@ def _geometry(out: Path, run: Run, method: str, fitted: Fitted) -> dict[str, Any
     return {k: rep[k] for k in keep} | {"figures": figures}
 
 
-def dataset_figures(out: Path, dataset: str, block: dict[str, Any]) -> dict[str, str]:
+def dataset_figures(out: Path, dataset: str, block: DatasetBlock) -> dict[str, str]:
     """Pareto, ensemble-size and corruption-severity figures of one dataset."""
     files = {"pareto": _pareto(out, dataset, block["pooled"])}
     if block["ensemble_curve"]:
@@ -104,7 +106,7 @@ def dataset_figures(out: Path, dataset: str, block: dict[str, Any]) -> dict[str,
     return files
 
 
-def _err(r: dict[str, Any]) -> float:
+def _err(r: Interval) -> float:
     h = r.get("half_width", 0.0)
     return 0.0 if h != h else float(h)  # NaN (one run): no bar
 
@@ -122,7 +124,7 @@ def method_styles(methods: list[str]) -> dict[str, tuple[Any, str]]:
     return {m: (cmap(k % 10), _MARKERS[k % len(_MARKERS)]) for k, m in enumerate(methods)}
 
 
-def _pareto(out: Path, dataset: str, pooled: dict[str, Any]) -> str:
+def _pareto(out: Path, dataset: str, pooled: dict[str, PooledRow]) -> str:
     """Quality (NLL, held-out AUROC) against cost (inference ms/example at batch 512, training
     seconds); means with 95% intervals over runs. Each method has its own colour and marker and is
     named in one legend (no labels on the points, which overlap); every panel says which way is
@@ -168,7 +170,7 @@ def _pareto(out: Path, dataset: str, pooled: dict[str, Any]) -> str:
     return path.name
 
 
-def _ensemble_curve(out: Path, dataset: str, block: dict[str, Any]) -> str:
+def _ensemble_curve(out: Path, dataset: str, block: DatasetBlock) -> str:
     """NLL and held-out AUROC of ensembles of 1..M members against their training cost, with
     every other method as a point (read it as 'worth M members')."""
     from .. import plots
@@ -200,7 +202,7 @@ def _ensemble_curve(out: Path, dataset: str, block: dict[str, Any]) -> str:
     return path.name
 
 
-def _corruption_curves(out: Path, dataset: str, pooled: dict[str, Any]) -> str:
+def _corruption_curves(out: Path, dataset: str, pooled: dict[str, PooledRow]) -> str:
     """Accuracy and entropy AUROC against severity, one panel per corruption kind."""
     from .. import plots
 

@@ -10,7 +10,7 @@ import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .._study_io import (
     RESULTS,
@@ -23,6 +23,7 @@ from .._study_io import (
     study_status,
 )
 from .protocol import pool
+from .results import DatasetBlock, RunResult, StudyResults
 
 __all__ = ["merge_studies", "without_times"]
 
@@ -47,7 +48,7 @@ def without_times(o: Any) -> Any:
     return o
 
 
-def _load(src: str | Path) -> dict[str, Any]:
+def _load(src: str | Path) -> StudyResults:
     """A finished study's ``results.json``: ``ValueError`` naming ``src`` when the folder holds
     none, holds something else, or is incomplete (a file its results.json lists is missing)."""
     path = Path(src) / RESULTS
@@ -59,8 +60,10 @@ def _load(src: str | Path) -> dict[str, Any]:
         raise ValueError(f"source {src}: {RESULTS} cannot be read as JSON ({e})") from e
     need = ("config", "datasets", "methods", "seeds", "pairs", "files", "seconds")
     lacking = [k for k in need if not isinstance(out, dict) or k not in out]
-    if lacking or not isinstance(out.get("config"), dict) or not isinstance(
-        out.get("datasets"), dict
+    if (
+        lacking
+        or not isinstance(out.get("config"), dict)
+        or not isinstance(out.get("datasets"), dict)
     ):
         raise ValueError(
             f"source {src}: {RESULTS} is not a bayesattn study's results (it lacks "
@@ -73,7 +76,7 @@ def _load(src: str | Path) -> dict[str, Any]:
             f"source {src} is not a complete study: files its {RESULTS} lists are missing "
             f"{missing[:8]}{' ...' if len(missing) > 8 else ''}; rerun or restore it"
         )
-    return out
+    return cast(StudyResults, out)
 
 
 def _check_folders(sources: Sequence[str | Path], out: str | Path) -> None:
@@ -99,11 +102,11 @@ def _check_folders(sources: Sequence[str | Path], out: str | Path) -> None:
             )
 
 
-def _key(run: dict[str, Any]) -> tuple[tuple[int, ...], int]:
+def _key(run: RunResult) -> tuple[tuple[int, ...], int]:
     return tuple(run["pair"]), int(run["seed"])
 
 
-def merge_studies(sources: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
+def merge_studies(sources: Sequence[str | Path], out: str | Path) -> StudyResults:
     """One study from finished ``sources`` run with the same datasets, held-out pairs and
     settings (all but ``methods``, the seeds and how they ran): the union of their runs
     (a run is a pair and a seed), every run with the union of the methods (first source first),
@@ -135,8 +138,9 @@ def merge_studies(sources: Sequence[str | Path], out: str | Path) -> dict[str, A
                 f"{diff or ['datasets']}"
             )
     methods = list(dict.fromkeys(m for r in loaded for m in r["methods"]))
-    merged: dict[str, Any] = dict(base, methods=methods, datasets={},
-                                  merged_from=[str(s) for s in sources])  # fmt: skip
+    merged = StudyResults(**base)
+    merged["methods"], merged["datasets"] = methods, {}
+    merged["merged_from"] = [str(s) for s in sources]
     seeds = sorted({int(seed) for r in loaded for seed in r["seeds"]})
     merged["seeds"] = seeds
     merged["config"] = dict(base["config"], methods=methods, out=str(out), seed=seeds[0],
@@ -159,16 +163,14 @@ def merge_studies(sources: Sequence[str | Path], out: str | Path) -> dict[str, A
             merged["datasets"][dataset] = new
         merged["seconds"] = sum(r["seconds"] for r in loaded)
         merged.pop("files", None)
-        finish_run(out_dir, merged, report.render(merged), foreign)
+        merged["files"] = finish_run(out_dir, merged, report.render(merged), foreign)
     except BaseException:
         abandon_run(out_dir)  # --out as it was
         raise
     return merged
 
 
-def _merge_dataset(
-    dataset: str, loaded: list[dict[str, Any]], methods: list[str]
-) -> dict[str, Any]:
+def _merge_dataset(dataset: str, loaded: list[StudyResults], methods: list[str]) -> DatasetBlock:
     """One dataset's runs of every source, merged and pooled (no figures yet)."""
     base = loaded[0]
     block = base["datasets"][dataset]

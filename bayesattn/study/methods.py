@@ -25,7 +25,6 @@ from ..nn.networks import BayesianNetwork
 from ..nn.weights import bayesian_projections
 from ..registry import Registry
 from ..uncertainty import PredictionResult, predict, predict_ensemble, predict_mc_dropout
-from .config import MethodNames, use_method_names
 from .laplace_evidence import laplace_evidence
 from .runs import Run
 from .scores import choose_k, fit_mahalanobis, knn_distance
@@ -131,8 +130,6 @@ _FULL_EXTRA = ("dirichlet", "posthoc_gp", "posthoc_gp_mf", "sgpa", "density", "m
 FULL_METHODS: Sequence[str] = _Names(
     lambda: [*_DEFAULT, *(m for m in _FULL_EXTRA if m in _REGISTRY and m not in _DEFAULT)]
 )
-# the configuration checks its methods against these names (it does not import this module)
-use_method_names(MethodNames(METHODS, DEFAULT_METHODS, FULL_METHODS))
 
 
 def register_method(method: Method, default: bool = False) -> Method:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .datasets import get_dataset
 from .methods import get_method
+from .results import DatasetBlock, PooledRow, StudyResults
 from .stats import holm
 
 __all__ = ["format_table", "render"]
@@ -41,7 +43,7 @@ _SELECTIVE = [
 ]
 
 
-def _score_names(pooled: dict[str, Any]) -> dict[str, Any]:
+def _score_names(pooled: dict[str, PooledRow]) -> dict[str, Any]:
     """``pooled`` with the primary score's name spelled out (``own`` → the own score's name)."""
     out = {}
     for m, r in pooled.items():
@@ -62,7 +64,7 @@ def _cell(r: dict[str, Any] | str | None, digits: int) -> str:
     return f"{r['mean']:.{digits}f}{pm}"
 
 
-def _table(pooled: dict[str, Any], cols: list[tuple[str, str, int]]) -> list[str]:
+def _table(pooled: dict[str, PooledRow], cols: list[tuple[str, str, int]]) -> list[str]:
     lines = ["| method | " + " | ".join(c[1] for c in cols) + " |",
              "|---" * (len(cols) + 1) + "|"]  # fmt: skip
     for m, r in _score_names(pooled).items():
@@ -78,12 +80,12 @@ SMOKE_NOTE = (
 )
 
 
-def is_smoke(results: dict[str, Any]) -> bool:
+def is_smoke(results: StudyResults) -> bool:
     """Whether ``results`` come from a smoke run (``smoke`` in their configuration)."""
     return bool(results.get("config", {}).get("smoke", False))
 
 
-def format_table(results: dict[str, Any]) -> str:
+def format_table(results: StudyResults) -> str:
     """The pooled table of every dataset (mean ± half-width of the 95% t-interval over runs),
     under :data:`SMOKE_NOTE` for a smoke run."""
     parts = [SMOKE_NOTE, ""] if is_smoke(results) else []
@@ -134,7 +136,7 @@ def _paired_table(paired: dict[str, Any], ref: str) -> list[str]:
     return lines
 
 
-def _laplace_note(block: dict[str, Any]) -> list[str]:
+def _laplace_note(block: DatasetBlock) -> list[str]:
     """Whether ``laplace`` and ``deterministic`` are level (no paired difference resolves on
     NLL, ECE or accuracy) and why: the prior precision by marginal likelihood, the effective
     number of parameters against the head's count, the 0.5 grid's choice."""
@@ -163,7 +165,7 @@ def _laplace_note(block: dict[str, Any]) -> list[str]:
             "likelihood.", ""]  # fmt: skip
 
 
-def _curve_section(ds: str, block: dict[str, Any]) -> list[str]:
+def _curve_section(ds: str, block: DatasetBlock) -> list[str]:
     curve = block["ensemble_curve"]
     if not curve:
         return []
@@ -187,7 +189,7 @@ def _curve_section(ds: str, block: dict[str, Any]) -> list[str]:
     return parts
 
 
-def _wins_section(block: dict[str, Any]) -> list[str]:
+def _wins_section(block: DatasetBlock) -> list[str]:
     parts = ["### Who wins what", "",
              "Best mean per metric; the paired difference against the runner-up (same pair "
              "and seed) says whether the win resolves.", ""]  # fmt: skip
@@ -202,7 +204,7 @@ def _wins_section(block: dict[str, Any]) -> list[str]:
     return parts + [""]
 
 
-def _params_section(pooled: dict[str, Any]) -> list[str]:
+def _params_section(pooled: dict[str, PooledRow]) -> list[str]:
     parts = ["### Hyperparameters chosen (on in-distribution validation data)", ""]
     for m, r in pooled.items():
         ps = [p for p in r["params"] if p]
@@ -215,7 +217,7 @@ def _params_section(pooled: dict[str, Any]) -> list[str]:
     return parts + [""]
 
 
-def _near_far_selective(pooled: dict[str, Any]) -> list[str]:
+def _near_far_selective(pooled: dict[str, PooledRow]) -> list[str]:
     """The near / far / shift table and the selective-prediction table."""
     parts: list[str] = []
     parts += ["", "### Near / far / shift", "",
@@ -235,7 +237,7 @@ def _near_far_selective(pooled: dict[str, Any]) -> list[str]:
     return parts
 
 
-def _dataset_section(ds: str, block: dict[str, Any]) -> list[str]:
+def _dataset_section(ds: str, block: DatasetBlock) -> list[str]:
     pooled = block["pooled"]
     runs = block["runs"]
     sizes = runs[0]["data"]
@@ -247,7 +249,7 @@ def _dataset_section(ds: str, block: dict[str, Any]) -> list[str]:
         f"{sizes['train']}/{sizes['val']}/{sizes['test']}/{sizes['ood_classes']} (first run); "
         f"model d_model={model['d_model']}, heads={model['nhead']}, layers={model['num_layers']}, "
         f"ff={model['dim_feedforward']}, tokens of {model['patch']} "
-        f"{ {'digits': 'pixels²', 'fortunes': 'word'}.get(ds, 'steps')}"
+        f"{get_dataset(ds).token_unit}"
         f"{f' every {stride}' if (stride := model.get('stride')) else ''}, "
         f"{model['epochs']} epochs; took "
         f"{block['seconds'] / 60:.1f} min. Cells: mean ± half-width of the 95% t-interval.",
@@ -331,7 +333,7 @@ what" lines use the raw intervals.
 """
 
 
-def _appendix(results: dict[str, Any]) -> list[str]:
+def _appendix(results: StudyResults) -> list[str]:
     parts = ["## Appendix: per held-out pair (mean over seeds)", ""]
     keys = [("accuracy", "acc"), ("nll", "NLL"), ("auroc_entropy", "AUROC ent"),
             ("auroc_mi", "AUROC MI"), ("auroc_own", "AUROC own")]  # fmt: skip
@@ -347,7 +349,7 @@ def _appendix(results: dict[str, Any]) -> list[str]:
     return parts
 
 
-def _figures_section(results: dict[str, Any]) -> list[str]:
+def _figures_section(results: StudyResults) -> list[str]:
     parts = ["## Figures of the first run of each dataset", ""]
     for ds, block in results["datasets"].items():
         for m, extra in block["runs"][0]["first_run"].items():
@@ -370,7 +372,7 @@ def _figures_section(results: dict[str, Any]) -> list[str]:
     return parts
 
 
-def render(results: dict[str, Any]) -> str:
+def render(results: StudyResults) -> str:
     """``report.md``."""
     cfg = results["config"]
     methods = ", ".join(f"`{m}` ({get_method(m).description})" for m in results["methods"])
@@ -387,10 +389,10 @@ def render(results: dict[str, Any]) -> str:
         "",
         f"Methods: {methods}.",
         "",
-        "\"AUROC held-out\" is the AUROC of held-out classes against in-distribution test inputs by "
-        "each method's **primary score**, declared before any result (column \"by\"): its own "
+        '"AUROC held-out" is the AUROC of held-out classes against in-distribution test inputs by '
+        'each method\'s **primary score**, declared before any result (column "by"): its own '
         "score where it has one, else mutual information where its predictive has more than one "
-        "draw, else predictive entropy; \"AUROC ent\" is by entropy for every method.",
+        'draw, else predictive entropy; "AUROC ent" is by entropy for every method.',
         "",
         format_table(results),
         "",

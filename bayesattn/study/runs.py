@@ -1,81 +1,49 @@
-"""One run of the study: a dataset (the digits, MNIST-1D or the fortunes' tokens), a held-out class set and a seed, with everything its methods
-share (the split, the far-OOD and corrupted sets, the network factory, trained deterministic
-members and their pooled features)."""
+"""One run of the study: a registered data set (:mod:`.datasets`), a held-out class set and a
+seed, with everything its methods share (the split, the far-OOD and corrupted sets, the network
+factory, trained deterministic members and their pooled features)."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from dataclasses import Field, dataclass, field
+from typing import Any, ClassVar, Protocol
 
 import pyro
 import torch
 from torch import Tensor
 
-from .._validation import check_int
-from ..data import CORRUPTION_KINDS, DigitsData, corrupt_images, load_digits_data
-from ..data.far_ood import SEQUENCE_CORRUPTIONS, corrupt_sequences, far_ood_suite
-from ..data.fortunes import FortunesData
-from ..data.mnist1d import load_mnist1d_data
-from ..data.token_ood import TOKEN_CORRUPTIONS, corrupt_tokens, token_far_ood_suite
+from ..data.holdout import HoldoutData
 from ..nn.blocks import AttentionConfig
-from ..nn.networks import BayesianNetwork, TransformerClassifier, VisionTransformer
+from ..nn.networks import BayesianNetwork, TransformerClassifier
 from ..posthoc.features import Features, extract_features
 from ..training import fit
+from .datasets import StudyDataset, get_dataset
 
-if TYPE_CHECKING:  # the config validates method names against the registry, which uses Run
-    from .config import StudyConfig
-
-__all__ = ["Run", "SignalTransformer"]
+__all__ = ["Run", "RunSettings"]
 
 
-class SignalTransformer(TransformerClassifier):
-    """A transformer over 1-D signals: ``(B, T)`` cut into windows of ``patch`` steps every
-    ``stride`` steps (default ``stride = patch``: non-overlapping; ``stride < patch``:
-    overlapping windows, ``(T - patch) / stride + 1`` tokens), each linearly embedded, a CLS
-    token, learned positions.
+class RunSettings(Protocol):
+    """The settings a run and its methods read (:class:`~bayesattn.study.StudyConfig` is one;
+    the run does not import the configuration, which sits above the methods: it checks method
+    names against their registry). A dataclass (methods derive variants with
+    ``dataclasses.replace``)."""
 
-    Shape:
-        x ``(B, T)`` → windows ``(B, (T - patch) / stride + 1, patch)`` → logits
-        ``(*S, B, num_classes)``.
-    """
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+    num_samples: int
+    ensemble_size: int
+    dropout: float
+    kl_anneal_epochs: int
+    kl_weight: float
+    knn_ks: Sequence[int]
+    severities: Sequence[int]
+    arviz_examples: int
+    geometry: bool
 
-    def __init__(
-        self,
-        num_classes: int,
-        length: int = 40,
-        patch: int = 4,
-        stride: int | None = None,
-        **kwargs: Any,
-    ) -> None:
-        length, patch = check_int("length", length, 1), check_int("patch", patch, 1)
-        stride = patch if stride is None else check_int("stride", stride, 1)
-        if patch > length or (length - patch) % stride:
-            raise ValueError(
-                f"windows of patch={patch} every stride={stride} steps must tile length={length} "
-                f"exactly ((length - patch) divisible by stride)"
-            )
-        self.length, self.patch, self.stride = length, patch, stride
-        kwargs.setdefault("pooling", "cls")
-        super().__init__(
-            num_classes, input_dim=patch, max_len=(length - patch) // stride + 1, **kwargs
-        )
-
-    def patchify(self, x: Tensor) -> Tensor:
-        """``(B, T)`` → ``(B, (T - patch) / stride + 1, patch)`` windows (a view of ``x``)."""
-        return x.unfold(-1, self.patch, self.stride)
-
-    def check_batch(self, x: Tensor, y: Tensor | None) -> None:
-        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.length:
-            raise ValueError(
-                f"signals must be (B, {self.length}); got {tuple(getattr(x, 'shape', ()))}"
-            )
-        super().check_batch(self.patchify(x), y)
-
-    def forward_logits(self, x: Tensor, y: Tensor | None = None, num_samples: int = 1) -> Tensor:
-        return super().forward_logits(self.patchify(x), y, num_samples)
+    def model(self, dataset: str) -> dict[str, Any]:
+        """Architecture and training settings on ``dataset``."""
+        ...
 
 
 def _one_pass(net: TransformerClassifier, x: Tensor) -> Features:
@@ -87,42 +55,29 @@ def _one_pass(net: TransformerClassifier, x: Tensor) -> Features:
 class Run:
     """A dataset × held-out set × seed, and what its methods share (``cache``)."""
 
-    cfg: StudyConfig
+    cfg: RunSettings
     dataset: str
     pair: tuple[int, ...]
     seed: int
-    data: DigitsData
+    data: HoldoutData
     far: dict[str, Tensor]
     corrupted: dict[tuple[str, int], Tensor]
     cache: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, cfg: StudyConfig, dataset: str, pair: tuple[int, ...], seed: int) -> Run:
-        """The split of ``dataset`` with ``pair`` held out, and its far-OOD sets (with the
-        training classes' ``moments`` set) and corrupted sets (all seeded by ``seed``)."""
-        if dataset == "fortunes":
-            from ..data.fortunes import load_fortunes_data
+    def load(cls, cfg: RunSettings, dataset: str, pair: tuple[int, ...], seed: int) -> Run:
+        """The split of ``dataset`` (a registered :class:`~bayesattn.study.datasets.StudyDataset`)
+        with ``pair`` held out, and its corrupted sets and far-OOD sets (with the training
+        classes' ``moments`` set), all seeded by ``seed``."""
+        ds = get_dataset(dataset)
+        data = ds.load(seed, pair)
+        corrupted = ds.corruptions(data, cfg.severities, seed)
+        return cls(cfg, dataset, pair, seed, data, ds.far_ood(data, seed), corrupted)
 
-            data: Any = load_fortunes_data(seed=seed, holdout_classes=pair)
-            v = data.vocab_size
-            tokens: dict[tuple[str, int], Tensor] = {
-                (k, s): corrupt_tokens(data.x_test, k, s, v, seed)
-                for k in TOKEN_CORRUPTIONS for s in cfg.severities
-            }  # fmt: skip
-            far = token_far_ood_suite(data.x_test, v, seed, train=(data.x_train, data.y_train))
-            return cls(cfg, dataset, pair, seed, data, far, tokens)
-        if dataset == "digits":
-            data = load_digits_data(seed=seed, holdout_classes=pair)
-            corrupt: Any = corrupt_images
-            kinds: tuple[str, ...] = CORRUPTION_KINDS
-        else:
-            data = load_mnist1d_data(seed=seed, holdout_classes=pair)
-            corrupt, kinds = corrupt_sequences, SEQUENCE_CORRUPTIONS
-        corrupted = {
-            (k, s): corrupt(data.x_test, k, s, seed) for k in kinds for s in cfg.severities
-        }
-        far = far_ood_suite(data.x_test, seed, train=(data.x_train, data.y_train))
-        return cls(cfg, dataset, pair, seed, data, far, corrupted)
+    @property
+    def spec(self) -> StudyDataset:
+        """The run's data set (its loader, network and defaults)."""
+        return get_dataset(self.dataset)
 
     @property
     def model(self) -> dict[str, Any]:
@@ -130,19 +85,7 @@ class Run:
 
     def network(self, attention: AttentionConfig | None) -> TransformerClassifier:
         """A fresh network of this dataset's architecture (``attention=None``: softmax)."""
-        m, c = self.model, self.data.num_classes
-        kw = dict(d_model=m["d_model"], nhead=m["nhead"], num_layers=m["num_layers"],
-                  dim_feedforward=m["dim_feedforward"], dropout=self.cfg.dropout,
-                  attention=attention)  # fmt: skip
-        if self.dataset == "digits":
-            return VisionTransformer(c, image_size=8, patch_size=m["patch"], **kw)
-        if self.dataset == "fortunes":
-            assert isinstance(self.data, FortunesData)
-            vocab, length = self.data.vocab_size, self.data.x_train.shape[1]
-            return TransformerClassifier(c, vocab_size=vocab, max_len=length, pooling="cls", **kw)
-        return SignalTransformer(
-            c, length=self.data.x_train.shape[1], patch=m["patch"], stride=m.get("stride"), **kw
-        )
+        return self.spec.network(self.data, self.model, self.cfg.dropout, attention)
 
     def train(self, net: BayesianNetwork, seed: int, bayes: bool, kl_weight: float = 1.0) -> float:
         """Train ``net`` (hybrid ELBO; cross-entropy for a deterministic one) and return the
@@ -193,7 +136,10 @@ class Run:
         return self.passes(split, x).cls
 
     def _member0(
-        self, kind: str, read: Callable[[TransformerClassifier, Tensor], Any], split: str,
+        self,
+        kind: str,
+        read: Callable[[TransformerClassifier, Tensor], Any],
+        split: str,
         x: Tensor | None,
     ) -> Any:
         """``read(member 0, inputs)``, cached per named split under ``kind/split``; for explicit

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+
+from .results import Interval, PairedInterval
 
 __all__ = ["t_interval", "paired_interval", "holm"]
 
@@ -27,7 +28,7 @@ def _t_quantile(p: float, df: int) -> float:
     return float(t.ppf(p, df))
 
 
-def t_interval(values: Sequence[float], level: float = 0.95) -> dict[str, Any]:
+def t_interval(values: Sequence[float], level: float = 0.95) -> Interval:
     """``{"mean", "sd", "n", "lo", "hi", "half_width"}`` of ``values`` (NaN-free floats)."""
     xs = [float(v) for v in values]
     if not xs:
@@ -39,28 +40,26 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> dict[str, Any]:
     n = len(xs)
     m = sum(xs) / n
     if n == 1:
-        return {"mean": m, "sd": 0.0, "n": 1, "lo": math.nan, "hi": math.nan,
-                "half_width": math.nan}  # fmt: skip
+        return Interval(mean=m, sd=0.0, n=1, lo=math.nan, hi=math.nan, half_width=math.nan)
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
     h = _t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
-    return {"mean": m, "sd": sd, "n": n, "lo": m - h, "hi": m + h, "half_width": h}
+    return Interval(mean=m, sd=sd, n=n, lo=m - h, hi=m + h, half_width=h)
 
 
 def paired_interval(
     values: Sequence[float], reference: Sequence[float], level: float = 0.95
-) -> dict[str, Any]:
+) -> PairedInterval:
     """The t-interval of ``values[i] − reference[i]`` and whether it excludes 0 (``resolved``)."""
     if len(values) != len(reference):
         raise ValueError(
             f"paired values need the same units; got {len(values)} and {len(reference)}"
         )
-    out = t_interval([a - b for a, b in zip(values, reference, strict=True)], level)
-    out["resolved"] = bool(out["n"] > 1 and (out["lo"] > 0 or out["hi"] < 0))
-    out["p"] = _t_test_p(out)
-    return out
+    iv = t_interval([a - b for a, b in zip(values, reference, strict=True)], level)
+    resolved = bool(iv["n"] > 1 and (iv["lo"] > 0 or iv["hi"] < 0))
+    return PairedInterval(**iv, resolved=resolved, p=_t_test_p(iv))
 
 
-def _t_test_p(iv: dict[str, Any]) -> float:
+def _t_test_p(iv: Interval) -> float:
     """Two-sided p-value of the one-sample t-test of mean 0 (``nan`` with one unit; a zero sd:
     0 for a non-zero mean, 1 for a zero one)."""
     from scipy.stats import t

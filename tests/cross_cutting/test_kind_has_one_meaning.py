@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 import bayesattn
-from bayesattn.posthoc.rank1_hooks import rank1_sites
 from bayesattn.nn.fold import fold_plan
 from bayesattn.nn.networks import TransformerClassifier
+from bayesattn.posthoc.rank1_hooks import rank1_sites
 from bayesattn.predictive import Predictive
 from bayesattn.training import as_train_data
 

@@ -218,12 +218,22 @@ def test_no_import_cycle():
     assert cycle_problems(import_cycles(import_graph()), CYCLES_ALLOWED) == []
 
 
-def test_the_study_configuration_imports_no_other_study_module():
-    """The configuration is the study's bottom layer (pyproject's study layers contract): the
-    method names it checks come from ``bayesattn.study.methods`` through ``use_method_names``,
-    never from an import of it, not even inside a function or under ``TYPE_CHECKING``."""
-    imported = import_graph()["bayesattn.study.config"]
-    assert {m for m in imported if m.startswith("bayesattn.study")} == set()
+def test_the_study_configuration_imports_its_registries_and_nothing_below_imports_it():
+    """The configuration checks method and data-set names against their registries, which it
+    imports (with the modules that register the density and mixture methods): no slot filled by
+    whichever module was imported first. Nothing the configuration imports imports it back (a
+    run reads its settings through the ``RunSettings`` protocol)."""
+    from bayesattn.study import config
+
+    graph = import_graph()
+    imported = {m for m in graph["bayesattn.study.config"] if m.startswith("bayesattn.study")}
+    assert {"bayesattn.study.methods", "bayesattn.study.density_methods",
+            "bayesattn.study.mixture_methods", "bayesattn.study.datasets"} <= imported  # fmt: skip
+    assert not hasattr(config, "use_method_names") and not hasattr(config, "_METHOD_NAMES")
+    below = ("methods", "density_methods", "mixture_methods", "runs", "scores", "stats",
+             "laplace_evidence", "results", "datasets")  # fmt: skip
+    for name in below:
+        assert "bayesattn.study.config" not in graph.get(f"bayesattn.study.{name}", set()), name
 
 
 def test_the_allowlists_only_shrink():

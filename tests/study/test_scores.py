@@ -8,8 +8,8 @@ from sklearn.neighbors import NearestNeighbors
 
 from bayesattn import calibration as C
 from bayesattn.posthoc.features import extract_features
+from bayesattn.study.datasets.mnist1d import SignalTransformer
 from bayesattn.study.metrics import _scaled
-from bayesattn.study.runs import SignalTransformer
 from bayesattn.study.scores import choose_k, fit_mahalanobis, knn_distance
 
 
