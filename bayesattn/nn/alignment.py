@@ -5,11 +5,15 @@ positions, marginalised exactly.
 .. math::
     \pi_{tj} = \mathrm{softmax}_j\big((W_q h_t)\cdot(W_k m_j)/\sqrt d\big), \qquad
     p(y_t \mid z_t = j) = \mathrm{softmax}\big(W_o\,\mathrm{LN}(g_{tj})\big),\quad
-    g_{tj} = u_{tj} + \mathrm{FF}(\mathrm{LN}(u_{tj})),\; u_{tj} = h_t + W_c m_j,
+    g_{tj} = u_{tj} + \mathrm{FF}(\mathrm{LN}(u_{tj})),\; u_{tj} = h_t + e(x_j),
 
 and :math:`p(y_t) = \sum_j \pi_{tj}\, p(y_t \mid z_t = j)` (the sum in closed form;
 :func:`enumerated_alignment_model` is the same model with Pyro enumeration). ``h_t`` is the
-decoder state of the target prefix, ``m_j`` the encoder memory of source word ``j``.
+decoder state of the target prefix, ``m_j`` the encoder memory of source word ``j`` (the prior
+reads the whole sentence) and ``e(x_j)`` the embedding of the source word itself: the emission sees
+only the word it is aligned to, so an alignment is a statement about words (with the contextual
+memory in the emission every position could explain every word, and the posterior would stay
+at its prior).
 """
 
 from __future__ import annotations
@@ -33,26 +37,36 @@ class LatentAlignment(nn.Module):
     """Prior over source positions, per-position emissions and their exact mixture.
 
     Shape:
-        h ``(…, B, Tt, E)``, memory ``(…, B, Ts, E)``, key_padding_mask ``(B, Ts)`` →
-        ``forward``: ``(…, B, Tt, V)`` log-probabilities of the marginal.
+        h ``(…, B, Tt, E)``, memory ``(…, B, Ts, E)``, src ``(B, Ts)`` source tokens,
+        key_padding_mask ``(B, Ts)`` → ``forward``: ``(…, B, Tt, V)`` log-probabilities of the
+        marginal.
     """
 
     def __init__(
-        self, d_model: int, vocab_size: int, dim_feedforward: int, layer_norm_eps: float = 1e-5
+        self,
+        d_model: int,
+        src_vocab_size: int,
+        vocab_size: int,
+        dim_feedforward: int,
+        layer_norm_eps: float = 1e-5,
     ) -> None:
         check_int("d_model", d_model, 1)
+        check_int("src_vocab_size", src_vocab_size, 1)
         check_int("vocab_size", vocab_size, 1)
         check_int("dim_feedforward", dim_feedforward, 1)
         super().__init__()
         self.d_model = d_model
         self.q_proj = nn.Linear(d_model, d_model)
         self.k_proj = nn.Linear(d_model, d_model)
-        self.c_proj = nn.Linear(d_model, d_model)
+        self.word = nn.Embedding(src_vocab_size, d_model)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.linear2 = nn.Linear(dim_feedforward, d_model)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.head = nn.Linear(d_model, vocab_size)
+        #: a uniform prior over the real source positions (IBM Model 1): train a few epochs with
+        #: it first so the emissions learn which words translate which before the prior commits
+        self.uniform_prior = False
 
     def log_prior(
         self, h: Tensor, memory: Tensor, key_padding_mask: Tensor | None = None
@@ -65,15 +79,17 @@ class LatentAlignment(nn.Module):
         q = linear(h, self.q_proj.weight, self.q_proj.bias)  # (…, B, Tt, E)
         k = linear(memory, self.k_proj.weight, self.k_proj.bias)  # (…, B, Ts, E)
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_model)  # (…, B, Tt, Ts)
+        if self.uniform_prior:
+            scores = torch.zeros_like(scores)
         return alignment_log_prior(scores, key_padding_mask)
 
-    def log_emissions(self, h: Tensor, memory: Tensor) -> Tensor:
-        r""":math:`\log p(y_t = v \mid z_t = j, x, y_{<t})` for every position and token.
+    def log_emissions(self, h: Tensor, src: Tensor) -> Tensor:
+        r""":math:`\log p(y_t = v \mid z_t = j, x_j, y_{<t})` for every position and token.
 
         Shape:
-            → ``(…, B, Tt, Ts, V)``.
+            h ``(…, B, Tt, E)``, src ``(B, Ts)`` → ``(…, B, Tt, Ts, V)``.
         """
-        c = linear(memory, self.c_proj.weight, self.c_proj.bias)  # (…, B, Ts, E)
+        c = self.word(src)  # (B, Ts, E)
         u = h.unsqueeze(-2) + c.unsqueeze(-3)  # (…, B, Tt, Ts, E)
         ff = linear(F.relu(linear(self.norm1(u), self.linear1.weight, self.linear1.bias)),
                     self.linear2.weight, self.linear2.bias)  # fmt: skip
@@ -81,10 +97,10 @@ class LatentAlignment(nn.Module):
         return torch.log_softmax(logits, dim=-1)
 
     def forward(
-        self, h: Tensor, memory: Tensor, key_padding_mask: Tensor | None = None
+        self, h: Tensor, memory: Tensor, src: Tensor, key_padding_mask: Tensor | None = None
     ) -> Tensor:
         return mixture_log_probs(
-            self.log_prior(h, memory, key_padding_mask), self.log_emissions(h, memory)
+            self.log_prior(h, memory, key_padding_mask), self.log_emissions(h, src)
         )
 
 

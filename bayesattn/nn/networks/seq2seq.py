@@ -23,7 +23,7 @@ AlignmentKind = Literal["soft", "latent"]
 
 
 class Seq2Seq(GenerativeNetwork):
-    """Encoder–decoder transformer (translation, copy, reverse).
+    r"""Encoder–decoder transformer (translation, copy, reverse).
 
     ``model(src, tgt)``: teacher forcing on ``tgt[:, :-1]`` predicting ``tgt[:, 1:]`` (padding
     masked out of the likelihood).
@@ -88,7 +88,9 @@ class Seq2Seq(GenerativeNetwork):
         )
         self.head: nn.Linear | None = None if latent else nn.Linear(d_model, tgt_vocab_size)
         self.latent: LatentAlignment | None = (
-            LatentAlignment(d_model, tgt_vocab_size, dim_feedforward) if latent else None
+            LatentAlignment(d_model, src_vocab_size, tgt_vocab_size, dim_feedforward)
+            if latent
+            else None
         )
 
     def check_batch(self, x: Tensor, y: Tensor | None) -> None:
@@ -110,12 +112,21 @@ class Seq2Seq(GenerativeNetwork):
         return self.encoder(h, src_key_padding_mask=pad), pad
 
     def decode(
-        self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor | None, num_samples: int = 1
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_pad: Tensor | None,
+        num_samples: int = 1,
+        src: Tensor | None = None,
     ) -> Tensor:
+        """Logits of ``tgt_in``'s next tokens (``src``: the source tokens, needed by a
+        latent-alignment decoder's emissions)."""
         h = with_samples(self.tgt_embed(tgt_in), num_samples)
         if self.latent is not None:
+            if src is None:
+                raise ValueError("a latent-alignment Seq2Seq decodes with the source tokens src")
             h = self.decoder(h)  # (*S, B, T, E): the target prefix only
-            return self.latent(h, memory, src_pad)  # (*S, B, T, V) marginal log-probs
+            return self.latent(h, memory, src, src_pad)  # (*S, B, T, V) marginal log-probs
         h = self.decoder(
             h,
             memory,
@@ -154,7 +165,7 @@ class Seq2Seq(GenerativeNetwork):
         if self.latent is not None:
             h = self.decoder(h)
             log_prior = self.latent.log_prior(h, mem, pad)  # (*S, B, T, Ts)
-            log_em = self.latent.log_emissions(h, mem)  # (*S, B, T, Ts, V)
+            log_em = self.latent.log_emissions(h, src)  # (*S, B, T, Ts, V)
         else:
             out, weights, hard = self.decoder.forward_alignment(h, mem, pad)
             head = self._head
@@ -172,7 +183,7 @@ class Seq2Seq(GenerativeNetwork):
         if y is None:
             raise ValueError("Seq2Seq needs tgt (teacher forcing) for logits; use generate()")
         mem, pad = self.encode(x, num_samples)
-        return self.decode(y[:, :-1], mem, pad, num_samples)
+        return self.decode(y[:, :-1], mem, pad, num_samples, x)
 
     # y: Any, not Tensor | None (the base's type): tgt is required here, None raises on indexing
     def targets(self, x: Tensor, y: Any) -> tuple[Tensor | None, Tensor | None, int]:
@@ -182,9 +193,9 @@ class Seq2Seq(GenerativeNetwork):
     def _start(self, x: Tensor, num_samples: int) -> tuple[Any, int, torch.device]:
         check_tokens("src", x, self.src_vocab_size)
         mem, pad = self.encode(x, num_samples)
-        return (mem, pad), x.shape[0], x.device
+        return (mem, pad, x), x.shape[0], x.device
 
     def _step_logits(self, prefix: Tensor, state: Any, num_samples: int) -> Tensor:
-        mem, pad = state
-        return self.decode(prefix, mem, pad, num_samples)
+        mem, pad, src = state
+        return self.decode(prefix, mem, pad, num_samples, src)
 
