@@ -60,6 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import machine_meta, table, write_results  # noqa: E402
 from _timing import interleaved  # noqa: E402
 
+ARTICLES = ("das", "den", "die")
 FAMILIES = ("dirichlet", "logistic_normal", "weibull", "concrete")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=1200, help="sentence pairs per seed (80/10/10 split)")
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--d-model", type=int, default=32)
-    p.add_argument("--warmup", type=int, default=4, help="latent: epochs with a uniform prior")
+    p.add_argument("--warmup", type=int, default=8, help="latent: epochs with a uniform prior")
     p.add_argument("--members", type=int, default=3, help="soft decoders in the ensemble")
     p.add_argument("--samples", type=int, default=16, help="attention draws of a family")
     p.add_argument("--kl-weight", type=float, default=0.01)
@@ -132,8 +133,15 @@ def _auroc(u_ok: torch.Tensor, u_bad: torch.Tensor) -> float:
     return ood_auroc(u_ok, u_bad)
 
 
-def side_metrics(ap: AlignmentPosterior, which: str, gold: torch.Tensor, rows: torch.Tensor):
-    """Alignment metrics of ``which`` (prior/posterior) on the gold-linked target words."""
+def side_metrics(
+    ap: AlignmentPosterior,
+    which: str,
+    gold: torch.Tensor,
+    rows: torch.Tensor,
+    article: torch.Tensor,
+) -> dict[str, Any]:
+    """Alignment metrics of ``which`` (prior/posterior) on the gold-linked target words;
+    ``article`` marks the German articles (their form depends on the noun, not on "the")."""
     probs = ap.prior if which == "prior" else ap.posterior  # (B, T, Ts)
     links = argmax_links(probs, rows)
     aer = alignment_error_rate(links, gold.bool() & rows[..., None])
@@ -154,6 +162,7 @@ def side_metrics(ap: AlignmentPosterior, which: str, gold: torch.Tensor, rows: t
             _auroc(dis[~wrong], dis[wrong]) if ap.num_draws > 1 else float("nan")
         ),
         "wrong_links": int(wrong.sum()),
+        "wrong_on_articles": int((wrong & article[rows]).sum()),
         "links": int(rows.sum()),
         "reliability": {
             "confidence": curve.confidence.tolist(), "accuracy": curve.accuracy.tolist(),
@@ -168,12 +177,14 @@ def evaluate(models: list[Seq2Seq], test: SequenceTask, samples: int) -> dict[st
     gold = test.alignment_matrix()  # (B, T, Ts)
     rows = gold.sum(-1) > 0  # target words with a gold link (not the comma, EOS or pad)
     tgt_out, mask = test.tgt[:, 1:], ap.tgt_mask
+    art_ids = torch.tensor([test.tgt_vocab.index(w) for w in ARTICLES])
+    article = torch.isin(tgt_out, art_ids)  # (B, T)
     acc = float((ap.probs.mean(0).argmax(-1) == tgt_out)[mask].float().mean())
     return {
         "token_accuracy": acc,
         "kl": float(ap.kl()[mask].mean()),
-        "prior": side_metrics(ap, "prior", gold, rows),
-        "posterior": side_metrics(ap, "posterior", gold, rows),
+        "prior": side_metrics(ap, "prior", gold, rows, article),
+        "posterior": side_metrics(ap, "posterior", gold, rows, article),
         "_ap": ap,
     }
 

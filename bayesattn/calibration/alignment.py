@@ -72,9 +72,7 @@ def link_precision_recall(
     return prec, rec
 
 
-def alignment_error_rate(
-    predicted: Tensor, sure: Tensor, possible: Tensor | None = None
-) -> float:
+def alignment_error_rate(predicted: Tensor, sure: Tensor, possible: Tensor | None = None) -> float:
     """Alignment error rate in ``[0, 1]`` (0: every sure link found, no link outside possible).
 
     Shape:

@@ -31,7 +31,9 @@ PAD_LABEL = "<pad>"
 def _labels(name: str, tokens: Sequence[Sequence[str]], rows: int, cols: int) -> np.ndarray:
     """``(rows, cols)`` array of words, padded with :data:`PAD_LABEL`."""
     if isinstance(tokens, str) or len(tokens) != rows:
-        raise ValueError(f"{name} must hold one token list per example ({rows}); got {tokens!r:.80}")
+        raise ValueError(
+            f"{name} must hold one token list per example ({rows}); got {tokens!r:.80}"
+        )
     out = np.full((rows, cols), PAD_LABEL, dtype=object)
     for i, words in enumerate(tokens):
         if isinstance(words, str) or not all(isinstance(w, str) for w in words):
@@ -83,4 +85,3 @@ def alignment_to_arviz(
         return idata
     idata.posterior = idata.posterior.assign_coords(extra)
     return idata
-

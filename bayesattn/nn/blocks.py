@@ -406,7 +406,9 @@ class DecoderLayer(_FeedForward):
         try:
             if self.norm_first:
                 x = tgt + self._sa_block(self.norm1(tgt), tgt_mask, None, causal)
-                x2 = x + self._mha_block(self.norm2(x), memory, None, memory_key_padding_mask, False)
+                x2 = x + self._mha_block(
+                    self.norm2(x), memory, None, memory_key_padding_mask, False
+                )
                 weights = mha.last_weights
                 out = x2 + self._ff_block(self.norm3(x2))
                 h = x.unsqueeze(-2) + self.hard_read(memory).unsqueeze(-3)  # (…, B, Tt, Ts, E)
@@ -602,7 +604,9 @@ class Decoder(PyroModule):
                 x, memory, tgt_mask=causal, memory_key_padding_mask=memory_key_padding_mask,
                 tgt_is_causal=True,
             )  # fmt: skip
-        out, weights, hard = layers[-1].forward_alignment(x, memory, causal, memory_key_padding_mask)
+        out, weights, hard = layers[-1].forward_alignment(
+            x, memory, causal, memory_key_padding_mask
+        )
         if self.norm is not None:
             out, hard = self.norm(out), self.norm(hard)
         return out, weights, hard

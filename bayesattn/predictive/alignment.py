@@ -92,7 +92,9 @@ class AlignmentPosterior:
 
 
 def _members(model: Seq2Seq | Sequence[Seq2Seq]) -> list[Seq2Seq]:
-    members = [model] if isinstance(model, Seq2Seq) else list(model)
+    if isinstance(model, Seq2Seq):
+        return [model]
+    members = list(model) if isinstance(model, Sequence) and not isinstance(model, str) else []
     if not members or not all(isinstance(m, Seq2Seq) for m in members):
         raise TypeError(
             "model must be a Seq2Seq or a non-empty sequence of Seq2Seq (an ensemble); got "

@@ -198,4 +198,3 @@ class Seq2Seq(GenerativeNetwork):
     def _step_logits(self, prefix: Tensor, state: Any, num_samples: int) -> Tensor:
         mem, pad, src = state
         return self.decode(prefix, mem, pad, num_samples, src)
-
