@@ -14,11 +14,18 @@ reads the whole sentence) and ``e(x_j)`` the embedding of the source word itself
 only the word it is aligned to, so an alignment is a statement about words (with the contextual
 memory in the emission every position could explain every word, and the posterior would stay
 at its prior).
+
+For soft attention, :func:`decoder_alignment` gives the same two ingredients: the last decoder
+layer's cross-attention weights as the prior and the prediction with that layer reading only
+source position ``j`` as :math:`p(y_t \mid z_t = j)` (the posterior attention of Shankar &
+Sarawagi 2019).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import cast
 
 import pyro
 import pyro.distributions as dist
@@ -28,9 +35,16 @@ from torch import Tensor, nn
 
 from .._validation import check_int
 from ..functional.alignment import alignment_log_prior, mixture_log_probs
+from .blocks import Decoder, DecoderLayer
 from .linear import linear
 
-__all__ = ["LatentAlignment", "enumerated_alignment_model"]
+__all__ = [
+    "LatentAlignment",
+    "enumerated_alignment_model",
+    "hard_read",
+    "layer_alignment",
+    "decoder_alignment",
+]
 
 
 class LatentAlignment(nn.Module):
@@ -134,3 +148,94 @@ def enumerated_alignment_model(
         if mask is not None:
             d = d.mask(mask)
         pyro.sample("y", d, obs=tgt)
+
+
+# ---- soft attention's hard reads (the posterior attention of Shankar & Sarawagi 2019) ----------
+
+
+def hard_read(layer: DecoderLayer, memory: Tensor) -> Tensor:
+    r"""A decoder layer's cross-attention output had every head put all its weight on source
+    position ``j``: :math:`W_o (W_v m_j + b_v) + b_o` (the value path of a one-hot read).
+
+    Shape:
+        memory ``(…, B, Ts, E)`` → ``(…, B, Ts, E)``.
+    """
+    mha = layer.multihead_attn
+    E = mha.embed_dim
+    if mha.in_proj_weight is not None:
+        wv = mha.in_proj_weight[..., 2 * E :, :]
+    else:
+        wv = mha.v_proj_weight
+    bv = mha.in_proj_bias[..., 2 * E :] if mha.in_proj_bias is not None else None
+    v = linear(memory, wv, bv)  # (…, B, Ts, E)
+    return linear(v, mha.out_proj.weight, mha.out_proj.bias)
+
+
+def layer_alignment(
+    layer: DecoderLayer,
+    tgt: Tensor,
+    memory: Tensor,
+    tgt_mask: Tensor | None = None,
+    memory_key_padding_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""``layer.forward`` (causal), plus its cross-attention weights and its output for every
+    *hard* alignment: the cross-attention replaced by a one-hot read of source position ``j``
+    (:func:`hard_read`), which gives the per-position predictions :math:`p(y_t \mid z_t = j)`.
+    Needs a ``batch_first`` layer.
+
+    Shape:
+        tgt ``(…, B, Tt, E)``, memory ``(…, B, Ts, E)`` → out ``(…, B, Tt, E)``, weights
+        ``(…, B, H, Tt, Ts)``, hard ``(…, B, Tt, Ts, E)``.
+    """
+    mha = layer.multihead_attn
+    causal = tgt_mask is not None
+    pad = memory_key_padding_mask
+    prev = mha.record_weights
+    mha.record_weights = True
+    try:
+        if layer.norm_first:
+            x = tgt + layer._sa_block(layer.norm1(tgt), tgt_mask, None, causal)
+            x2 = x + layer._mha_block(layer.norm2(x), memory, None, pad, False)
+            weights = mha.last_weights
+            out = x2 + layer._ff_block(layer.norm3(x2))
+            h = x.unsqueeze(-2) + hard_read(layer, memory).unsqueeze(-3)  # (…, B, Tt, Ts, E)
+            hard = h + layer._ff_block(layer.norm3(h))
+        else:
+            x = layer.norm1(tgt + layer._sa_block(tgt, tgt_mask, None, causal))
+            x2 = layer.norm2(x + layer._mha_block(x, memory, None, pad, False))
+            weights = mha.last_weights
+            out = layer.norm3(x2 + layer._ff_block(x2))
+            h = layer.norm2(x.unsqueeze(-2) + hard_read(layer, memory).unsqueeze(-3))
+            hard = layer.norm3(h + layer._ff_block(h))
+    finally:
+        mha.record_weights, mha.last_weights = prev, None
+    if weights is None:  # pragma: no cover - recording is on above
+        raise RuntimeError("the cross-attention did not record its weights")
+    return out, weights, hard
+
+
+def decoder_alignment(
+    decoder: Decoder, tgt: Tensor, memory: Tensor, memory_key_padding_mask: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``decoder.forward``, plus the last layer's cross-attention weights and the stack's output
+    for every hard alignment of that layer (:func:`layer_alignment`).
+
+    Shape:
+        tgt ``(…, B, Tt, E)``, memory ``(…, B, Ts, E)`` → out ``(…, B, Tt, E)``, weights
+        ``(…, B, H, Tt, Ts)``, hard ``(…, B, Tt, Ts, E)``.
+    """
+    if not decoder.cross_attention:
+        raise ValueError("decoder_alignment needs a Decoder with cross_attention=True")
+    layers = cast("Sequence[DecoderLayer]", decoder.layers)
+    T = tgt.shape[-2]
+    causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device).triu(1)  # (Tt, Tt)
+    x = tgt
+    for layer in layers[:-1]:
+        x = layer(
+            x, memory, tgt_mask=causal, memory_key_padding_mask=memory_key_padding_mask,
+            tgt_is_causal=True,
+        )  # fmt: skip
+    out, weights, hard = layer_alignment(layers[-1], x, memory, causal, memory_key_padding_mask)
+    if decoder.norm is not None:
+        out, hard = decoder.norm(out), decoder.norm(hard)
+    return out, weights, hard

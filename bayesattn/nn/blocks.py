@@ -365,69 +365,6 @@ class DecoderLayer(_FeedForward):
             x = self.norm3(x + self._ff_block(x))
         return x
 
-    def hard_read(self, memory: Tensor) -> Tensor:
-        r"""The cross-attention's output had every head put all its weight on source position
-        ``j``: :math:`W_o (W_v m_j + b_v) + b_o` (the value path of a one-hot read).
-
-        Shape:
-            memory ``(…, B, Ts, E)`` → ``(…, B, Ts, E)``.
-        """
-        mha = self.multihead_attn
-        E = mha.embed_dim
-        if mha.in_proj_weight is not None:
-            wv = mha.in_proj_weight[..., 2 * E :, :]
-        else:
-            wv = mha.v_proj_weight
-        bv = mha.in_proj_bias[..., 2 * E :] if mha.in_proj_bias is not None else None
-        v = linear(memory, wv, bv)  # (…, B, Ts, E)
-        return linear(v, mha.out_proj.weight, mha.out_proj.bias)
-
-    def forward_alignment(
-        self,
-        tgt: Tensor,
-        memory: Tensor,
-        tgt_mask: Tensor | None = None,
-        memory_key_padding_mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        r""":meth:`forward` (causal), plus the cross-attention weights and the layer's output
-        for every *hard* alignment: the cross-attention replaced by a one-hot read of source
-        position ``j`` (:meth:`hard_read`), the per-position predictions
-        :math:`p(y_t \mid z_t = j)` of the posterior attention (Shankar & Sarawagi 2019).
-        Needs ``batch_first``.
-
-        Shape:
-            tgt ``(…, B, Tt, E)``, memory ``(…, B, Ts, E)`` → out ``(…, B, Tt, E)``, weights
-            ``(…, B, H, Tt, Ts)``, hard ``(…, B, Tt, Ts, E)``.
-        """
-        mha = self.multihead_attn
-        causal = tgt_mask is not None
-        prev = mha.record_weights
-        mha.record_weights = True
-        try:
-            if self.norm_first:
-                x = tgt + self._sa_block(self.norm1(tgt), tgt_mask, None, causal)
-                x2 = x + self._mha_block(
-                    self.norm2(x), memory, None, memory_key_padding_mask, False
-                )
-                weights = mha.last_weights
-                out = x2 + self._ff_block(self.norm3(x2))
-                h = x.unsqueeze(-2) + self.hard_read(memory).unsqueeze(-3)  # (…, B, Tt, Ts, E)
-                hard = h + self._ff_block(self.norm3(h))
-            else:
-                x = self.norm1(tgt + self._sa_block(tgt, tgt_mask, None, causal))
-                x2 = self.norm2(
-                    x + self._mha_block(x, memory, None, memory_key_padding_mask, False)
-                )
-                weights = mha.last_weights
-                out = self.norm3(x2 + self._ff_block(x2))
-                h = self.norm2(x.unsqueeze(-2) + self.hard_read(memory).unsqueeze(-3))
-                hard = self.norm3(h + self._ff_block(h))
-        finally:
-            mha.record_weights, mha.last_weights = prev, None
-        if weights is None:  # pragma: no cover - recording is on above
-            raise RuntimeError("the cross-attention did not record its weights")
-        return out, weights, hard
-
 
 def _block_kwargs(kw: dict) -> dict:
     allowed = {
@@ -582,34 +519,6 @@ class Decoder(PyroModule):
             x = layer(x, causal, tgt_key_padding_mask, is_causal=True)
         x = self.norm(x) if self.norm is not None else x
         return x.expand((S,) + x.shape) if first >= len(self.layers) else x
-
-    def forward_alignment(
-        self, tgt: Tensor, memory: Tensor, memory_key_padding_mask: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """:meth:`forward`, plus the last layer's cross-attention weights and the stack's output
-        for every hard alignment of that layer (:meth:`DecoderLayer.forward_alignment`).
-
-        Shape:
-            tgt ``(…, B, Tt, E)``, memory ``(…, B, Ts, E)`` → out ``(…, B, Tt, E)``, weights
-            ``(…, B, H, Tt, Ts)``, hard ``(…, B, Tt, Ts, E)``.
-        """
-        if not self.cross_attention:
-            raise ValueError("forward_alignment needs a Decoder with cross_attention=True")
-        layers = cast("Sequence[DecoderLayer]", self.layers)
-        T = tgt.shape[-2]
-        causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device).triu(1)  # (Tt, Tt)
-        x = tgt
-        for layer in layers[:-1]:
-            x = layer(
-                x, memory, tgt_mask=causal, memory_key_padding_mask=memory_key_padding_mask,
-                tgt_is_causal=True,
-            )  # fmt: skip
-        out, weights, hard = layers[-1].forward_alignment(
-            x, memory, causal, memory_key_padding_mask
-        )
-        if self.norm is not None:
-            out, hard = self.norm(out), self.norm(hard)
-        return out, weights, hard
 
     def forward(
         self,

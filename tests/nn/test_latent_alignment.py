@@ -9,7 +9,7 @@ import torch
 from pyro.infer import TraceEnum_ELBO
 
 from bayesattn.functional.alignment import mixture_log_probs
-from bayesattn.nn.alignment import LatentAlignment, enumerated_alignment_model
+from bayesattn.nn.alignment import LatentAlignment, decoder_alignment, enumerated_alignment_model
 from bayesattn.nn.networks import Seq2Seq
 
 SMALL = dict(d_model=8, nhead=2, num_encoder_layers=1, dim_feedforward=16, dropout=0.0, max_len=8)
@@ -76,7 +76,7 @@ def test_soft_hard_reads_equal_passes_with_a_constant_memory() -> None:
     with torch.no_grad():
         mem, pad = net.encode(src)
         h = net.tgt_embed(tgt[:, :-1])
-        out, weights, hard = net.decoder.forward_alignment(h, mem, pad)
+        out, weights, hard = decoder_alignment(net.decoder, h, mem, pad)
         assert torch.allclose(out, net.decoder(h, mem, memory_key_padding_mask=pad), atol=1e-6)
         assert weights.shape == (3, 2, 5, 5)  # (B, H, Tt-1, Ts)
         for j in range(mem.shape[1]):
@@ -144,4 +144,4 @@ def test_validation() -> None:
     with pytest.raises(ValueError, match="must agree"):
         enumerated_alignment_model(torch.zeros(2, 3, 4), torch.zeros(2, 3, 5, 6), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="cross_attention=True"):
-        _net("latent").decoder.forward_alignment(mem, mem)
+        decoder_alignment(_net("latent").decoder, mem, mem)

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from ..._validation import check_int
 from ...functional.alignment import mixture_log_probs
-from ..alignment import LatentAlignment
+from ..alignment import LatentAlignment, decoder_alignment
 from ..attention import linear
 from ..blocks import Decoder, Encoder
 from ..config import AttentionConfig
@@ -167,7 +167,7 @@ class Seq2Seq(GenerativeNetwork):
             log_prior = self.latent.log_prior(h, mem, pad)  # (*S, B, T, Ts)
             log_em = self.latent.log_emissions(h, src)  # (*S, B, T, Ts, V)
         else:
-            out, weights, hard = self.decoder.forward_alignment(h, mem, pad)
+            out, weights, hard = decoder_alignment(self.decoder, h, mem, pad)
             head = self._head
             log_prior = weights.mean(-3).clamp_min(0).log()  # (*S, B, T, Ts): head mean
             log_em = torch.log_softmax(linear(hard, head.weight, head.bias), -1)
