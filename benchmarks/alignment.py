@@ -57,7 +57,7 @@ from bayesattn.predictive import AlignmentPosterior, alignment_posterior
 from bayesattn.training import fit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import machine_meta, table, write_results  # noqa: E402
+from _results import machine_meta  # noqa: E402
 from _timing import interleaved  # noqa: E402
 
 ARTICLES = ("das", "den", "die")
@@ -316,21 +316,9 @@ def fmt(t: tuple[float, float, float], digits: int = 3) -> str:
     return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-COLUMNS = (
-    ("posterior AER", "posterior_aer"), ("prior AER", "prior_aer"),
-    ("posterior ECE", "posterior_ece"), ("prior ECE", "prior_ece"),
-    ("AUROC posterior entropy", "posterior_auroc_entropy"),
-    ("AUROC posterior disagreement", "posterior_auroc_disagreement"),
-    ("AUROC prior entropy", "prior_auroc_entropy"),
-    ("token accuracy", "token_accuracy"), ("KL posterior‖prior (nats/token)", "kl"),
-)  # fmt: skip
-
-
-def table_rows(summary: dict[str, Any], kinds: list[str]) -> list[list[str]]:
-    return [[k, *(fmt(summary[k][key]) for _, key in COLUMNS)] for k in kinds]
-
-
 def print_table(summary: dict[str, Any], kinds: list[str], cost: dict[str, float]) -> None:
+    from alignment_report import COLUMNS, table_rows
+
     cols = ["decoder", *(c for c, _ in COLUMNS)]
     for row in table_rows(summary, kinds):
         print(" | ".join(f"{c}: {v}" for c, v in zip(cols, row, strict=True)))
@@ -341,19 +329,9 @@ def print_table(summary: dict[str, Any], kinds: list[str], cost: dict[str, float
 
 
 def write_outputs(doc: dict[str, Any], first: dict[str, Any], kinds: list[str], args) -> None:
-    from alignment_report import figures, report
+    from alignment_report import figures, publish, report
 
-    cols = ["decoder", *(c for c, _ in COLUMNS)]
-    tables = [
-        table("Alignment quality per decoder (mean [95% interval] over seeds)", cols,
-              table_rows(doc["summary"], kinds)),
-        table("Training step cost (median ms, interleaved)", ["soft", "latent", "latent / soft"],
-              [[doc["step_cost"]["soft_ms"], doc["step_cost"]["latent_ms"],
-                doc["step_cost"]["ratio"]]]),
-    ]  # fmt: skip
-    name = "alignment_quick" if args.quick else "alignment"
-    path = write_results(name, "Alignment posteriors against gold alignments", tables,
-                         out_dir=args.results)  # fmt: skip
+    path = publish(doc, args.results, "alignment_quick" if args.quick else "alignment")
     print(f"wrote {path}")
     date = dt.date.today().isoformat()
     study = args.study or ROOT / "studies" / f"{date}-alignments{'-quick' if args.quick else ''}"

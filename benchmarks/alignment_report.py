@@ -6,6 +6,9 @@ diagrams of the posterior and prior, pooled over seeds); ``report(doc, figures)`
 markdown report from the results dict alone, so it can be regenerated from ``results.json``::
 
     python benchmarks/alignment_report.py studies/<date>-alignments/results.json
+
+which also rewrites ``benchmarks/results/alignment.json`` (:func:`publish`: the table per decoder,
+the step cost and the goals, the tables the docs render).
 """
 
 from __future__ import annotations
@@ -118,40 +121,70 @@ def _fmt(t: list[float] | tuple[float, ...], digits: int = 3) -> str:
     return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-def goals(doc: dict[str, Any]) -> list[str]:
-    """The issue's goals, each with the measured numbers and whether it is reached."""
-    s, out = doc["summary"], []
+def goal_rows(doc: dict[str, Any]) -> list[list[str]]:
+    """The issue's goals for the latent decoder: ``[goal, measured, target, reached]`` rows."""
+    s = doc["summary"]
     if "latent" not in s or "soft" not in s:
-        return out
+        return []
     lat, soft = s["latent"], s["soft"]
     soft_aer = soft["prior_aer"][0]
     target = 0.05 if soft_aer < 0.10 else soft_aer / 2
-    aer = lat["posterior_aer"][0]
-    out.append(
-        f"posterior AER {aer:.3f} vs target {target:.3f} (soft arg-max AER {soft_aer:.3f}): "
-        + ("reached" if aer <= target else "**not reached**")
-    )
     acc_l, acc_s = lat["token_accuracy"], soft["token_accuracy"]
     worse = acc_l[2] < acc_s[1]  # latent's interval wholly below soft's
-    out.append(
-        f"token accuracy latent {_fmt(acc_l)} vs soft {_fmt(acc_s)}: "
-        + ("**resolved worse**" if worse else "not resolved worse")
-    )
-    ece = lat["posterior_ece"][0]
-    out.append(
-        f"posterior ECE {ece:.3f} (goal ≤ .03): "
-        + ("reached" if ece <= 0.03 else "**not reached**")
-    )
-    au = max(v for v in (lat["posterior_auroc_entropy"][0],) if not math.isnan(v))
-    out.append(f"wrong-link AUROC (posterior entropy) {au:.3f} (goal ≥ .90): "
-               + ("reached" if au >= 0.90 else "**not reached**"))  # fmt: skip
-    out.append(f"KL(posterior ‖ prior) {lat['kl'][0]:.4f} nats per target token (reported)")
+    ece, au, kl = lat["posterior_ece"], lat["posterior_auroc_entropy"], lat["kl"]
     r = doc["step_cost"]["ratio"]
-    out.append(
-        f"training step latent / soft {r:.2f} (goal ≤ 2): "
-        + ("reached" if r <= 2 else "**not reached**")
-    )
-    return out
+    yes = lambda ok: "yes" if ok else "no"  # noqa: E731
+    return [
+        ["posterior AER ≤ ½ soft arg-max AER", _fmt(lat["posterior_aer"]),
+         f"≤ {target:.3f} (soft {soft_aer:.3f})", yes(lat["posterior_aer"][0] <= target)],
+        ["token accuracy not resolved worse than soft", _fmt(acc_l), f"soft {_fmt(acc_s)}",
+         yes(not worse)],
+        ["posterior ECE ≤ .03", _fmt(ece), "≤ 0.030", yes(ece[0] <= 0.03)],
+        ["wrong links found, AUROC ≥ .90 (posterior entropy)", _fmt(au), "≥ 0.900",
+         yes(au[0] >= 0.90)],
+        ["KL(posterior ‖ prior), nats per target token", _fmt(kl, 4), "reported", "–"],
+        ["training step latent / soft ≤ 2", f"{r:.2f}", "≤ 2", yes(r <= 2)],
+    ]  # fmt: skip
+
+
+def goals(doc: dict[str, Any]) -> list[str]:
+    """The goals as report lines."""
+    return [
+        f"{g}: {m} (target {t}) — " + ("reached" if ok == "yes" else "**not reached**")
+        if ok != "–" else f"{g}: {m}"
+        for g, m, t, ok in goal_rows(doc)
+    ]  # fmt: skip
+
+
+COLUMNS = (
+    ("posterior AER", "posterior_aer"), ("prior AER", "prior_aer"),
+    ("posterior ECE", "posterior_ece"), ("prior ECE", "prior_ece"),
+    ("AUROC posterior entropy", "posterior_auroc_entropy"),
+    ("AUROC posterior disagreement", "posterior_auroc_disagreement"),
+    ("AUROC prior entropy", "prior_auroc_entropy"),
+    ("token accuracy", "token_accuracy"), ("KL posterior‖prior (nats/token)", "kl"),
+)  # fmt: skip
+
+
+def table_rows(summary: dict[str, Any], kinds: list[str]) -> list[list[str]]:
+    return [[LABELS.get(k, k), *(_fmt(summary[k][key]) for _, key in COLUMNS)] for k in kinds]
+
+
+def publish(doc: dict[str, Any], results_dir: Path | None = None, name: str = "alignment") -> Path:
+    """``benchmarks/results/<name>.json``: the decoder table, the step cost and the goals."""
+    from _results import table, write_results
+
+    c = doc["step_cost"]
+    tables = [
+        table("Alignment quality per decoder (mean [95% interval] over seeds)",
+              ["decoder", *(col for col, _ in COLUMNS)], table_rows(doc["summary"], doc["kinds"])),
+        table("Training step cost (median ms, interleaved)", ["soft", "latent", "latent / soft"],
+              [[c["soft_ms"], c["latent_ms"], c["ratio"]]]),
+        table("Goals (latent-alignment decoder)", ["goal", "measured", "target", "reached"],
+              goal_rows(doc)),
+    ]  # fmt: skip
+    return write_results(name, "Alignment posteriors against gold alignments", tables,
+                         out_dir=results_dir)  # fmt: skip
 
 
 def report(doc: dict[str, Any], figs: list[str]) -> str:
@@ -213,3 +246,5 @@ if __name__ == "__main__":
     shown = [f for f in ("alignment_matrices.png", "reliability.png") if (path.parent / f).exists()]
     (path.parent / "report.md").write_text(report(d, shown))
     print(f"wrote {path.parent / 'report.md'}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    print(f"wrote {publish(d, name='alignment_quick' if d['config']['quick'] else 'alignment')}")
