@@ -77,6 +77,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=16, help="attention draws of a family")
     p.add_argument("--kl-weight", type=float, default=0.01)
     p.add_argument("--kinds", default="soft,ensemble," + ",".join(FAMILIES) + ",latent")
+    p.add_argument(
+        "--front-adverb",
+        type=float,
+        default=0.0,
+        help="harder task: P(a main clause's adverb goes first in German)",
+    )
+    p.add_argument("--name", default=None, help="results file name (default alignment)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--results", type=Path, default=None, help="results folder (JSON)")
     p.add_argument("--study", type=Path, default=None, help="study folder (report, figures)")
@@ -214,7 +221,7 @@ def step_cost(task: SequenceTask, args, repeats: int) -> dict[str, float]:
 
 
 def run_seed(seed: int, kinds: list[str], args, bar) -> dict[str, Any]:
-    task = make_translation_task(args.n, seed=seed)
+    task = make_translation_task(args.n, seed=seed, front_adverb=args.front_adverb)
     tr, val, test = train_val_test_split(task, (0.8, 0.1, 0.1), seed=seed)
     out: dict[str, Any] = {}
     soft_members: list[Seq2Seq] = []
@@ -331,10 +338,14 @@ def print_table(summary: dict[str, Any], kinds: list[str], cost: dict[str, float
 def write_outputs(doc: dict[str, Any], first: dict[str, Any], kinds: list[str], args) -> None:
     from alignment_report import figures, publish, report
 
-    path = publish(doc, args.results, "alignment_quick" if args.quick else "alignment")
+    name = args.name or ("alignment_quick" if args.quick else "alignment")
+    path = publish(doc, args.results, name)
     print(f"wrote {path}")
     date = dt.date.today().isoformat()
-    study = args.study or ROOT / "studies" / f"{date}-alignments{'-quick' if args.quick else ''}"
+    tag = (
+        "-quick" if args.quick else ("" if args.name is None else "-" + args.name.replace("_", "-"))
+    )
+    study = args.study or ROOT / "studies" / f"{date}-alignments{tag}"
     study.mkdir(parents=True, exist_ok=True)
     (study / "results.json").write_text(json.dumps(doc, indent=1, default=float) + "\n")
     figs = figures(first, kinds, doc, study)

@@ -192,6 +192,18 @@ def publish(doc: dict[str, Any], results_dir: Path | None = None, name: str = "a
     return path
 
 
+def task_line(cfg: dict[str, Any]) -> str:
+    if not cfg.get("front_adverb"):
+        return (
+            f"Task: `make_translation_task({cfg['n']}, seed)` (the reordering grammar, unchanged), "
+        )
+    return (
+        f"Task: `make_translation_task({cfg['n']}, seed, front_adverb={cfg['front_adverb']})` "
+        "(harder: a main clause's time adverb goes first in German with that probability, a "
+        "word order the English does not determine), "
+    )
+
+
 def report(doc: dict[str, Any], figs: list[str]) -> str:
     cfg, kinds, s = doc["config"], doc["kinds"], doc["summary"]
     lines = [
@@ -202,8 +214,8 @@ def report(doc: dict[str, Any], figs: list[str]) -> str:
         f"{doc['meta']['wall_s'] / 60:.1f} min). Command: "
         f"`python benchmarks/alignment.py {' '.join(doc['meta']['argv'])}`.",
         "",
-        f"Task: `make_translation_task({cfg['n']}, seed)` (the reordering grammar, unchanged), "
-        f"80/10/10 split per seed, {cfg['seeds']} seeds; `Seq2Seq` with d_model {cfg['d_model']}, "
+        task_line(cfg)
+        + f"80/10/10 split per seed, {cfg['seeds']} seeds; `Seq2Seq` with d_model {cfg['d_model']}, "
         f"1 encoder and 1 decoder layer, 2 heads, {cfg['epochs']} epochs (latent: "
         f"{cfg['warmup']} more epochs first with a uniform prior); families: KL weight "
         f"{cfg['kl_weight']}, {cfg['samples']} attention draws; ensemble: {cfg['members']} soft "
@@ -252,4 +264,5 @@ if __name__ == "__main__":
     (path.parent / "report.md").write_text(report(d, shown))
     print(f"wrote {path.parent / 'report.md'}")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    print(f"wrote {publish(d, name='alignment_quick' if d['config']['quick'] else 'alignment')}")
+    name = d["config"].get("name") or ("alignment_quick" if d["config"]["quick"] else "alignment")
+    print(f"wrote {publish(d, name=name)}")
