@@ -342,9 +342,8 @@ def write_outputs(doc: dict[str, Any], first: dict[str, Any], kinds: list[str], 
     path = publish(doc, args.results, name)
     print(f"wrote {path}")
     date = dt.date.today().isoformat()
-    tag = (
-        "-quick" if args.quick else ("" if args.name is None else "-" + args.name.replace("_", "-"))
-    )
+    suffix = (args.name or "alignment").removeprefix("alignment").strip("_").replace("_", "-")
+    tag = "-quick" if args.quick else (f"-{suffix}" if suffix else "")
     study = args.study or ROOT / "studies" / f"{date}-alignments{tag}"
     study.mkdir(parents=True, exist_ok=True)
     (study / "results.json").write_text(json.dumps(doc, indent=1, default=float) + "\n")
