@@ -8,6 +8,8 @@
   ``benchmarks/results/*.json`` (schema in ``benchmarks/_results.py``) rendered as Markdown tables,
   with a line plot for each table whose first column is a numeric sweep (T, S, lengths, ...) and
   the figures a result file lists (files beside it).
+* A page may hold ``<!-- benchmark-result: NAME -->``: replaced by ``benchmarks/results/NAME.json``
+  alone, rendered the same way (a page that quotes one benchmark's numbers, e.g. ``alignments.md``).
 * ``docs/changelog.md`` holds the marker ``<!-- changelog -->``; it is replaced by the repository's
   ``CHANGELOG.md`` (its title dropped), so the version history lives on one page of the site.
 """
@@ -24,6 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 MARKER = "<!-- benchmark-results -->"
+ONE_RESULT = re.compile(r"<!-- benchmark-result: (?P<name>[\w.-]+) -->")
 CHANGELOG_MARKER = "<!-- changelog -->"
 CHANGELOG = ROOT / "CHANGELOG.md"
 PLOT_DIR = "benchmarks-plots"  # under site/
@@ -106,13 +109,16 @@ def render_results(
     results_dir: Path = RESULTS_DIR,
     plots: dict[str, Any] | None = None,
     figures: list[Path] | None = None,
+    only: str | None = None,
 ) -> str:
-    """Markdown for every result file: a heading, the run's machine line, its tables (and plots:
-    ``plots`` collects ``{file name: (title, x label, x, ys)}`` for the hook to draw) and the
-    figures it lists (``figures`` collects their paths, for the hook to copy)."""
-    files = sorted(results_dir.glob("*.json"))
+    """Markdown for every result file (``only``: the file ``<only>.json`` alone): a heading, the
+    run's machine line, its tables (and plots: ``plots`` collects ``{file name: (title, x label, x,
+    ys)}`` for the hook to draw) and the figures it lists (``figures`` collects their paths, for
+    the hook to copy)."""
+    files = sorted(results_dir.glob("*.json" if only is None else f"{only}.json"))
     if not files:
-        return "*No benchmark results yet: run `make bench`.*\n"
+        what = "benchmark results" if only is None else f"results of benchmarks/{only}.py"
+        return f"*No {what} yet: run `make bench`.*\n"
     out: list[str] = []
     for f in files:
         doc = json.loads(f.read_text(encoding="utf-8"))
@@ -191,7 +197,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         _pending_figures.clear()
         rendered = render_results(plots=_pending_plots, figures=_pending_figures)
         markdown = markdown.replace(MARKER, rendered)
-    return markdown
+    return ONE_RESULT.sub(lambda m: render_results(only=m.group("name")), markdown)
 
 
 def on_post_page(output: str, page: Any, config: Any) -> str:

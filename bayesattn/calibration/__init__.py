@@ -18,6 +18,7 @@ Conventions shared by every function:
 """
 
 # public helpers of the package, outside __all__ (plots and user code check inputs with them)
+from .alignment import alignment_error_rate, argmax_links, link_precision_recall
 from .checks import Strategy as Strategy
 from .checks import check_probs_labels as check_probs_labels
 from .metrics import (
@@ -50,12 +51,15 @@ __all__ = [
     "RiskCoverage",
     "TemperatureScaler",
     "accuracy",
+    "alignment_error_rate",
+    "argmax_links",
     "aurc",
     "accuracy_at_coverage",
     "brier_score",
     "expected_calibration_error",
     "fit_temperature",
     "fit_variance_temperature",
+    "link_precision_recall",
     "maximum_calibration_error",
     "negative_log_likelihood",
     "ood_aupr",

@@ -10,7 +10,7 @@ from typing import cast
 import numpy as np
 import torch
 
-from .._validation import check_int, check_seed
+from .._validation import check_bool, check_int, check_real, check_seed
 from .sequences import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, Alignment, SequenceTask
 
 __all__ = ["TRANSLATION_PATTERNS", "translate_sentence", "make_translation_task"]
@@ -152,9 +152,10 @@ def _untranslatable(tokens: Sequence[str], pos: int, expected: str) -> ValueErro
 
 
 def _translate_clause(
-    tokens: Sequence[str], start: int, subordinate: bool
+    tokens: Sequence[str], start: int, subordinate: bool, front_adverb: bool = False
 ) -> list[tuple[str, int | None]]:
-    """German words of one clause, each paired with its English source position."""
+    """German words of one clause, each paired with its English source position;
+    ``front_adverb``: a main clause's time adverb goes first, with subject–verb inversion."""
     i = start
     if i >= len(tokens) or tokens[i] not in _SUBJECTS:
         raise _untranslatable(tokens, i, f"a subject {tuple(_SUBJECTS)}")
@@ -194,11 +195,13 @@ def _translate_clause(
     middle = adverb + [(article, i + 3), (de_noun, i + 4)]
     if subordinate:  # verb cluster at the end, finite verb last
         return [(de_subj, subj_pos), *middle, nonfinite, finite]
+    if front_adverb and adverb:  # topicalised adverb, finite verb second, then the subject
+        return [*adverb, finite, (de_subj, subj_pos), *middle[1:], nonfinite]
     return [(de_subj, subj_pos), finite, *middle, nonfinite]  # verb-second, bracket
 
 
 def translate_sentence(
-    english_tokens: Sequence[str] | str,
+    english_tokens: Sequence[str] | str, front_adverb: bool = False
 ) -> tuple[list[str], list[tuple[int, int]]]:
     """Translate one sentence of the toy grammar to German, with word alignments.
 
@@ -212,11 +215,14 @@ def translate_sentence(
     the finite verb, and the whole verb cluster at the end of a subordinate clause with
     the finite verb last (``... , dass du den hund gesehen hast``). Alignments are
     ``(english_pos, german_pos)`` pairs; every English word aligns to exactly one German
-    word, and only the comma is unaligned.
+    word, and only the comma is unaligned. ``front_adverb`` puts a main clause's time adverb
+    first, with the subject after the finite verb (``gestern habe ich das haus gesehen``), an
+    equally grammatical word order the English does not determine.
 
     Shape:
         Returns ``(german_tokens, alignment)`` with ``len(alignment) == len(english)``.
     """
+    front_adverb = check_bool("front_adverb", front_adverb)
     if isinstance(english_tokens, str):
         tokens = english_tokens.split()
     elif isinstance(english_tokens, Sequence) and all(isinstance(t, str) for t in english_tokens):
@@ -244,7 +250,7 @@ def translate_sentence(
             *_translate_clause(tokens, 3, subordinate=True),
         ]
     else:
-        words = _translate_clause(tokens, 0, subordinate=False)
+        words = _translate_clause(tokens, 0, subordinate=False, front_adverb=front_adverb)
     german = [w for w, _ in words]
     alignment = sorted((src, j) for j, (_, src) in enumerate(words) if src is not None)
     return german, alignment
@@ -353,6 +359,7 @@ def make_translation_task(
     seed: int = 0,
     patterns: Sequence[str] = TRANSLATION_PATTERNS,
     unique: bool = True,
+    front_adverb: float = 0.0,
 ) -> SequenceTask:
     """Seeded English->German translation task from a tiny reordering grammar.
 
@@ -371,11 +378,17 @@ def make_translation_task(
     longest sentence the chosen patterns can produce. ``src_text``/``tgt_text`` hold the
     raw space-joined strings and ``alignments`` come from :func:`translate_sentence`.
 
+    ``front_adverb = p``: each main clause with a time adverb is translated with the adverb
+    first (``gestern habe ich …``, :func:`translate_sentence`) with probability ``p`` (a harder
+    task: the word order is not determined by the English; drawn from a generator of its own, so
+    ``p = 0`` gives the same task as before).
+
     Shape:
         src: ``(n, 6)`` or ``(n, 9)`` with "subordinate"; tgt: ``(n, 8)`` or ``(n, 12)``.
     """
     n = check_int("n", n, 1)
     seed = check_seed(seed)
+    front_p = check_real("front_adverb", front_adverb, ge=0.0, le=1.0)
     patterns = _check_patterns(patterns)
     capacities = [_PATTERN_SIZES[p] for p in patterns]
     if unique and n > sum(capacities):
@@ -395,8 +408,9 @@ def make_translation_task(
     alignments: list[Alignment] = []
     src_text: list[str] = []
     tgt_text: list[str] = []
+    front = np.random.default_rng([seed, 1]).random(n) < front_p  # (N,)
     for i, en in enumerate(sentences):
-        de, align = translate_sentence(en)
+        de, align = translate_sentence(en, front_adverb=bool(front[i]))
         src[i, : len(en)] = torch.tensor([src_ids[w] for w in en])
         tgt[i, : len(de) + 2] = torch.tensor([BOS_ID, *(tgt_ids[w] for w in de), EOS_ID])
         alignments.append(align)
@@ -410,5 +424,11 @@ def make_translation_task(
         alignments=alignments,
         src_text=src_text,
         tgt_text=tgt_text,
-        meta={"task": "translation", "patterns": patterns, "seed": seed, "unique": unique},
+        meta={
+            "task": "translation",
+            "patterns": patterns,
+            "seed": seed,
+            "unique": unique,
+            "front_adverb": front_p,
+        },
     )

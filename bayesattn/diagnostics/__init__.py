@@ -12,7 +12,9 @@ predictions, draws from a network's guide through the predictive engine
 (:meth:`bayesattn.predictive.Predictive.trace`), replays its model and exports posterior attention
 weights, the posterior predictive, the observed labels and the pointwise log-likelihood
 :math:`\log p(y_b\mid x_b, w_s)`; or exports any predictor's
-:class:`~bayesattn.predictive.PredictionResult`.
+:class:`~bayesattn.predictive.PredictionResult`. :func:`alignment_to_arviz` exports the prior and
+posterior alignments of :func:`bayesattn.predictive.alignment_posterior` with the source and
+target words as coordinates beside the positions.
 
 **What ArviZ diagnostics mean for variational draws.** Draws from a variational guide are
 independent, so they are stored as **one chain** of ``S`` draws, ``(chain, draw) = (1, S)``. For
@@ -66,6 +68,7 @@ from ..models.regression import (
     attention_regression_model,
     simulate_attention_regression,
 )
+from .alignment_io import alignment_to_arviz
 from .arviz_io import ATTENTION_DIMS as ATTENTION_DIMS  # module constants, kept importable here
 from .arviz_io import SAMPLE_DIMS as SAMPLE_DIMS
 from .arviz_io import arviz_major_version, to_arviz, to_arviz_dict
@@ -88,6 +91,7 @@ __all__ = [
     "NetworkDraws",
     "network_draws",
     "predictive_to_arviz",
+    "alignment_to_arviz",
     # variational diagnostics
     "KHAT_INTERPRETATIONS",
     "interpret_khat",

@@ -13,11 +13,13 @@ module and network of the package (it imports only torch, Pyro and :mod:`bayesat
   bounds and their Monte-Carlo check.
 * :mod:`~bayesattn.functional.niw`: the conjugate Normal–inverse-Wishart model of one class's
   features (posterior, Student-t predictive, closed-form KL, draws).
+* :mod:`~bayesattn.functional.alignment`: a categorical alignment over source positions as a latent
+  variable: the exact mixture likelihood, its Bayes-rule posterior, KL, entropy and disagreement.
 """
 
 from __future__ import annotations
 
-from . import gaussian_process, mixture, niw, posterior, supports
+from . import alignment, gaussian_process, mixture, niw, posterior, supports
 from .posterior import (
     allowed_keys,
     attend,
@@ -51,4 +53,5 @@ __all__ = [
     "gaussian_process",
     "mixture",
     "niw",
+    "alignment",
 ]

@@ -8,6 +8,8 @@ r"""The posterior predictive: one engine, :class:`Predictive`, and what it retur
   ``num_samples`` and ``batch_size``; ``Predictive(...)(x)`` gives a :class:`PredictionResult`,
   ``.probs_and_targets(x, y)`` the averaged predictive per target (validation), ``.trace(x, y)``
   Pyro's ``Predictive`` on the network's model and guide (:class:`NetworkDraws`);
+* :mod:`~bayesattn.predictive.alignment`: :func:`alignment_posterior`, the prior and posterior
+  alignment of every target word of a ``Seq2Seq`` (:class:`AlignmentPosterior`);
 * :mod:`~bayesattn.predictive.result`: :class:`PredictionResult` and :class:`AttentionSamples`;
 * the passes: :mod:`~bayesattn.predictive.network` (a bayesattn network, ``S`` as a leading
   sample dim), :mod:`~bayesattn.predictive.foreign` (a model we did not write),
@@ -26,8 +28,16 @@ Example:
 
 from __future__ import annotations
 
+from .alignment import AlignmentPosterior, alignment_posterior
 from .engine import Predictive
 from .result import AttentionSamples, PredictionResult
 from .trace import NetworkDraws
 
-__all__ = ["AttentionSamples", "NetworkDraws", "PredictionResult", "Predictive"]
+__all__ = [
+    "AlignmentPosterior",
+    "AttentionSamples",
+    "NetworkDraws",
+    "PredictionResult",
+    "Predictive",
+    "alignment_posterior",
+]

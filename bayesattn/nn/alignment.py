@@ -1,0 +1,241 @@
+r"""The latent-alignment output layer of :class:`~bayesattn.nn.networks.Seq2Seq`
+(``alignment="latent"``): cross-attention as a categorical latent :math:`z_t` over source
+positions, marginalised exactly.
+
+.. math::
+    \pi_{tj} = \mathrm{softmax}_j\big((W_q h_t)\cdot(W_k m_j)/\sqrt d\big), \qquad
+    p(y_t \mid z_t = j) = \mathrm{softmax}\big(W_o\,\mathrm{LN}(g_{tj})\big),\quad
+    g_{tj} = u_{tj} + \mathrm{FF}(\mathrm{LN}(u_{tj})),\; u_{tj} = h_t + e(x_j),
+
+and :math:`p(y_t) = \sum_j \pi_{tj}\, p(y_t \mid z_t = j)` (the sum in closed form;
+:func:`enumerated_alignment_model` is the same model with Pyro enumeration). ``h_t`` is the
+decoder state of the target prefix, ``m_j`` the encoder memory of source word ``j`` (the prior
+reads the whole sentence) and ``e(x_j)`` the embedding of the source word itself: the emission sees
+only the word it is aligned to, so an alignment is a statement about words (with the contextual
+memory in the emission every position could explain every word, and the posterior would stay
+at its prior).
+
+For soft attention, :func:`decoder_alignment` gives the same two ingredients: the last decoder
+layer's cross-attention weights as the prior and the prediction with that layer reading only
+source position ``j`` as :math:`p(y_t \mid z_t = j)` (the posterior attention of Shankar &
+Sarawagi 2019).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import cast
+
+import pyro
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .._validation import check_int
+from ..functional.alignment import alignment_log_prior, mixture_log_probs
+from .blocks import Decoder, DecoderLayer
+from .linear import linear
+
+__all__ = [
+    "LatentAlignment",
+    "enumerated_alignment_model",
+    "hard_read",
+    "layer_alignment",
+    "decoder_alignment",
+]
+
+
+class LatentAlignment(nn.Module):
+    """Prior over source positions, per-position emissions and their exact mixture.
+
+    Shape:
+        h ``(…, B, Tt, E)``, memory ``(…, B, Ts, E)``, src ``(B, Ts)`` source tokens,
+        key_padding_mask ``(B, Ts)`` → ``forward``: ``(…, B, Tt, V)`` log-probabilities of the
+        marginal.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        src_vocab_size: int,
+        vocab_size: int,
+        dim_feedforward: int,
+        layer_norm_eps: float = 1e-5,
+    ) -> None:
+        check_int("d_model", d_model, 1)
+        check_int("src_vocab_size", src_vocab_size, 1)
+        check_int("vocab_size", vocab_size, 1)
+        check_int("dim_feedforward", dim_feedforward, 1)
+        super().__init__()
+        self.d_model = d_model
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.word = nn.Embedding(src_vocab_size, d_model)
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.linear1 = nn.Linear(d_model, dim_feedforward)
+        self.linear2 = nn.Linear(dim_feedforward, d_model)
+        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.head = nn.Linear(d_model, vocab_size)
+        #: a uniform prior over the real source positions (IBM Model 1): train a few epochs with
+        #: it first so the emissions learn which words translate which before the prior commits
+        self.uniform_prior = False
+
+    def log_prior(
+        self, h: Tensor, memory: Tensor, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
+        r""":math:`\log p(z_t = j \mid x, y_{<t})`; ``-inf`` at padded source positions.
+
+        Shape:
+            → ``(…, B, Tt, Ts)``.
+        """
+        q = linear(h, self.q_proj.weight, self.q_proj.bias)  # (…, B, Tt, E)
+        k = linear(memory, self.k_proj.weight, self.k_proj.bias)  # (…, B, Ts, E)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_model)  # (…, B, Tt, Ts)
+        if self.uniform_prior:
+            scores = torch.zeros_like(scores)
+        return alignment_log_prior(scores, key_padding_mask)
+
+    def log_emissions(self, h: Tensor, src: Tensor) -> Tensor:
+        r""":math:`\log p(y_t = v \mid z_t = j, x_j, y_{<t})` for every position and token.
+
+        Shape:
+            h ``(…, B, Tt, E)``, src ``(B, Ts)`` → ``(…, B, Tt, Ts, V)``.
+        """
+        c = self.word(src)  # (B, Ts, E)
+        u = h.unsqueeze(-2) + c.unsqueeze(-3)  # (…, B, Tt, Ts, E)
+        ff = linear(F.relu(linear(self.norm1(u), self.linear1.weight, self.linear1.bias)),
+                    self.linear2.weight, self.linear2.bias)  # fmt: skip
+        logits = linear(self.norm2(u + ff), self.head.weight, self.head.bias)  # (…,B,Tt,Ts,V)
+        return torch.log_softmax(logits, dim=-1)
+
+    def forward(
+        self, h: Tensor, memory: Tensor, src: Tensor, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
+        return mixture_log_probs(
+            self.log_prior(h, memory, key_padding_mask), self.log_emissions(h, src)
+        )
+
+
+def enumerated_alignment_model(
+    log_prior: Tensor, log_emission: Tensor, tgt: Tensor, mask: Tensor | None = None
+) -> None:
+    r"""The latent-alignment likelihood as a Pyro model: ``z[b, t] ~ Categorical(π_bt)``
+    enumerated in parallel (``infer={"enumerate": "parallel"}``) over source positions,
+    ``y[b, t] ~ Categorical(p(· | z))`` observed. Under ``TraceEnum_ELBO`` with an empty guide its
+    loss is :math:`-\sum_{b,t} \log\sum_j \pi_{btj} p(y_{bt} \mid j)`, the closed form of
+    :func:`~bayesattn.functional.alignment.mixture_log_probs` (tested equal).
+
+    Shape:
+        log_prior ``(B, Tt, Ts)``, log_emission ``(B, Tt, Ts, V)``, tgt ``(B, Tt)``,
+        mask ``(B, Tt)`` (``True`` = scored).
+    """
+    B, T = tgt.shape
+    if log_prior.shape[:2] != (B, T) or log_emission.shape[:3] != log_prior.shape:
+        raise ValueError(
+            "log_prior (B, Tt, Ts), log_emission (B, Tt, Ts, V) and tgt (B, Tt) must agree; got "
+            f"{tuple(log_prior.shape)}, {tuple(log_emission.shape)}, {tuple(tgt.shape)}"
+        )
+    with pyro.plate("tokens", T, dim=-1), pyro.plate("batch", B, dim=-2):
+        z = pyro.sample(
+            "z", dist.Categorical(logits=log_prior), infer={"enumerate": "parallel"}
+        )  # (B, T) or (Ts, 1, 1) when enumerated
+        # emission rows of the chosen position: log_emission[b, t, z] (enumerated z broadcasts)
+        b = torch.arange(B, device=tgt.device)[:, None]  # (B, 1)
+        t = torch.arange(T, device=tgt.device)[None, :]  # (1, T)
+        d = dist.Categorical(logits=log_emission[b, t, z])  # (…, B, T, V)
+        if mask is not None:
+            d = d.mask(mask)
+        pyro.sample("y", d, obs=tgt)
+
+
+# ---- soft attention's hard reads (the posterior attention of Shankar & Sarawagi 2019) ----------
+
+
+def hard_read(layer: DecoderLayer, memory: Tensor) -> Tensor:
+    r"""A decoder layer's cross-attention output had every head put all its weight on source
+    position ``j``: :math:`W_o (W_v m_j + b_v) + b_o` (the value path of a one-hot read).
+
+    Shape:
+        memory ``(…, B, Ts, E)`` → ``(…, B, Ts, E)``.
+    """
+    mha = layer.multihead_attn
+    E = mha.embed_dim
+    if mha.in_proj_weight is not None:
+        wv = mha.in_proj_weight[..., 2 * E :, :]
+    else:
+        wv = mha.v_proj_weight
+    bv = mha.in_proj_bias[..., 2 * E :] if mha.in_proj_bias is not None else None
+    v = linear(memory, wv, bv)  # (…, B, Ts, E)
+    return linear(v, mha.out_proj.weight, mha.out_proj.bias)
+
+
+def layer_alignment(
+    layer: DecoderLayer,
+    tgt: Tensor,
+    memory: Tensor,
+    tgt_mask: Tensor | None = None,
+    memory_key_padding_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""``layer.forward`` (causal), plus its cross-attention weights and its output for every
+    *hard* alignment: the cross-attention replaced by a one-hot read of source position ``j``
+    (:func:`hard_read`), which gives the per-position predictions :math:`p(y_t \mid z_t = j)`.
+    Needs a ``batch_first`` layer.
+
+    Shape:
+        tgt ``(…, B, Tt, E)``, memory ``(…, B, Ts, E)`` → out ``(…, B, Tt, E)``, weights
+        ``(…, B, H, Tt, Ts)``, hard ``(…, B, Tt, Ts, E)``.
+    """
+    mha = layer.multihead_attn
+    causal = tgt_mask is not None
+    pad = memory_key_padding_mask
+    prev = mha.record_weights
+    mha.record_weights = True
+    try:
+        if layer.norm_first:
+            x = tgt + layer._sa_block(layer.norm1(tgt), tgt_mask, None, causal)
+            x2 = x + layer._mha_block(layer.norm2(x), memory, None, pad, False)
+            weights = mha.last_weights
+            out = x2 + layer._ff_block(layer.norm3(x2))
+            h = x.unsqueeze(-2) + hard_read(layer, memory).unsqueeze(-3)  # (…, B, Tt, Ts, E)
+            hard = h + layer._ff_block(layer.norm3(h))
+        else:
+            x = layer.norm1(tgt + layer._sa_block(tgt, tgt_mask, None, causal))
+            x2 = layer.norm2(x + layer._mha_block(x, memory, None, pad, False))
+            weights = mha.last_weights
+            out = layer.norm3(x2 + layer._ff_block(x2))
+            h = layer.norm2(x.unsqueeze(-2) + hard_read(layer, memory).unsqueeze(-3))
+            hard = layer.norm3(h + layer._ff_block(h))
+    finally:
+        mha.record_weights, mha.last_weights = prev, None
+    if weights is None:  # pragma: no cover - recording is on above
+        raise RuntimeError("the cross-attention did not record its weights")
+    return out, weights, hard
+
+
+def decoder_alignment(
+    decoder: Decoder, tgt: Tensor, memory: Tensor, memory_key_padding_mask: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``decoder.forward``, plus the last layer's cross-attention weights and the stack's output
+    for every hard alignment of that layer (:func:`layer_alignment`).
+
+    Shape:
+        tgt ``(…, B, Tt, E)``, memory ``(…, B, Ts, E)`` → out ``(…, B, Tt, E)``, weights
+        ``(…, B, H, Tt, Ts)``, hard ``(…, B, Tt, Ts, E)``.
+    """
+    if not decoder.cross_attention:
+        raise ValueError("decoder_alignment needs a Decoder with cross_attention=True")
+    layers = cast("Sequence[DecoderLayer]", decoder.layers)
+    T = tgt.shape[-2]
+    causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device).triu(1)  # (Tt, Tt)
+    x = tgt
+    for layer in layers[:-1]:
+        x = layer(
+            x, memory, tgt_mask=causal, memory_key_padding_mask=memory_key_padding_mask,
+            tgt_is_causal=True,
+        )  # fmt: skip
+    out, weights, hard = layer_alignment(layers[-1], x, memory, causal, memory_key_padding_mask)
+    if decoder.norm is not None:
+        out, hard = decoder.norm(out), decoder.norm(hard)
+    return out, weights, hard

@@ -1,0 +1,356 @@
+"""Which attention can you trust? Alignment posteriors against the gold alignments of the
+reordering grammar (``bayesattn.data.make_translation_task``).
+
+Per seed, on one train/validation/test split, the script trains ``Seq2Seq`` models that differ
+only in their decoder's attention:
+
+* ``soft``: deterministic soft cross-attention (and ``ensemble``: ``--members`` of them, seeds
+  differing only in the initialisation);
+* ``dirichlet``, ``logistic_normal``, ``weibull``, ``concrete``: a variational family on the
+  cross-attention (``AttentionConfig(family=..., which=("cross",))``, tempered ELBO, KL weight
+  ``--kl-weight``);
+* ``latent``: ``alignment="latent"``, the categorical alignment summed out exactly.
+
+For each it reads, on the test split, the prior attention :math:`p(z_t\\mid x, y_{<t})` and the
+posterior :math:`p(z_t\\mid x, y_{\\le t})` (``bayesattn.predictive.alignment_posterior``; the
+posterior attention of Shankar & Sarawagi for the soft kinds) and measures, on every target word
+with a gold link: AER, precision and recall of the arg-max link, ECE of the max weight as the
+probability that the arg-max link is gold (15 equal-width bins), AUROC of the uncertainty
+(entropy; Jensen-Shannon disagreement of draws or members) for finding wrong links; the token
+accuracy (teacher forcing, every real target token) and the posterior's KL from its prior
+(nats per target token). The training step of ``latent`` is timed against ``soft`` in the same
+process (median of interleaved repeats) and printed as a ratio.
+
+Writes ``benchmarks/results/alignment.json`` (``--results``) and a study folder
+``studies/<date>-alignments/`` (``--study``): ``results.json`` (every seed), ``report.md``
+generated from it, ``alignment_matrices.png`` and ``reliability.png``.
+
+Run: ``python benchmarks/alignment.py [--quick] [--seeds 5] [--threads 1]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bayesattn import AttentionConfig, Seq2Seq
+from bayesattn.calibration import (
+    alignment_error_rate,
+    argmax_links,
+    expected_calibration_error,
+    link_precision_recall,
+    ood_auroc,
+    reliability_curve,
+)
+from bayesattn.data import make_translation_task, train_val_test_split
+from bayesattn.data.sequences import SequenceTask
+from bayesattn.predictive import AlignmentPosterior, alignment_posterior
+from bayesattn.training import fit
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import machine_meta  # noqa: E402
+from _timing import interleaved  # noqa: E402
+
+ARTICLES = ("das", "den", "die")
+FAMILIES = ("dirichlet", "logistic_normal", "weibull", "concrete")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes, 2 seeds, about a minute")
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--n", type=int, default=1200, help="sentence pairs per seed (80/10/10 split)")
+    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--d-model", type=int, default=32)
+    p.add_argument("--warmup", type=int, default=8, help="latent: epochs with a uniform prior")
+    p.add_argument("--members", type=int, default=3, help="soft decoders in the ensemble")
+    p.add_argument("--samples", type=int, default=16, help="attention draws of a family")
+    p.add_argument("--kl-weight", type=float, default=0.01)
+    p.add_argument("--kinds", default="soft,ensemble," + ",".join(FAMILIES) + ",latent")
+    p.add_argument(
+        "--front-adverb",
+        type=float,
+        default=0.0,
+        help="harder task: P(a main clause's adverb goes first in German)",
+    )
+    p.add_argument("--name", default=None, help="results file name (default alignment)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--results", type=Path, default=None, help="results folder (JSON)")
+    p.add_argument("--study", type=Path, default=None, help="study folder (report, figures)")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.n, args.epochs, args.members, args.samples = 2, 300, 3, 2, 4
+        args.warmup = 1
+        args.d_model = 16
+    return args
+
+
+# ---- models ------------------------------------------------------------------------------------
+
+
+def build(kind: str, task: SequenceTask, d_model: int) -> Seq2Seq:
+    attention = AttentionConfig(family=kind, which=("cross",)) if kind in FAMILIES else None
+    return Seq2Seq(
+        task.src_vocab_size,
+        task.tgt_vocab_size,
+        d_model=d_model,
+        nhead=2,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        dim_feedforward=2 * d_model,
+        dropout=0.0,
+        max_len=task.tgt.shape[1],
+        attention=attention,
+        alignment="latent" if kind == "latent" else "soft",
+    )
+
+
+def train(kind: str, seed: int, train_data: SequenceTask, val: SequenceTask, args) -> Seq2Seq:
+    torch.manual_seed(seed)
+    net = build(kind, train_data, args.d_model)
+    steps = -(-len(train_data) // 32)
+    kw = dict(batch_size=32, lr=3e-3, kl_weight=args.kl_weight, progress=False)
+    if net.latent is not None and args.warmup > 0:  # IBM-Model-1 start: uniform prior
+        net.latent.uniform_prior = True
+        fit(net, train_data, epochs=args.warmup, seed=seed + 1, **kw)
+        net.latent.uniform_prior = False
+    fit(net, train_data, epochs=args.epochs, kl_anneal_steps=2 * steps, seed=seed, **kw)
+    return net.eval()
+
+
+# ---- metrics -----------------------------------------------------------------------------------
+
+
+def _auroc(u_ok: torch.Tensor, u_bad: torch.Tensor) -> float:
+    if len(u_ok) == 0 or len(u_bad) == 0:
+        return float("nan")
+    if float(torch.cat([u_ok, u_bad]).std()) == 0.0:
+        return 0.5  # a constant score ranks nothing
+    return ood_auroc(u_ok, u_bad)
+
+
+def side_metrics(
+    ap: AlignmentPosterior,
+    which: str,
+    gold: torch.Tensor,
+    rows: torch.Tensor,
+    article: torch.Tensor,
+) -> dict[str, Any]:
+    """Alignment metrics of ``which`` (prior/posterior) on the gold-linked target words;
+    ``article`` marks the German articles (their form depends on the noun, not on "the")."""
+    probs = ap.prior if which == "prior" else ap.posterior  # (B, T, Ts)
+    links = argmax_links(probs, rows)
+    aer = alignment_error_rate(links, gold.bool() & rows[..., None])
+    prec, rec = link_precision_recall(links, gold.bool() & rows[..., None])
+    p_rows, g_rows = probs[rows].double(), gold[rows].argmax(-1)  # (N, Ts), (N,)
+    p_rows = p_rows / p_rows.sum(-1, keepdim=True)
+    ece = expected_calibration_error(p_rows, g_rows, n_bins=15)
+    curve = reliability_curve(p_rows, g_rows, n_bins=10)
+    wrong = p_rows.argmax(-1) != g_rows
+    ent = ap.entropy(which)[rows]
+    dis = ap.disagreement(which)[rows]
+    conf = 1 - p_rows.max(-1).values
+    out = {
+        "aer": aer, "precision": prec, "recall": rec, "ece": ece,
+        "auroc_entropy": _auroc(ent[~wrong], ent[wrong]),
+        "auroc_max": _auroc(conf[~wrong], conf[wrong]),
+        "auroc_disagreement": (
+            _auroc(dis[~wrong], dis[wrong]) if ap.num_draws > 1 else float("nan")
+        ),
+        "wrong_links": int(wrong.sum()),
+        "wrong_on_articles": int((wrong & article[rows]).sum()),
+        "links": int(rows.sum()),
+        "reliability": {
+            "confidence": curve.confidence.tolist(), "accuracy": curve.accuracy.tolist(),
+            "count": curve.count.tolist(),
+        },
+    }  # fmt: skip
+    return out
+
+
+def evaluate(models: list[Seq2Seq], test: SequenceTask, samples: int) -> dict[str, Any]:
+    ap = alignment_posterior(models if len(models) > 1 else models[0], test.src, test.tgt, samples)
+    gold = test.alignment_matrix()  # (B, T, Ts)
+    rows = gold.sum(-1) > 0  # target words with a gold link (not the comma, EOS or pad)
+    tgt_out, mask = test.tgt[:, 1:], ap.tgt_mask
+    art_ids = torch.tensor([test.tgt_vocab.index(w) for w in ARTICLES])
+    article = torch.isin(tgt_out, art_ids)  # (B, T)
+    acc = float((ap.probs.mean(0).argmax(-1) == tgt_out)[mask].float().mean())
+    return {
+        "token_accuracy": acc,
+        "kl": float(ap.kl()[mask].mean()),
+        "prior": side_metrics(ap, "prior", gold, rows, article),
+        "posterior": side_metrics(ap, "posterior", gold, rows, article),
+        "_ap": ap,
+    }
+
+
+def step_cost(task: SequenceTask, args, repeats: int) -> dict[str, float]:
+    """Median ms of one training step (loss, backward, Adam) of soft and latent, interleaved."""
+    xb, yb = task.src[:32], task.tgt[:32]
+
+    def stepper(kind: str):
+        torch.manual_seed(0)
+        net = build(kind, task, args.d_model).train()
+        opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+
+        def step() -> None:
+            opt.zero_grad()
+            loss, _ = net.elbo_loss(xb, yb, num_data=len(task))
+            loss.backward()
+            opt.step()
+
+        return step
+
+    ms = interleaved({"soft": stepper("soft"), "latent": stepper("latent")}, repeats)
+    return {"soft_ms": ms["soft"], "latent_ms": ms["latent"], "ratio": ms["latent"] / ms["soft"]}
+
+
+# ---- driver ------------------------------------------------------------------------------------
+
+
+def run_seed(seed: int, kinds: list[str], args, bar) -> dict[str, Any]:
+    task = make_translation_task(args.n, seed=seed, front_adverb=args.front_adverb)
+    tr, val, test = train_val_test_split(task, (0.8, 0.1, 0.1), seed=seed)
+    out: dict[str, Any] = {}
+    soft_members: list[Seq2Seq] = []
+    for kind in kinds:
+        if kind == "ensemble":
+            continue
+        t0 = time.perf_counter()
+        if kind == "soft":
+            for m in range(args.members if "ensemble" in kinds else 1):
+                soft_members.append(train("soft", 1000 * seed + m, tr, val, args))
+                bar.update(1)
+            net = soft_members[0]
+        else:
+            net = train(kind, 1000 * seed, tr, val, args)
+            bar.update(1)
+        res = evaluate([net], test, args.samples)
+        res["train_s"] = time.perf_counter() - t0
+        out[kind] = res
+    if "ensemble" in kinds:
+        out["ensemble"] = evaluate(soft_members, test, 1)
+    out["_test"] = test
+    return out
+
+
+def interval(xs: list[float]) -> tuple[float, float, float]:
+    """Mean and the 95% Student-t interval over seeds."""
+    xs = [x for x in xs if not math.isnan(x)]
+    n = len(xs)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan")
+    m = sum(xs) / n
+    if n == 1:
+        return m, float("nan"), float("nan")
+    from scipy import stats
+
+    sd = (sum((x - m) ** 2 for x in xs) / (n - 1)) ** 0.5
+    h = float(stats.t.ppf(0.975, n - 1)) * sd / n**0.5
+    return m, m - h, m + h
+
+
+METRICS = (
+    ("posterior", "aer"), ("prior", "aer"), ("posterior", "precision"), ("posterior", "recall"),
+    ("posterior", "ece"), ("prior", "ece"),
+    ("posterior", "auroc_entropy"), ("posterior", "auroc_disagreement"),
+    ("prior", "auroc_entropy"), ("prior", "auroc_disagreement"),
+    (None, "token_accuracy"), (None, "kl"),
+)  # fmt: skip
+
+
+def summarise(per_seed: list[dict[str, Any]], kinds: list[str]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for kind in kinds:
+        row: dict[str, Any] = {}
+        for side, metric in METRICS:
+            vals = [r[kind][metric] if side is None else r[kind][side][metric] for r in per_seed]
+            key = metric if side is None else f"{side}_{metric}"
+            row[key] = interval(vals)
+        summary[kind] = row
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from tqdm import tqdm
+
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    n_train = sum(args.members if k == "soft" and "ensemble" in kinds else 1
+                  for k in kinds if k != "ensemble")  # fmt: skip
+    per_seed: list[dict[str, Any]] = []
+    t_start = time.perf_counter()
+    with tqdm(total=args.seeds * n_train, desc="training", disable=args.no_progress) as bar:
+        for seed in range(args.seeds):
+            per_seed.append(run_seed(seed, kinds, args, bar))
+    cost = step_cost(make_translation_task(200, seed=0), args, 10 if args.quick else 40)
+    summary = summarise(per_seed, kinds)
+    doc = {
+        "meta": machine_meta() | {"wall_s": time.perf_counter() - t_start},
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "kinds": kinds,
+        "summary": summary,
+        "step_cost": cost,
+        "per_seed": [
+            {k: {kk: vv for kk, vv in v.items() if not kk.startswith("_")}
+             for k, v in r.items() if not k.startswith("_")}
+            for r in per_seed
+        ],
+    }  # fmt: skip
+    print_table(summary, kinds, cost)
+    write_outputs(doc, per_seed[0], kinds, args)
+
+
+def fmt(t: tuple[float, float, float], digits: int = 3) -> str:
+    m, lo, hi = t
+    if math.isnan(m):
+        return "–"
+    if math.isnan(lo):
+        return f"{m:.{digits}f}"
+    return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def print_table(summary: dict[str, Any], kinds: list[str], cost: dict[str, float]) -> None:
+    from alignment_report import COLUMNS, table_rows
+
+    cols = ["decoder", *(c for c, _ in COLUMNS)]
+    for row in table_rows(summary, kinds):
+        print(" | ".join(f"{c}: {v}" for c, v in zip(cols, row, strict=True)))
+    print(
+        f"training step: soft {cost['soft_ms']:.2f} ms, latent {cost['latent_ms']:.2f} ms, "
+        f"ratio latent/soft {cost['ratio']:.2f}"
+    )
+
+
+def write_outputs(doc: dict[str, Any], first: dict[str, Any], kinds: list[str], args) -> None:
+    from alignment_report import figures, publish, report
+
+    name = args.name or ("alignment_quick" if args.quick else "alignment")
+    path = publish(doc, args.results, name)
+    print(f"wrote {path}")
+    date = dt.date.today().isoformat()
+    suffix = (args.name or "alignment").removeprefix("alignment").strip("_").replace("_", "-")
+    tag = "-quick" if args.quick else (f"-{suffix}" if suffix else "")
+    study = args.study or ROOT / "studies" / f"{date}-alignments{tag}"
+    study.mkdir(parents=True, exist_ok=True)
+    (study / "results.json").write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    figs = figures(first, kinds, doc, study)
+    (study / "report.md").write_text(report(doc, figs))
+    print(f"wrote {study / 'report.md'}")
+
+
+if __name__ == "__main__":
+    main()
