@@ -26,6 +26,7 @@ __all__ = [
     "check_seed",
     "check_real",
     "check_bool",
+    "check_type",
     "check_tensor",
     "check_float_tensor",
     "check_same_dtype",
@@ -146,6 +147,18 @@ def check_bool(name: str, v: Any) -> bool:
     if not isinstance(v, bool):
         raise ArgumentTypeError(f"{name} must be a bool; got {v!r} ({type(v).__name__})")
     return v
+
+
+def check_type(name: str, v: Any, kind: type | tuple[type, ...], *, allow_none: bool = False) -> Any:
+    """``v`` itself when it is an instance of ``kind`` (or ``None`` with ``allow_none``), else an
+    :class:`ArgumentTypeError` naming ``name``, the type seen and the types allowed."""
+    if (allow_none and v is None) or isinstance(v, kind):
+        return v
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    allowed = " or ".join(k.__name__ for k in kinds) + (" or None" if allow_none else "")
+    shown = repr(v)
+    shown = f"{shown} ({type(v).__name__})" if len(shown) <= 80 else f"a {type(v).__name__}"
+    raise ArgumentTypeError(f"{name} must be an instance of {allowed}; got {shown}")
 
 
 def check_tensor(
