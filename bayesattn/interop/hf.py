@@ -53,7 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from .._deprecation import renamed_submodule_hook
-from ..families import AttentionFamily, FamilyName, get_family
+from ..families import AttentionFamily, FamilyName, check_family, get_family
 from ..nn.config import AttentionConfig
 from ..nn.modes import AttentionMode, default_mode
 from ..nn.read import FOREIGN_FAMILY_ATTR, AttentionRead
@@ -378,6 +378,8 @@ def convert_hf(
     chosen = select_layers(layers, candidates(model, list(mods), roles(config)), model)
     if family is not None and not isinstance(family, (str, AttentionFamily)):
         raise TypeError(f"family must be a name, an AttentionFamily or None; got {family!r}")
+    if isinstance(family, AttentionFamily):
+        check_family(family)
     # build every family first; change the model only when all were built, and undo every
     # change if switching an implementation fails: a call that raises leaves the model as it was
     fams: dict[str, AttentionFamily] = {}
