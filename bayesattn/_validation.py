@@ -35,6 +35,8 @@ __all__ = [
     "check_positive",
     "check_broadcasts",
     "check_spd",
+    "check_callable",
+    "check_has_values",
     "seeded",
     "torch_generator",
     "atomic_write_bytes",
@@ -343,6 +345,31 @@ def check_spd(name: str, m: Any) -> Tensor:
             f"{name} must be positive definite; got smallest eigenvalue {low:.3g}"
         )
     return m
+
+
+def check_callable(name: str, fn: Any, signature: str, *, allow_none: bool = False) -> Any:
+    """``fn`` itself when it is callable (or ``None`` with ``allow_none``), else an
+    :class:`ArgumentTypeError` naming ``name`` and the expected ``signature``."""
+    if (allow_none and fn is None) or callable(fn):
+        return fn
+    or_none = " or None" if allow_none else ""
+    raise ArgumentTypeError(
+        f"{name} must be a callable {signature}{or_none}; got {fn!r} ({type(fn).__name__})"
+    )
+
+
+def check_has_values(name: str, module: torch.nn.Module) -> None:
+    """``module``'s parameters and buffers hold values: none is on the ``meta`` device (shapes
+    only), which training and sampling cannot use."""
+    for what, items in (("parameter", module.named_parameters()),
+                        ("buffer", module.named_buffers())):  # fmt: skip
+        for path, t in items:
+            if t.device.type == "meta":
+                raise ValueError(
+                    f"{name}'s {what} {path!r} is on the meta device (a shape, no values): "
+                    "materialise the model first (model.to_empty(device=...) then "
+                    "load_state_dict(...)), or build it on a real device"
+                )
 
 
 def check_simplex(name: str, p: Tensor) -> None:

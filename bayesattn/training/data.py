@@ -264,8 +264,10 @@ def _loader_kwargs(loader: DataLoader | None) -> dict[str, Any]:
     """Settings of ``loader`` that a copy with another batch sampler keeps."""
     if loader is None:
         return {"collate_fn": default_collate}
+    collate = loader.collate_fn
     kw: dict[str, Any] = {
-        "collate_fn": loader.collate_fn,
+        # torch's default collate (the DataLoader's own default): ours, which names ragged items
+        "collate_fn": default_collate if collate is _torch_collate else collate,
         "num_workers": loader.num_workers,
         "pin_memory": loader.pin_memory,
         "timeout": loader.timeout,
