@@ -1181,10 +1181,12 @@ def _round4_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
                      ("global_tokens str", dict(global_tokens="0")),
                      ("global_tokens negative", dict(global_tokens=(-1,))),
                      ("global_tokens float", dict(global_tokens=(1.5,))),
-                     ("global_tokens repeated", dict(global_tokens=(2, 2))),
                      ("window negative", dict(window=-1)),
                      ("window float", dict(window=2.5))):  # fmt: skip
         r4(f"local_global/{name}", lambda kw=kw: NS.LocalGlobalSupport(**kw))
+    # round 5: the global tokens are a set of positions, a repeat is the same position
+    r4("local_global/global_tokens repeated", lambda: NS.LocalGlobalSupport(
+        global_tokens=(2, 2)).global_tokens, "ok", lambda t: t == (2,))
     r4("local_global/global token >= T", lambda: M(8, 2, batch_first=True,
        support=NS.LocalGlobalSupport(window=2, global_tokens=(50,)))(*(torch.randn(1, 10, 8),) * 3))
     r4("local_global/global tokens ()", equal_dense(NS.LocalGlobalSupport(window=8,
