@@ -1053,13 +1053,18 @@ def _new_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
         "ok")
 
     # ---- training data ------------------------------------------------------------------------
-    def fit_stream(n, num_data, **kw):
+    def fit_stream(n, num_data, declared=None, **kw):
         net = TC(2, vocab_size=6, **small)
-        return I.fit(net, _Stream(n), num_data=num_data, epochs=1, batch_size=4, progress=False,
+        stream = _Stream(n)
+        if declared is not None:
+            stream.num_data = declared  # a stream that subsamples a set of that size
+        return I.fit(net, stream, num_data=num_data, epochs=1, batch_size=4, progress=False,
                      **kw)
 
     add("fit/stream num_data too small", lambda: fit_stream(12, 4))
-    add("fit/stream num_data above one pass", lambda: fit_stream(12, 40), "ok")  # a subsample
+    # round 5: an undeclared short pass is refused (the ELBO scale would be wrong)
+    add("fit/stream num_data above one pass", lambda: fit_stream(12, 40))
+    add("fit/stream declared subsample", lambda: fit_stream(12, 40, declared=40), "ok")
     add("fit/stream num_data ok", lambda: fit_stream(12, 12), "ok")
     add("fit/stream drop_last remainder", lambda: fit_stream(14, 14, drop_last=True), "ok")
     add("fit/sized stream num_data differs", lambda: I.fit(

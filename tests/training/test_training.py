@@ -242,9 +242,11 @@ def test_stream_is_not_materialised_and_elbo_uses_num_data(monkeypatch):
         return orig(self, x, y, num_data=num_data, **k)
 
     monkeypatch.setattr(TransformerClassifier, "elbo_loss", spy)
+    stream = Stream(40)
+    stream.num_data = 1000  # a declared subsample of a set of 1000
     h = fit(
         classifier(),
-        Stream(40),
+        stream,
         num_data=1000,
         epochs=2,
         batch_size=16,
@@ -440,10 +442,24 @@ class _Short(IterableDataset):
             yield torch.randint(1, 6, (4,), generator=g), y
 
 
-def test_a_stream_shorter_than_num_data_is_said_at_the_end_of_the_epoch():
+def test_a_stream_shorter_than_num_data_is_refused_at_the_end_of_the_epoch():
+    """24 examples declared as num_data=1000: the ELBO would be scaled 40 times too high; the
+    error comes at the end of the first epoch and leaves the network and param store as they
+    were. A stream that subsamples a larger set declares it (``dataset.num_data``)."""
+    import pyro
+
+    pyro.clear_param_store()
     net = TransformerClassifier(2, vocab_size=6, **_SMALL)
-    with pytest.warns(UserWarning, match=r"yielded 24 examples in one epoch but num_data=1000"):
+    before = [p.detach().clone() for p in net.parameters()]
+    with pytest.raises(ValueError, match=r"yielded 24 examples in one epoch but num_data=1000.*"
+                       r"pass num_data=24"):  # fmt: skip
         fit(net, _Short(24), num_data=1000, epochs=2, batch_size=8, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
+    assert not list(pyro.get_param_store().keys())
+    sub = _Short(24)
+    sub.num_data = 1000  # a declared subsample of a set of 1000
+    h = fit(net, sub, num_data=1000, epochs=2, batch_size=8, progress=False)
+    assert len(h.train_loss) == 2
     with warnings.catch_warnings():  # a stream of num_data examples (drop_last remainder): none
         warnings.simplefilter("error")
         fit(TransformerClassifier(2, vocab_size=6, **_SMALL), _Short(24), num_data=24,
