@@ -48,7 +48,7 @@ __all__ = [
 
 #: A stationary covariance function by name.
 CovarianceName = Literal["rbf", "matern52"]
-Covariance = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+Covariance = Callable[..., Tensor]
 
 
 def _check_points(x1: Tensor, x2: Tensor, names: tuple[str, str] = ("x1", "x2")) -> None:
@@ -102,31 +102,46 @@ def _scaled_sqdist(x1: Tensor, x2: Tensor, lengthscale: Tensor) -> Tensor:
     return d.clamp_min(0.0)
 
 
-def rbf_covariance(x1: Tensor, x2: Tensor, lengthscale: Tensor, outputscale: Tensor) -> Tensor:
-    r"""Squared-exponential covariance :math:`\sigma^2\exp(-\lVert x_1-x_2\rVert^2/2\ell^2)`.
-
-    Shape: ``x1 (*, N, D)``, ``x2 (*, M, D)``, ``lengthscale``/``outputscale`` broadcasting with
-    ``*`` → ``(*, N, M)``."""
-    _check_points(x1, x2)
-    groups = tuple(torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]))
-    ls, os_ = _scales(lengthscale, outputscale, x1, groups, into=False)
+def _rbf(x1: Tensor, x2: Tensor, ls: Tensor, os_: Tensor) -> Tensor:
     return os_[..., None, None] * torch.exp(-0.5 * _scaled_sqdist(x1, x2, ls))
 
 
-def matern52_covariance(
-    x1: Tensor, x2: Tensor, lengthscale: Tensor, outputscale: Tensor
-) -> Tensor:
-    r"""Matérn-5/2 covariance :math:`\sigma^2(1 + \sqrt5 r + \tfrac53 r^2)e^{-\sqrt5 r}`,
-    :math:`r = \lVert x_1 - x_2\rVert/\ell`. Shapes as :func:`rbf_covariance`."""
-    _check_points(x1, x2)
-    groups = tuple(torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]))
-    ls, os_ = _scales(lengthscale, outputscale, x1, groups, into=False)
+def _matern52(x1: Tensor, x2: Tensor, ls: Tensor, os_: Tensor) -> Tensor:
     r2 = _scaled_sqdist(x1, x2, ls)
     r = torch.sqrt(r2 + 1e-12)
     s5 = 5.0**0.5
     return os_[..., None, None] * (1 + s5 * r + (5.0 / 3.0) * r2) * torch.exp(-s5 * r)
 
 
+def _checked(raw: Covariance, x1: Tensor, x2: Tensor, lengthscale: Tensor | float,
+             outputscale: Tensor | float) -> Tensor:  # fmt: skip
+    """``raw`` on checked points and scales (shapes as :func:`rbf_covariance`)."""
+    _check_points(x1, x2)
+    groups = tuple(torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]))
+    ls, os_ = _scales(lengthscale, outputscale, x1, groups, into=False)
+    return raw(x1, x2, ls, os_)
+
+
+def rbf_covariance(
+    x1: Tensor, x2: Tensor, lengthscale: Tensor | float, outputscale: Tensor | float
+) -> Tensor:
+    r"""Squared-exponential covariance :math:`\sigma^2\exp(-\lVert x_1-x_2\rVert^2/2\ell^2)`.
+
+    Shape: ``x1 (*, N, D)``, ``x2 (*, M, D)``, ``lengthscale``/``outputscale`` (tensors
+    broadcasting with ``*``, or numbers) → ``(*, N, M)``."""
+    return _checked(_rbf, x1, x2, lengthscale, outputscale)
+
+
+def matern52_covariance(
+    x1: Tensor, x2: Tensor, lengthscale: Tensor | float, outputscale: Tensor | float
+) -> Tensor:
+    r"""Matérn-5/2 covariance :math:`\sigma^2(1 + \sqrt5 r + \tfrac53 r^2)e^{-\sqrt5 r}`,
+    :math:`r = \lVert x_1 - x_2\rVert/\ell`. Shapes as :func:`rbf_covariance`."""
+    return _checked(_matern52, x1, x2, lengthscale, outputscale)
+
+
+#: the unchecked forms, for callers that checked their inputs once (whitened_projection)
+_RAW: dict[str, Covariance] = {"rbf": _rbf, "matern52": _matern52}
 _COVARIANCES: dict[str, Covariance] = {"rbf": rbf_covariance, "matern52": matern52_covariance}
 
 
@@ -140,8 +155,8 @@ def get_covariance(name: CovarianceName) -> Covariance:
 def whitened_projection(
     x: Tensor,
     inducing: Tensor,
-    lengthscale: Tensor,
-    outputscale: Tensor,
+    lengthscale: Tensor | float,
+    outputscale: Tensor | float,
     covariance: CovarianceName = "rbf",
     jitter: float = 1e-6,
 ) -> tuple[Tensor, Tensor]:
@@ -164,7 +179,8 @@ def whitened_projection(
     lengthscale, outputscale = _scales(lengthscale, outputscale, inducing, (inducing.shape[0],))
     if not isinstance(jitter, (int, float)) or isinstance(jitter, bool) or not jitter >= 0:
         raise ValueError(f"jitter must be a number >= 0; got {jitter!r}")
-    cov = get_covariance(covariance)
+    get_covariance(covariance)  # validates the name
+    cov = _RAW[covariance]  # x, inducing and the scales are checked above
     M = inducing.shape[-2]
     eye = torch.eye(M, dtype=inducing.dtype, device=inducing.device)
     kzz = cov(inducing, inducing, lengthscale, outputscale) + jitter * eye  # (G, M, M)
@@ -230,7 +246,11 @@ def whitened_kl(q_mean: Tensor, q_scale_tril: Tensor) -> Tensor:
 
 
 def random_fourier_features(
-    x: Tensor, weight: Tensor, phase: Tensor, lengthscale: Tensor, outputscale: Tensor
+    x: Tensor,
+    weight: Tensor,
+    phase: Tensor,
+    lengthscale: Tensor | float,
+    outputscale: Tensor | float,
 ) -> Tensor:
     r"""Random Fourier features :math:`\phi(x) = \sqrt{2\sigma^2/R}\cos(W x/\ell + b)` with
     :math:`W_{rd}\sim\mathcal N(0,1)`, :math:`b_r\sim U(0, 2\pi)`: :math:`E_W\,\phi(x)^\top\phi(x')`
