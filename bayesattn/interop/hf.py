@@ -382,18 +382,7 @@ def convert_hf(
         check_family(family)
     # build every family first; change the model only when all were built, and undo every
     # change if switching an implementation fails: a call that raises leaves the model as it was
-    fams: dict[str, AttentionFamily] = {}
-    for path, m in mods.items():
-        if path not in chosen or family is None:
-            continue
-        H, D = _heads(m)
-        if isinstance(family, AttentionFamily):
-            _check_heads(path, family, H)
-            fam = copy.deepcopy(family)
-        else:
-            fam = get_family(family, num_heads=H, head_dim=D, **family_kwargs)
-        ref = next(m.parameters())
-        fams[path] = fam.to(device=ref.device)
+    fams = _build_families(mods, chosen, family, family_kwargs)
     saved = [(mods[path], _attrs(mods[path])) for path in fams]
     had_hooks = hasattr(model, _SAMPLE_HOOKS_ATTR)
     root_state = [
@@ -423,6 +412,29 @@ def convert_hf(
         _restore(saved, root_state, model)
         raise
     return model
+
+
+def _build_families(
+    mods: dict[str, nn.Module],
+    chosen: set[str],
+    family: FamilyName | AttentionFamily | None,
+    family_kwargs: dict[str, Any],
+) -> dict[str, AttentionFamily]:
+    """``{path: family}`` for each chosen module, on its device (nothing is attached yet): a
+    name built for the module's heads, an instance checked against them and deep-copied."""
+    fams: dict[str, AttentionFamily] = {}
+    for path, m in mods.items():
+        if path not in chosen or family is None:
+            continue
+        H, D = _heads(m)
+        if isinstance(family, AttentionFamily):
+            _check_heads(path, family, H)
+            fam = copy.deepcopy(family)
+        else:
+            fam = get_family(family, num_heads=H, head_dim=D, **family_kwargs)
+        ref = next(m.parameters())
+        fams[path] = fam.to(device=ref.device)
+    return fams
 
 
 _MISSING = object()
