@@ -34,6 +34,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+import pyro
 from torch import nn
 
 from ..families import AttentionFamily, FamilyName, get_family
@@ -103,6 +104,20 @@ def _parent(model: nn.Module, path: str) -> tuple[nn.Module, str]:
     *head, last = path.split(".")
     parent = model.get_submodule(".".join(head)) if head else model
     return parent, last
+
+
+def _forget_params(module: nn.Module | None, prefix: str) -> None:
+    """Drop ``module``'s parameters (named ``prefix[.sub]$$$name``, as a ``PyroModule`` at
+    ``prefix`` names them) from Pyro's param store: a re-converted layer's new family must not
+    pick up the values the store kept for the family it replaces."""
+    if module is None:
+        return
+    store = pyro.get_param_store()
+    for name, _ in module.named_parameters():
+        *sub, leaf = name.split(".")
+        key = f"{'.'.join([prefix, *sub])}$$${leaf}"
+        if key in store:
+            del store[key]
 
 
 def _name_sites(layer: BayesianMultiheadAttention, path: str) -> None:
@@ -180,8 +195,10 @@ def convert(
         new = _convert_one(cast(TorchMultiheadAttention, old), family, prior, path)
         swaps.append((path, old, new))
     for layer, path, fam, pri in rebuilt:
+        _forget_params(layer.family, f"{path}.family")  # the old family's, kept by Pyro's store
         layer.family = fam
         if prior is not None:
+            _forget_params(layer.prior, f"{path}.prior")
             layer.prior = pri
         _name_sites(layer, path)
     for path, old, new in swaps:
