@@ -1725,6 +1725,24 @@ def _round5_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
                 return _with_samples(3, lambda: b(**ids).last_hidden_state)
         r5("hf/num_samples(3) draws in eval", draws_in_eval, "ok", differ)
 
+    def convert_again():
+        import pyro
+
+        from bayesattn.families import DirichletWeights
+
+        pyro.clear_param_store()
+        m = torch.nn.Sequential(torch.nn.MultiheadAttention(8, 2, batch_first=True))
+        ba.convert(m, family=DirichletWeights(2, init_concentration=1.0))
+        x = torch.randn(2, 5, 8)
+        pyro.poutine.trace(m[0]).get_trace(x, x, x)
+        ba.convert(m, family=DirichletWeights(2, init_concentration=50.0))
+        pyro.poutine.trace(m[0]).get_trace(x, x, x)
+        out = pyro.param("0.family$$$log_concentration").detach().clone()
+        pyro.clear_param_store()
+        return out
+    r5("convert/again: the param store takes the new family", convert_again, "ok",
+       lambda v: bool(torch.allclose(v, torch.full((2,), math.log(50.0)))))
+
     # ---- the newest supports' edges --------------------------------------------------------
     x6 = torch.randn(2, 6, 8)
     pad = torch.zeros(2, 6, dtype=torch.bool)
