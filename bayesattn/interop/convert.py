@@ -106,6 +106,20 @@ def _parent(model: nn.Module, path: str) -> tuple[nn.Module, str]:
     return parent, last
 
 
+def _reconvert(
+    rebuilt: list[tuple[BayesianMultiheadAttention, str, Any, Any]], new_prior: bool
+) -> None:
+    """Give already-Bayesian layers their new family (and prior, with ``new_prior``); the
+    replaced ones' values leave Pyro's param store."""
+    for layer, path, fam, pri in rebuilt:
+        _forget_params(layer.family, f"{path}.family")  # the old family's, kept by Pyro's store
+        layer.family = fam
+        if new_prior:
+            _forget_params(layer.prior, f"{path}.prior")
+            layer.prior = pri
+        _name_sites(layer, path)
+
+
 def _forget_params(module: nn.Module | None, prefix: str) -> None:
     """Drop ``module``'s parameters (named ``prefix[.sub]$$$name``, as a ``PyroModule`` at
     ``prefix`` names them) from Pyro's param store: a re-converted layer's new family must not
@@ -194,13 +208,7 @@ def convert(
             continue
         new = _convert_one(cast(TorchMultiheadAttention, old), family, prior, path)
         swaps.append((path, old, new))
-    for layer, path, fam, pri in rebuilt:
-        _forget_params(layer.family, f"{path}.family")  # the old family's, kept by Pyro's store
-        layer.family = fam
-        if prior is not None:
-            _forget_params(layer.prior, f"{path}.prior")
-            layer.prior = pri
-        _name_sites(layer, path)
+    _reconvert(rebuilt, prior is not None)
     for path, old, new in swaps:
         for p in paths[id(old)]:  # shared modules stay shared
             parent, last = _parent(model, p)
