@@ -26,11 +26,17 @@ __all__ = [
     "check_seed",
     "check_real",
     "check_bool",
+    "check_type",
     "check_tensor",
     "check_float_tensor",
     "check_same_dtype",
     "check_no_nan",
     "check_finite",
+    "check_positive",
+    "check_broadcasts",
+    "check_spd",
+    "check_callable",
+    "check_has_values",
     "seeded",
     "torch_generator",
     "atomic_write_bytes",
@@ -143,6 +149,18 @@ def check_bool(name: str, v: Any) -> bool:
     if not isinstance(v, bool):
         raise ArgumentTypeError(f"{name} must be a bool; got {v!r} ({type(v).__name__})")
     return v
+
+
+def check_type(name: str, v: Any, kind: type | tuple[type, ...], *, allow_none: bool = False) -> Any:
+    """``v`` itself when it is an instance of ``kind`` (or ``None`` with ``allow_none``), else an
+    :class:`ArgumentTypeError` naming ``name``, the type seen and the types allowed."""
+    if (allow_none and v is None) or isinstance(v, kind):
+        return v
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    allowed = " or ".join(k.__name__ for k in kinds) + (" or None" if allow_none else "")
+    shown = repr(v)
+    shown = f"{shown} ({type(v).__name__})" if len(shown) <= 80 else f"a {type(v).__name__}"
+    raise ArgumentTypeError(f"{name} must be an instance of {allowed}; got {shown}")
 
 
 def check_tensor(
@@ -261,6 +279,97 @@ def check_finite(name: str, x: Tensor) -> None:
             f"{name} must be finite; got {n_nan} NaN and {n_inf} Inf values in a tensor of shape "
             f"{tuple(x.shape)}"
         )
+
+
+def check_positive(name: str, value: Any, like: Tensor | None = None) -> Tensor:
+    """``value`` (a tensor, or a real number made a tensor of ``like``'s dtype and device) as a
+    floating-point tensor that is finite and ``> 0`` everywhere (not checked on ``meta``)."""
+    if isinstance(value, Tensor):
+        if not value.is_floating_point():
+            raise ArgumentTypeError(
+                f"{name} must be a floating-point tensor or a real number; got dtype {value.dtype}"
+            )
+        t = value
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        dt = like.dtype if like is not None and like.is_floating_point() else None
+        t = torch.tensor(float(value), dtype=dt, device=None if like is None else like.device)
+    else:
+        raise ArgumentTypeError(
+            f"{name} must be a tensor or a real number; got {value!r} ({type(value).__name__})"
+        )
+    if t.device.type == "meta" or t.numel() == 0 or tracing():
+        return t
+    if not bool((torch.isfinite(t) & (t > 0)).all()):
+        shown = t.detach().flatten()[:8].tolist()
+        raise ValueError(f"{name} must be finite and > 0; got {shown}")
+    return t
+
+
+def check_broadcasts(
+    name: str, x: Tensor, shape: tuple[int, ...], layout: str, *, into: bool = True
+) -> None:
+    """``x`` broadcasts with ``shape`` (e.g. one value per group, ``layout`` ``"(G,)"``), and with
+    ``into`` without growing it; else a ``ValueError`` naming ``name``, the shape seen and the
+    one allowed."""
+    try:
+        out = torch.broadcast_shapes(tuple(x.shape), shape)
+        ok = not into or out == torch.Size(shape)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        how = "broadcast to" if into else "broadcast with"
+        raise ValueError(
+            f"{name} must be a scalar or {how} {layout} = {tuple(shape)}; got shape "
+            f"{tuple(x.shape)}"
+        )
+
+
+def check_spd(name: str, m: Any) -> Tensor:
+    """``m`` as a finite, symmetric positive-definite ``(D, D)`` floating-point matrix (its
+    Cholesky factorisation in float64 succeeds); anything else is a ``ValueError`` (a
+    ``TypeError`` for a non-tensor) naming ``name``."""
+    check_float_tensor(name, m, ndim=2, layout="(D, D)")
+    if m.shape[0] != m.shape[1]:
+        raise ValueError(f"{name} must be a square (D, D) matrix; got shape {tuple(m.shape)}")
+    check_finite(name, m)
+    if m.device.type == "meta":
+        return m
+    d = m.detach().double()
+    tol = 1e-8 * max(1.0, float(d.abs().max())) if d.numel() else 0.0
+    if not bool(((d - d.T).abs() <= tol).all()):
+        raise ValueError(f"{name} must be symmetric; got max |m - m.T| = "
+                         f"{float((d - d.T).abs().max()):.3g}")
+    if int(torch.linalg.cholesky_ex(d).info) != 0:
+        low = float(torch.linalg.eigvalsh(d).min())
+        raise ValueError(
+            f"{name} must be positive definite; got smallest eigenvalue {low:.3g}"
+        )
+    return m
+
+
+def check_callable(name: str, fn: Any, signature: str, *, allow_none: bool = False) -> Any:
+    """``fn`` itself when it is callable (or ``None`` with ``allow_none``), else an
+    :class:`ArgumentTypeError` naming ``name`` and the expected ``signature``."""
+    if (allow_none and fn is None) or callable(fn):
+        return fn
+    or_none = " or None" if allow_none else ""
+    raise ArgumentTypeError(
+        f"{name} must be a callable {signature}{or_none}; got {fn!r} ({type(fn).__name__})"
+    )
+
+
+def check_has_values(name: str, module: torch.nn.Module) -> None:
+    """``module``'s parameters and buffers hold values: none is on the ``meta`` device (shapes
+    only), which training and sampling cannot use."""
+    for what, items in (("parameter", module.named_parameters()),
+                        ("buffer", module.named_buffers())):  # fmt: skip
+        for path, t in items:
+            if t.device.type == "meta":
+                raise ValueError(
+                    f"{name}'s {what} {path!r} is on the meta device (a shape, no values): "
+                    "materialise the model first (model.to_empty(device=...) then "
+                    "load_state_dict(...)), or build it on a real device"
+                )
 
 
 def check_simplex(name: str, p: Tensor) -> None:

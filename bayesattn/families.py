@@ -229,7 +229,7 @@ class AttentionFamily(nn.Module):
             a distribution with ``batch_shape (B, H, Tq)`` and ``event_shape (Tk,)`` whose draws
             :meth:`to_weights` maps to the simplex (reparameterised: ``has_rsample``).
         """
-        raise NotImplementedError
+        raise NotImplementedError(_not_implemented(self, 'guide'))
 
     def model(
         self, log_prior: Tensor | None, like: Tensor, key: Tensor | None = None
@@ -246,14 +246,14 @@ class AttentionFamily(nn.Module):
         Returns:
             a distribution over the same latent as :meth:`guide`, same shapes.
         """
-        raise NotImplementedError
+        raise NotImplementedError(_not_implemented(self, 'model'))
 
     def to_weights(self, latent: Tensor, allowed: Tensor | None) -> Tensor:
         """Latent ``(…, B, H, Tq, Tk)`` → simplex weights, same shape, 0 on masked keys.
 
         ``allowed`` is a bool mask broadcastable to ``latent`` (``None``: nothing masked); a row
         with no allowed key gets all-zero weights."""
-        raise NotImplementedError
+        raise NotImplementedError(_not_implemented(self, 'to_weights'))
 
     def kl(self, q_dist: Distribution, p_dist: Distribution, num_samples: int = 1) -> Tensor:
         r""":math:`\mathrm{KL}(q\|p)` per row ``(..., Tq)`` between a :meth:`guide` and a :meth:`model`
@@ -496,11 +496,38 @@ class ConcreteWeights(AttentionFamily):
         return latent.exp() if allowed is None else torch.where(allowed, latent.exp(), 0.0)
 
 
+#: the extension points every family implements (the registry refuses a class without them)
+EXTENSION_POINTS = ("guide", "model", "to_weights")
+
+
+def _not_implemented(family: AttentionFamily, method: str) -> str:
+    return (
+        f"{type(family).__name__} does not implement {method}, an extension point of "
+        f"AttentionFamily ({', '.join(EXTENSION_POINTS)}); see docs/extending.md"
+    )
+
+
+def check_family(family: Any) -> AttentionFamily:
+    """``family`` as an :class:`AttentionFamily` instance whose class implements every
+    extension point (a ``TypeError`` naming the missing ones otherwise)."""
+    if not isinstance(family, AttentionFamily):
+        raise TypeError(f"family must be an AttentionFamily; got {type(family).__name__}")
+    cls = type(family)
+    missing = [m for m in EXTENSION_POINTS if getattr(cls, m) is getattr(AttentionFamily, m)]
+    if missing:
+        raise TypeError(
+            f"family {cls.__name__} does not implement {', '.join(missing)} (the extension "
+            "points of AttentionFamily it must override; see docs/extending.md)"
+        )
+    return family
+
+
 #: the families by name (:class:`~bayesattn.registry.Registry`); add one with
 #: :func:`register_family`. Each is built as ``factory(num_heads=H, **family_kwargs)``, plus
 #: ``head_dim=Dh`` when it has a ``head_dim`` parameter.
 FAMILIES: Registry[Callable[..., AttentionFamily]] = Registry(
-    "family", AttentionFamily, register_with="bayesattn.register_family"
+    "family", AttentionFamily, register_with="bayesattn.register_family",
+    required=EXTENSION_POINTS,
 )
 FAMILIES.register("dirichlet", DirichletWeights)
 FAMILIES.register("logistic_normal", LogisticNormalWeights)

@@ -49,6 +49,8 @@ class Registry(Generic[E]):
         instances: entries are ready ``base`` objects, not factories (the study's methods).
         register_with: the public function that adds an entry, quoted in errors.
         reserved: names the caller handles itself (``"dense"`` for supports): never registrable.
+        required: methods a class entry must override from ``base`` (its extension points): a
+            class that implements none of them is refused at registration, not at first use.
     """
 
     def __init__(
@@ -59,8 +61,10 @@ class Registry(Generic[E]):
         instances: bool = False,
         register_with: str = "",
         reserved: tuple[str, ...] = (),
+        required: tuple[str, ...] = (),
     ) -> None:
         self.noun = noun
+        self.required = tuple(required)
         self.plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
         self.base = base
         self.instances = instances
@@ -108,6 +112,12 @@ class Registry(Generic[E]):
             if not issubclass(entry, self.base):
                 raise TypeError(
                     f"{self.noun} {name!r}: the class {entry.__name__} does not subclass {base}"
+                )
+            missing = [m for m in self.required if getattr(entry, m) is getattr(self.base, m)]
+            if missing:
+                raise TypeError(
+                    f"{self.noun} {name!r}: the class {entry.__name__} does not implement "
+                    f"{', '.join(missing)} (the extension points of {base} it must override)"
                 )
         elif isinstance(entry, self.base) or not callable(entry):
             raise TypeError(

@@ -27,7 +27,7 @@ from bayesattn import (
     VisionTransformer,
 )
 from bayesattn import priors as P
-from bayesattn.families import FAMILIES, FamilyName, get_family
+from bayesattn.families import FAMILIES, DirichletWeights, FamilyName, get_family
 from bayesattn.nn.blocks import PriorName
 from bayesattn.nn.supports import SUPPORTS, LocalSupport, SupportName, get_support
 from bayesattn.registry import Registry
@@ -358,7 +358,7 @@ def test_user_support_by_name_reads_like_the_class_it_builds(scratch_registries)
 
 def test_a_user_family_name_is_refused_once_taken(scratch_registries):
     @bayesattn.register_family("mine")
-    class Mine(AttentionFamily):
+    class Mine(DirichletWeights):
         pass
 
     with pytest.raises(ValueError, match="'mine' is already registered"):
@@ -366,6 +366,31 @@ def test_a_user_family_name_is_refused_once_taken(scratch_registries):
     with pytest.raises(ValueError, match="'dirichlet' is already registered"):
         bayesattn.register_family("dirichlet", Mine)
     assert AttentionConfig(family="mine").family == "mine"
+
+
+def test_a_family_that_implements_nothing_is_refused_by_name(scratch_registries):
+    """A registered family (or one passed as an instance) must implement the extension points;
+    a class that implements none was accepted and failed at first use with a bare
+    NotImplementedError."""
+
+    class Nothing(AttentionFamily):
+        pass
+
+    with pytest.raises(TypeError, match=r"the class Nothing does not implement guide, model, "
+                       r"to_weights"):  # fmt: skip
+        bayesattn.register_family("nothing", Nothing)
+    assert "nothing" not in bayesattn.families.list_families()
+    with pytest.raises(TypeError, match="family Nothing does not implement guide, model"):
+        bayesattn.BayesianMultiheadAttention(8, 2, family=Nothing(2))
+
+    class Half(AttentionFamily):  # guide only: the others are named
+        def guide(self, logits, log_prior=None, query=None):
+            raise AssertionError("not called")
+
+    with pytest.raises(TypeError, match=r"does not implement model, to_weights \("):
+        bayesattn.register_family("half", Half)
+    with pytest.raises(NotImplementedError, match="Half does not implement model"):
+        Half(2).model(None, torch.zeros(1, 1, 1, 2))
 
 
 def test_the_built_in_dense_support_cannot_be_registered_over():

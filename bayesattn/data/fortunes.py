@@ -42,8 +42,24 @@ def tokenize(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
+def _stamp(root: str, topics: tuple[str, ...]) -> tuple[tuple[int, int, int] | None, ...]:
+    """Each topic file's ``(mtime_ns, size, inode)`` (``None`` if missing): part of the cache
+    key, so a corpus changed on disk is read again."""
+    out: list[tuple[int, int, int] | None] = []
+    for topic in topics:
+        try:
+            st = (Path(root) / topic).stat()
+        except OSError:
+            out.append(None)
+            continue
+        out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=4)
-def _read(root: str, topics: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int, ...]]:
+def _read(
+    root: str, topics: tuple[str, ...], stamp: tuple[tuple[int, int, int] | None, ...]
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
     texts: list[str] = []
     labels: list[int] = []
     for k, topic in enumerate(topics):
@@ -64,10 +80,12 @@ def _read(root: str, topics: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[in
 def read_fortunes(
     root: str | Path = FORTUNES_DIR, topics: Sequence[str] = FORTUNE_TOPICS
 ) -> tuple[list[str], np.ndarray]:
-    """Every entry of every topic file under ``root`` and its topic index ``(N,)`` int64."""
+    """Every entry of every topic file under ``root`` and its topic index ``(N,)`` int64 (read
+    once per process while the files are unchanged on disk)."""
     if not topics or len(set(topics)) != len(topics):
         raise ValueError(f"topics must be distinct names; got {list(topics)}")
-    texts, labels = _read(str(root), tuple(topics))
+    key = str(Path(root).resolve())
+    texts, labels = _read(key, tuple(topics), _stamp(key, tuple(topics)))
     return list(texts), np.asarray(labels, dtype=np.int64)
 
 

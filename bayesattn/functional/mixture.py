@@ -27,6 +27,8 @@ import math
 import torch
 from torch import Tensor
 
+from .._validation import check_finite, check_positive, check_real
+
 __all__ = [
     "rank1_weight",
     "component_kl",
@@ -48,15 +50,13 @@ def _check_components(mean: Tensor, std: Tensor | None) -> None:
                 f"std must have mean's shape {tuple(mean.shape)}; got "
                 f"{tuple(getattr(std, 'shape', ()))}"
             )
-        if not bool((std > 0).all()):
-            raise ValueError("std must be > 0 everywhere")
+        check_positive("std", std)
+    check_finite("mean", mean)
 
 
 def _check_prior(prior_mean: float, prior_std: float) -> None:
-    if not math.isfinite(prior_mean):
-        raise ValueError(f"prior_mean must be finite; got {prior_mean!r}")
-    if not (math.isfinite(prior_std) and prior_std > 0):
-        raise ValueError(f"prior_std must be a finite number > 0; got {prior_std!r}")
+    check_real("prior_mean", prior_mean)
+    check_real("prior_std", prior_std, gt=0)
 
 
 def rank1_weight(weight: Tensor, r: Tensor, s: Tensor) -> Tensor:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .._validation import check_finite, check_float_tensor, check_int, check_real, check_spd
+
 __all__ = ["NIW", "niw_posterior", "student_t_log_prob", "student_t_log_prob_batched",
            "niw_predictive", "niw_log_predictive",
            "niw_kl",
@@ -46,15 +48,19 @@ class NIW:
     df: float
 
     def __post_init__(self) -> None:
-        D = self.mean.shape[-1]
+        check_float_tensor("NIW mean", self.mean, layout="(D,)")
+        check_float_tensor("NIW scale", self.scale, layout="(D, D)")
+        D = self.mean.shape[-1] if self.mean.dim() else 0
         if self.mean.dim() != 1 or self.scale.shape != (D, D):
             raise ValueError(
                 f"NIW mean must be (D,) and scale (D, D); got mean {tuple(self.mean.shape)}, "
                 f"scale {tuple(self.scale.shape)}"
             )
-        if not (math.isfinite(self.kappa) and self.kappa > 0):
-            raise ValueError(f"NIW kappa must be > 0; got {self.kappa!r}")
-        if not (math.isfinite(self.df) and self.df > D - 1):
+        check_finite("NIW mean", self.mean)
+        check_spd("NIW scale", self.scale)
+        check_real("NIW kappa", self.kappa, gt=0)
+        check_real("NIW df", self.df)
+        if not self.df > D - 1:
             raise ValueError(f"NIW df must be > D - 1 = {D - 1}; got {self.df!r}")
 
     @property
@@ -68,11 +74,18 @@ def niw_posterior(h: Tensor, prior: NIW) -> NIW:
     Shape:
         h ``(n, D)`` (``n = 0``: the prior itself).
     """
+    check_float_tensor("h", h, layout=f"(n, {prior.dim})")
     if h.dim() != 2 or h.shape[1] != prior.dim:
         raise ValueError(f"h must be (n, {prior.dim}); got {tuple(h.shape)}")
-    if not bool(torch.isfinite(h).all()):
-        raise ValueError("h holds NaN/inf values")
+    check_finite("h", h)
     n = h.shape[0]
+    # the scatter Σ (h - h̄)(h - h̄)ᵀ must not overflow float64 (|h|² · n well below its max)
+    big = math.sqrt(torch.finfo(torch.float64).max / (8 * max(n, 1))) / 4
+    if n and float((h.double() - prior.mean.double()).abs().max()) > big:
+        raise ValueError(
+            f"h must have entries of magnitude below {big:.3g} (their scatter overflows float64); "
+            f"got max |h| = {float(h.double().abs().max()):.3g}: rescale the features"
+        )
     if n == 0:
         return prior
     h = h.double()
@@ -140,8 +153,10 @@ def niw_log_predictive(x: Tensor, post: NIW) -> Tensor:
     Shape:
         x ``(B, D)`` → ``(B,)``.
     """
+    check_float_tensor("x", x, layout=f"(B, {post.dim})")
     if x.dim() != 2 or x.shape[1] != post.dim:
         raise ValueError(f"x must be (B, {post.dim}); got {tuple(x.shape)}")
+    check_finite("x", x)
     loc, tril, df = niw_predictive(post)
     return student_t_log_prob(x, loc, tril, df)
 
@@ -197,8 +212,7 @@ def niw_sample(
     Shape:
         → mean ``(S, D)``, scale_tril ``(S, D, D)``.
     """
-    if not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be an int >= 1; got {num_samples!r}")
+    check_int("num_samples", num_samples, 1)
     D, S = post.dim, num_samples
     dt, dev = torch.float64, post.mean.device
     # Bartlett: Λ = (C A)(C A)ᵀ with C Cᵀ = Ψ⁻¹, A lower, A_ii² ~ χ²(ν - i + 1), A_ij ~ N(0, 1)

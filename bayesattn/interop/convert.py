@@ -34,6 +34,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, cast
 
+import pyro
 from torch import nn
 
 from ..families import AttentionFamily, FamilyName, get_family
@@ -103,6 +104,34 @@ def _parent(model: nn.Module, path: str) -> tuple[nn.Module, str]:
     *head, last = path.split(".")
     parent = model.get_submodule(".".join(head)) if head else model
     return parent, last
+
+
+def _reconvert(
+    rebuilt: list[tuple[BayesianMultiheadAttention, str, Any, Any]], new_prior: bool
+) -> None:
+    """Give already-Bayesian layers their new family (and prior, with ``new_prior``); the
+    replaced ones' values leave Pyro's param store."""
+    for layer, path, fam, pri in rebuilt:
+        _forget_params(layer.family, f"{path}.family")  # the old family's, kept by Pyro's store
+        layer.family = fam
+        if new_prior:
+            _forget_params(layer.prior, f"{path}.prior")
+            layer.prior = pri
+        _name_sites(layer, path)
+
+
+def _forget_params(module: nn.Module | None, prefix: str) -> None:
+    """Drop ``module``'s parameters (named ``prefix[.sub]$$$name``, as a ``PyroModule`` at
+    ``prefix`` names them) from Pyro's param store: a re-converted layer's new family must not
+    pick up the values the store kept for the family it replaces."""
+    if module is None:
+        return
+    store = pyro.get_param_store()
+    for name, _ in module.named_parameters():
+        *sub, leaf = name.split(".")
+        key = f"{'.'.join([prefix, *sub])}$$${leaf}"
+        if key in store:
+            del store[key]
 
 
 def _name_sites(layer: BayesianMultiheadAttention, path: str) -> None:
@@ -199,11 +228,7 @@ def _swap_in(model: nn.Module, rebuilt: list[_Rebuilt], swaps: list[_Swap], prio
     for n, m in model.named_modules(remove_duplicate=False):
         if _convertible(m) or _is_bayesian(m):
             paths.setdefault(id(m), []).append(n)
-    for layer, path, fam, pri in rebuilt:
-        layer.family = fam
-        if prior is not None:
-            layer.prior = pri
-        _name_sites(layer, path)
+    _reconvert(rebuilt, prior is not None)
     for path, old, new in swaps:
         for p in paths[id(old)]:  # shared modules stay shared
             parent, last = _parent(model, p)

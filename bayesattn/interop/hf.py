@@ -53,7 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from .._deprecation import renamed_submodule_hook
-from ..families import AttentionFamily, FamilyName, get_family
+from ..families import AttentionFamily, FamilyName, check_family, get_family
 from ..nn.config import AttentionConfig
 from ..nn.modes import AttentionMode, default_mode
 from ..nn.read import FOREIGN_FAMILY_ATTR, AttentionRead
@@ -89,6 +89,34 @@ def register() -> None:
         ) from e
     AttentionInterface.register(ATTN_NAME, bayesian_attention_forward)
     AttentionMaskInterface.register(ATTN_NAME, eager_mask)
+
+
+class _Registration:
+    """Held by a converted transformers model (``model._bayesattn_registration``): unpickling it
+    registers ``"bayesattn"`` in transformers' interfaces, so a ``torch.save``d converted model
+    runs in a fresh process without importing this module first."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _registered, ()
+
+
+def _registered() -> _Registration:
+    """Register the attention implementation (called when a converted model is unpickled)."""
+    register()
+    return _Registration()
+
+
+_REGISTRATION_ATTR = "_bayesattn_registration"
+
+
+def _check_heads(path: str, fam: AttentionFamily, heads: int) -> None:
+    """A family built for ``fam.num_heads`` heads fits a module of ``heads`` heads (or is shared,
+    one head)."""
+    if fam.num_heads not in (1, heads):
+        raise ValueError(
+            f"family {type(fam).__name__} has {fam.num_heads} heads but the attention module "
+            f"{path!r} has {heads}; build it with num_heads={heads} (or pass the family's name)"
+        )
 
 
 def _mode(fam: AttentionFamily | None, training: bool) -> AttentionMode:
@@ -350,24 +378,18 @@ def convert_hf(
     chosen = select_layers(layers, candidates(model, list(mods), roles(config)), model)
     if family is not None and not isinstance(family, (str, AttentionFamily)):
         raise TypeError(f"family must be a name, an AttentionFamily or None; got {family!r}")
+    if isinstance(family, AttentionFamily):
+        check_family(family)
     # build every family first; change the model only when all were built, and undo every
     # change if switching an implementation fails: a call that raises leaves the model as it was
-    fams: dict[str, AttentionFamily] = {}
-    for path, m in mods.items():
-        if path not in chosen or family is None:
-            continue
-        H, D = _heads(m)
-        if isinstance(family, AttentionFamily):
-            fam = copy.deepcopy(family)
-        else:
-            fam = get_family(family, num_heads=H, head_dim=D, **family_kwargs)
-        ref = next(m.parameters())
-        fams[path] = fam.to(device=ref.device)
+    fams = _build_families(mods, chosen, family, family_kwargs)
     saved = [(mods[path], _attrs(mods[path])) for path in fams]
+    had_hooks = hasattr(model, _SAMPLE_HOOKS_ATTR)
     root_state = [
-        (r, getattr(r.config, "_attn_implementation", None), r.__dict__.get(_PREV_ATTR, _MISSING))
+        (r, getattr(r.config, "_attn_implementation", None), r.__dict__.get(_PREV_ATTR, _MISSING),
+         had_hooks)
         for r in roots
-    ]
+    ]  # fmt: skip
     try:
         for path, fam in fams.items():
             m = mods[path]
@@ -380,16 +402,39 @@ def convert_hf(
             if prev != ATTN_NAME:
                 setattr(root, _PREV_ATTR, prev)
             root.set_attn_implementation(ATTN_NAME)
+            root.__dict__[_REGISTRATION_ATTR] = _Registration()
+        if roots == [model] and not hasattr(model, _SAMPLE_HOOKS_ATTR):  # num_samples(S) draws
+            hooks: list[Any] = []  # filled one by one: a failure in between removes them
+            setattr(model, _SAMPLE_HOOKS_ATTR, hooks)
+            hooks.append(model.register_forward_pre_hook(_samples_pre_hook, with_kwargs=True))
+            hooks.append(model.register_forward_hook(_samples_post_hook, with_kwargs=True))
     except BaseException:
-        _restore(saved, root_state)
+        _restore(saved, root_state, model)
         raise
-    if roots == [model] and not hasattr(model, _SAMPLE_HOOKS_ATTR):  # num_samples(S) draws
-        hooks = (
-            model.register_forward_pre_hook(_samples_pre_hook, with_kwargs=True),
-            model.register_forward_hook(_samples_post_hook, with_kwargs=True),
-        )
-        setattr(model, _SAMPLE_HOOKS_ATTR, hooks)
     return model
+
+
+def _build_families(
+    mods: dict[str, nn.Module],
+    chosen: set[str],
+    family: FamilyName | AttentionFamily | None,
+    family_kwargs: dict[str, Any],
+) -> dict[str, AttentionFamily]:
+    """``{path: family}`` for each chosen module, on its device (nothing is attached yet): a
+    name built for the module's heads, an instance checked against them and deep-copied."""
+    fams: dict[str, AttentionFamily] = {}
+    for path, m in mods.items():
+        if path not in chosen or family is None:
+            continue
+        H, D = _heads(m)
+        if isinstance(family, AttentionFamily):
+            _check_heads(path, family, H)
+            fam = copy.deepcopy(family)
+        else:
+            fam = get_family(family, num_heads=H, head_dim=D, **family_kwargs)
+        ref = next(m.parameters())
+        fams[path] = fam.to(device=ref.device)
+    return fams
 
 
 _MISSING = object()
@@ -406,10 +451,16 @@ def _attrs(m: nn.Module) -> dict[str, Any]:
 
 
 def _restore(
-    saved: list[tuple[nn.Module, dict[str, Any]]], roots: list[tuple[Any, Any, Any]]
+    saved: list[tuple[nn.Module, dict[str, Any]]],
+    roots: list[tuple[Any, Any, Any, Any]],
+    model: nn.Module,
 ) -> None:
-    """Undo a failed :func:`convert_hf`: every module's attributes and every root's attention
-    implementation as they were before it."""
+    """Undo a failed :func:`convert_hf`: every module's attributes, every root's attention
+    implementation and registration, and the model's sample hooks as they were before it."""
+    if hasattr(model, _SAMPLE_HOOKS_ATTR) and not roots[0][3]:  # hooks added by this call
+        for h in getattr(model, _SAMPLE_HOOKS_ATTR):
+            h.remove()
+        delattr(model, _SAMPLE_HOOKS_ATTR)
     for m, before in saved:
         now_hook = m.__dict__.get(_HOOK_ATTR, _MISSING)
         if now_hook is not _MISSING and now_hook is not before[_HOOK_ATTR]:
@@ -424,7 +475,10 @@ def _restore(
                 m.__dict__.pop(attr, None)
             else:
                 m.__dict__[attr] = value
-    for root, impl, prev in roots:
+    for root, impl, prev, _ in roots:
+        root.__dict__.pop(_REGISTRATION_ATTR, None)
+        if impl == ATTN_NAME:  # it was converted before this call
+            root.__dict__[_REGISTRATION_ATTR] = _Registration()
         if getattr(root.config, "_attn_implementation", None) != impl and impl is not None:
             try:
                 root.set_attn_implementation(impl)
@@ -484,4 +538,5 @@ def unconvert_hf(model: nn.Module) -> nn.Module:
         root.set_attn_implementation(prev)
         if hasattr(root, _PREV_ATTR):
             delattr(root, _PREV_ATTR)
+        root.__dict__.pop(_REGISTRATION_ATTR, None)
     return model

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from .._deprecation import renamed_submodule_hook
 from .._validation import check_int, check_real
-from ..families import AttentionFamily, FamilyName, get_family
+from ..families import AttentionFamily, FamilyName, check_family, get_family
 from ..functional.supports import SupportWeights
 from ..priors import KeyRelevancePrior, UniformPrior
 from .gp_read import SparseGP
@@ -96,6 +96,8 @@ def _check_family(family: Any, num_heads: int, head_dim: int) -> AttentionFamily
         raise TypeError(
             f"family must be None, a family name or an AttentionFamily; got {type(family).__name__}"
         )
+    if family is not None:
+        check_family(family)  # a class that implements its extension points
     if family is not None and family.num_heads not in (1, num_heads):
         raise ValueError(f"family has {family.num_heads} heads but the layer has {num_heads}")
     return family

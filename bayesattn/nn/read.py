@@ -49,11 +49,12 @@ import torch.nn.functional as F
 from pyro.contrib.autoname import scope
 from torch import Tensor
 
+from .._validation import check_bool, check_int, check_real, check_type
 from ..families import AttentionFamily
 from ..functional import supports as K
 from ..functional.posterior import allowed_keys
 from .gp_read import SparseGP
-from .modes import AttentionMode, current_kl_collector
+from .modes import AttentionMode, check_mode, current_kl_collector
 from .supports.base import AttentionSupport
 
 __all__ = [
@@ -196,6 +197,16 @@ class AttentionRead:
     record: bool = False
     gp: SparseGP | None = None
     kl_sink: KLSink | None = None
+
+    def __post_init__(self) -> None:
+        check_type("family", self.family, AttentionFamily, allow_none=True)
+        check_mode(self.mode)
+        check_type("site", self.site, str)
+        check_type("weights_site", self.weights_site, str)
+        check_int("num_samples", self.num_samples, 1, allow_none=True)
+        self.dropout_p = check_real("dropout_p", self.dropout_p, ge=0.0, le=1.0)
+        check_bool("record", self.record)
+        check_type("gp", self.gp, SparseGP, allow_none=True)
 
     @property
     def draws(self) -> bool:

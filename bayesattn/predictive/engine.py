@@ -41,7 +41,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_bool, check_int
+from .._validation import check_bool, check_callable, check_has_values, check_int
 from ..nn.modes import AttentionMode, check_mode
 from ..nn.networks import BayesianNetwork, TransformerClassifier
 from .foreign import Inputs, sample_foreign
@@ -136,7 +136,8 @@ class Predictive:
         self.dropout = check_bool("dropout", dropout)
         self.keep_attention = check_bool("keep_attention", keep_attention)
         self.progress = check_bool("progress", progress)
-        self.forward, self.temperature, self.vectorised = forward, temperature, vectorised
+        self.forward = check_callable("forward", forward, "(model, x) -> logits", allow_none=True)
+        self.temperature, self.vectorised = temperature, vectorised
         self._check_options()
 
     def _check_options(self) -> None:
@@ -182,6 +183,8 @@ class Predictive:
             ``probs (S, B, C)`` (``(S, B, T, V)`` for sequence models, ``(M·S, B, ...)`` for an
             ensemble of ``M``), attention ``(S, B, H, Tq, Tk)`` per layer.
         """
+        if isinstance(self.network, nn.Module):
+            check_has_values("network", self.network)
         if self.model_type == "foreign":
             if y is not None:
                 raise ValueError("y is only used by Seq2Seq networks; got y for a foreign model")

@@ -20,7 +20,9 @@ A batch is ``(x, y)`` (a list or tuple of two tensors), ``(x,)`` or ``x`` (``y =
 :class:`~bayesattn.nn.networks.CausalLM`). A stream is never held in memory: it is iterated once per
 epoch (so ``iter(dataset)`` must start a new pass each time). The ELBO needs the number of
 training examples :math:`N` (the data plate's size): ``len(dataset)`` where it exists, otherwise
-the ``num_data`` given to ``fit``.
+the ``num_data`` given to ``fit``. A stream whose first epoch yields fewer than ``num_data``
+examples is a ``ValueError`` (the ELBO would be scaled wrong), unless the dataset declares that it
+subsamples a larger set with an attribute ``num_data`` equal to the one given.
 
 Randomness: loader iterators are created, and skipped batches fetched, under :func:`fork_rng`, so
 that the data pipeline never shifts the random streams training draws from (dropout, attention
@@ -33,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import warnings
 from collections.abc import Iterator, Sized
 from typing import Any
 
@@ -276,8 +277,10 @@ def _loader_kwargs(loader: DataLoader | None) -> dict[str, Any]:
     """Settings of ``loader`` that a copy with another batch sampler keeps."""
     if loader is None:
         return {"collate_fn": default_collate}
+    collate = loader.collate_fn
     kw: dict[str, Any] = {
-        "collate_fn": loader.collate_fn,
+        # torch's default collate (the DataLoader's own default): ours, which names ragged items
+        "collate_fn": default_collate if collate is _torch_collate else collate,
         "num_workers": loader.num_workers,
         "pin_memory": loader.pin_memory,
         "timeout": loader.timeout,
@@ -435,7 +438,8 @@ class StreamSource(DataSource):
             )
         self.num_data = n
         self.drop_last = bool(getattr(self.loader, "drop_last", drop_last))
-        self.warned_short = False
+        # a stream that subsamples a larger set says so: ``dataset.num_data`` = that set's size
+        self.subsamples = getattr(dataset, "num_data", None) == n
 
     def batches_per_epoch(self) -> int | None:
         n = _sized(self.loader) if _sized(self.loader.dataset) is not None else None
@@ -489,15 +493,14 @@ class StreamSource(DataSource):
             yield b
             k += 1
         dropped = self.batch_size if self.drop_last and self.batch_size else 1  # a remainder
-        if start == 0 and self.num_data - seen >= dropped and not self.warned_short:
-            self.warned_short = True  # once per fit: a subsample per epoch is legitimate
-            warnings.warn(
+        if start == 0 and self.num_data - seen >= dropped and not self.subsamples:
+            raise ValueError(
                 f"{self.name}: the stream yielded {seen} examples in one epoch but num_data="
-                f"{self.num_data}: the ELBO is scaled to {self.num_data} training examples. If "
-                "each pass is the whole training set, pass num_data equal to its size; a stream "
-                "that subsamples a larger set of num_data examples is fine",
-                UserWarning,
-                stacklevel=2,
+                f"{self.num_data}: the ELBO would be scaled to {self.num_data} training examples. "
+                f"If each pass is the whole training set, pass num_data={seen}; a stream that "
+                f"subsamples a larger set of {self.num_data} examples says so with an attribute "
+                f"num_data = {self.num_data} on the dataset (nothing was trained: the network and "
+                "the Pyro param store are as they were)"
             )
 
 

@@ -21,6 +21,7 @@ import pyro
 import torch
 from torch import Tensor, nn
 
+from .._validation import check_has_values, torch_generator
 from ..nn.networks import BayesianNetwork
 from ..nn.networks.foreign import as_network
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -289,6 +290,7 @@ class Trainer:
             completed epochs only, so that a resumed run records the whole epoch.
         """
         checkpoint_path, resume = resume_args(checkpoint_path, resume)
+        check_has_values("network", self.network)
         c = self.config
         src = as_train_data(train_data, "train_data", c.batch_size, c.drop_last, num_data)
         set_up_n = None if self.optimisation is None else self.num_data

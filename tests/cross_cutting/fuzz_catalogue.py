@@ -822,6 +822,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a flat list of cases
                                           "-2", "--epochs", "0"))
     _new_surfaces(add, tmpdir)
     _round4_surfaces(add, tmpdir)
+    _round5_surfaces(add, tmpdir)
     return cases
 
 
@@ -1053,13 +1054,18 @@ def _new_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
         "ok")
 
     # ---- training data ------------------------------------------------------------------------
-    def fit_stream(n, num_data, **kw):
+    def fit_stream(n, num_data, declared=None, **kw):
         net = TC(2, vocab_size=6, **small)
-        return I.fit(net, _Stream(n), num_data=num_data, epochs=1, batch_size=4, progress=False,
+        stream = _Stream(n)
+        if declared is not None:
+            stream.num_data = declared  # a stream that subsamples a set of that size
+        return I.fit(net, stream, num_data=num_data, epochs=1, batch_size=4, progress=False,
                      **kw)
 
     add("fit/stream num_data too small", lambda: fit_stream(12, 4))
-    add("fit/stream num_data above one pass", lambda: fit_stream(12, 40), "ok")  # a subsample
+    # round 5: an undeclared short pass is refused (the ELBO scale would be wrong)
+    add("fit/stream num_data above one pass", lambda: fit_stream(12, 40))
+    add("fit/stream declared subsample", lambda: fit_stream(12, 40, declared=40), "ok")
     add("fit/stream num_data ok", lambda: fit_stream(12, 12), "ok")
     add("fit/stream drop_last remainder", lambda: fit_stream(14, 14, drop_last=True), "ok")
     add("fit/sized stream num_data differs", lambda: I.fit(
@@ -1181,10 +1187,12 @@ def _round4_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
                      ("global_tokens str", dict(global_tokens="0")),
                      ("global_tokens negative", dict(global_tokens=(-1,))),
                      ("global_tokens float", dict(global_tokens=(1.5,))),
-                     ("global_tokens repeated", dict(global_tokens=(2, 2))),
                      ("window negative", dict(window=-1)),
                      ("window float", dict(window=2.5))):  # fmt: skip
         r4(f"local_global/{name}", lambda kw=kw: NS.LocalGlobalSupport(**kw))
+    # round 5: the global tokens are a set of positions, a repeat is the same position
+    r4("local_global/global_tokens repeated", lambda: NS.LocalGlobalSupport(
+        global_tokens=(2, 2)).global_tokens, "ok", lambda t: t == (2,))
     r4("local_global/global token >= T", lambda: M(8, 2, batch_first=True,
        support=NS.LocalGlobalSupport(window=2, global_tokens=(50,)))(*(torch.randn(1, 10, 8),) * 3))
     r4("local_global/global tokens ()", equal_dense(NS.LocalGlobalSupport(window=8,
@@ -1407,6 +1415,411 @@ def _round4_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
     r4("merge_studies/str sources", lambda: __import__(
         "bayesattn.study.merge", fromlist=["merge_studies"]).merge_studies(str(fake),
                                                                            base / "m6"))
+
+
+def _round5_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
+    """Round 5 (issue 43, the part outside the post-hoc reads and the study): the maths floor
+    (NIW, the mixture KL, the GP maths), eval modes and explicit draws, ``AttentionRead``,
+    saving and loading, Hugging Face conversion, the newest supports' edges and ``fit``/
+    ``Predictive`` on foreign or shapeless models; with exact checks where an answer is known.
+    Names start with ``r5 ``."""
+    import copy
+    import io
+
+    import bayesattn as ba
+    from bayesattn.functional import gaussian_process as G
+    from bayesattn.functional import mixture as MX
+    from bayesattn.functional import niw as N
+    from bayesattn.nn import supports as NS
+    from bayesattn.predictive import Predictive
+
+    nan, inf = float("nan"), float("inf")
+    d64 = torch.float64
+    M = ba.BayesianMultiheadAttention
+
+    def r5(name, fn, expect="error", check=None, finite=True):
+        add(f"r5 {name}", fn, expect, check, finite)
+
+    # ---- the maths floor: NIW ---------------------------------------------------------------
+    def niw(mean=None, kappa=1.0, scale=None, df=4.0):
+        mean = torch.zeros(2, dtype=d64) if mean is None else mean
+        scale = torch.eye(2, dtype=d64) if scale is None else scale
+        return N.NIW(mean, kappa, scale, df)
+
+    r5("niw/ok", lambda: niw().dim, "ok", lambda d: d == 2)
+    r5("niw/scale nan", lambda: niw(scale=torch.full((2, 2), nan, dtype=d64)))
+    r5("niw/scale inf", lambda: niw(scale=torch.eye(2, dtype=d64) * inf))
+    r5("niw/scale not positive definite", lambda: niw(scale=torch.tensor([[1.0, 2.0], [2.0, 1.0]],
+                                                                         dtype=d64)))
+    r5("niw/scale negative", lambda: niw(scale=-torch.eye(2, dtype=d64)))
+    r5("niw/scale zero", lambda: niw(scale=torch.zeros(2, 2, dtype=d64)))
+    r5("niw/scale not symmetric", lambda: niw(scale=torch.tensor([[1.0, 0.5], [0.0, 1.0]],
+                                                                 dtype=d64)))
+    r5("niw/scale int", lambda: niw(scale=torch.eye(2, dtype=torch.long)))
+    r5("niw/scale list", lambda: niw(scale=[[1.0, 0.0], [0.0, 1.0]]))
+    r5("niw/mean nan", lambda: niw(mean=torch.tensor([nan, 0.0], dtype=d64)))
+    r5("niw/mean 2-D", lambda: niw(mean=torch.zeros(1, 2, dtype=d64)))
+    r5("niw/kappa str", lambda: niw(kappa="1"))
+    r5("niw/kappa 0", lambda: niw(kappa=0.0))
+    r5("niw/df bool", lambda: niw(df=True))
+    r5("niw/df below D - 1", lambda: niw(df=0.5))
+    post = N.niw_posterior(torch.randn(12, 2, dtype=d64), niw())
+    r5("niw_posterior/h nan", lambda: N.niw_posterior(torch.full((3, 2), nan, dtype=d64), niw()))
+    r5("niw_posterior/h 1e200", lambda: N.niw_posterior(torch.full((3, 2), 1e200, dtype=d64)
+                                                         * torch.tensor([1.0, -1.0], dtype=d64),
+                                                         niw()))
+    r5("niw_posterior/h int", lambda: N.niw_posterior(torch.ones(3, 2, dtype=torch.long), niw()))
+    r5("niw_posterior/h wrong D", lambda: N.niw_posterior(torch.zeros(3, 5, dtype=d64), niw()))
+    r5("niw_posterior/sequential = batch", lambda: (
+        N.niw_posterior(torch.arange(8.0, dtype=d64).view(4, 2), niw()),
+        N.niw_posterior(torch.arange(4.0, 8.0, dtype=d64).view(2, 2),
+                        N.niw_posterior(torch.arange(4.0, dtype=d64).view(2, 2), niw()))),
+       "ok", lambda o: bool(torch.allclose(o[0].scale, o[1].scale)) and o[0].df == o[1].df)
+    r5("niw_log_predictive/x nan", lambda: N.niw_log_predictive(
+        torch.tensor([[nan, 0.0]], dtype=d64), post))
+    r5("niw_log_predictive/x inf", lambda: N.niw_log_predictive(
+        torch.tensor([[inf, 0.0]], dtype=d64), post))
+    r5("niw_log_predictive/x int", lambda: N.niw_log_predictive(torch.ones(1, 2, dtype=torch.long),
+                                                                 post))
+    r5("niw_log_predictive/x 1-D", lambda: N.niw_log_predictive(torch.zeros(2, dtype=d64), post))
+    r5("niw_log_predictive/1-D equals torch's StudentT", lambda: (
+        N.niw_log_predictive(torch.tensor([[0.3]], dtype=d64), N.NIW(
+            torch.zeros(1, dtype=d64), 1.0, torch.eye(1, dtype=d64), 3.0)),
+        torch.distributions.StudentT(3.0, 0.0, math.sqrt(2.0 / 3.0)).log_prob(
+            torch.tensor(0.3, dtype=d64))),
+       "ok", lambda o: bool(torch.allclose(o[0][0], o[1])))
+    r5("niw_kl/of itself is 0", lambda: N.niw_kl(post, post), "ok", lambda v: abs(v) < 1e-9)
+    r5("niw_kl/>= 0", lambda: N.niw_kl(post, niw()), "ok", lambda v: v >= 0)
+    for name, S in (("True", True), ("0", 0), ("2.5", 2.5), ("str", "3")):
+        r5(f"niw_sample/num_samples {name}", lambda S=S: N.niw_sample(post, S))
+    r5("niw_sample/draws are positive definite", lambda: N.niw_sample(
+        post, 5, torch.Generator().manual_seed(0))[1], "ok",
+       lambda L: bool((torch.diagonal(L, dim1=-2, dim2=-1) > 0).all()))
+
+    # ---- the maths floor: the mixture KL ----------------------------------------------------
+    mean, std = torch.zeros(2, 3), torch.ones(2, 3)
+    r5("mixture_kl_bound/mean nan", lambda: MX.mixture_kl_bound(mean.clone().fill_(nan), std))
+    r5("mixture_kl_bound/std inf", lambda: MX.mixture_kl_bound(mean, std * inf))
+    r5("mixture_kl_bound/std nan", lambda: MX.mixture_kl_bound(mean, std * nan))
+    r5("mixture_kl_bound/std 0", lambda: MX.mixture_kl_bound(mean, std * 0))
+    r5("mixture_kl_bound/prior_std str", lambda: MX.mixture_kl_bound(mean, std, prior_std="1"))
+    r5("mixture_kl_bound/prior_mean inf", lambda: MX.mixture_kl_bound(mean, std, prior_mean=inf))
+    r5("mixture_kl_bound/at the prior: 0 and -log K", lambda: MX.mixture_kl_bound(
+        torch.ones(2, 3), torch.ones(2, 3)), "ok",
+       lambda o: abs(float(o[0])) < 1e-6 and abs(float(o[1]) + math.log(2)) < 1e-6)
+    r5("mixture_log_prob/theta wrong D", lambda: MX.mixture_log_prob(torch.zeros(4, 5), mean, std))
+    r5("mixture_log_prob/one component = Normal", lambda: (
+        MX.mixture_log_prob(torch.full((1, 3), 0.5), torch.zeros(1, 3), torch.ones(1, 3)),
+        torch.distributions.Normal(0.0, 1.0).log_prob(torch.tensor(0.5)) * 3),
+       "ok", lambda o: bool(torch.allclose(o[0], o[1])))
+
+    # ---- the maths floor: the GP maths ------------------------------------------------------
+    xg, zg, two = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.ones(2)
+    r5("gp/whitened_projection x nan", lambda: G.whitened_projection(
+        xg.clone().fill_(nan), zg, two, two))
+    r5("gp/whitened_projection inducing nan", lambda: G.whitened_projection(
+        xg, zg.clone().fill_(nan), two, two))
+    r5("gp/whitened_projection lengthscale (3,) for G=2", lambda: G.whitened_projection(
+        xg, zg, torch.ones(3), two))
+    r5("gp/whitened_projection outputscale (2, 2)", lambda: G.whitened_projection(
+        xg, zg, two, torch.ones(2, 2)))
+    r5("gp/whitened_projection D mismatch", lambda: G.whitened_projection(
+        torch.randn(2, 3, 6), zg, two, two))
+    r5("gp/whitened_projection G mismatch", lambda: G.whitened_projection(
+        torch.randn(3, 3, 4), zg, two, two))
+    r5("gp/whitened_projection int x", lambda: G.whitened_projection(
+        torch.ones(2, 3, 4, dtype=torch.long), zg, two, two))
+    r5("gp/whitened_projection float scales", lambda: (
+        G.whitened_projection(xg, zg, 0.7, 1.3)[0],
+        G.whitened_projection(xg, zg, torch.full((2,), 0.7), torch.full((2,), 1.3))[0]),
+       "ok", lambda o: bool(torch.equal(o[0], o[1])))
+    r5("gp/rbf feature sizes differ", lambda: G.rbf_covariance(torch.randn(3, 4),
+                                                                torch.randn(5, 6), 1.0, 1.0))
+    r5("gp/rbf lengthscale str", lambda: G.rbf_covariance(torch.randn(3, 4), torch.randn(5, 4),
+                                                          "1", 1.0))
+    r5("gp/rbf lengthscale bool", lambda: G.rbf_covariance(torch.randn(3, 4), torch.randn(5, 4),
+                                                           True, 1.0))
+    r5("gp/rbf python floats = closed form", lambda: G.rbf_covariance(
+        torch.zeros(1, 2), torch.tensor([[3.0, 4.0]]), 2.0, 1.5), "ok",
+       lambda c: abs(float(c) - 1.5 * math.exp(-25 / 8)) < 1e-6)
+    r5("gp/matern lengthscale (3,) for (2, ...) points", lambda: G.matern52_covariance(
+        xg, zg, torch.ones(3), two))
+    a, r = G.whitened_projection(xg, zg, two, two)
+    r5("gp/marginals q_mean wrong M", lambda: G.sparse_gp_marginals(
+        a, r, torch.zeros(2, 3, 4), torch.eye(5).expand(2, 5, 5)))
+    r5("gp/marginals q_mean wrong G", lambda: G.sparse_gp_marginals(
+        a, r, torch.zeros(3, 3, 5), torch.eye(5).expand(2, 5, 5)))
+    r5("gp/marginals tril wrong M", lambda: G.sparse_gp_marginals(
+        a, r, torch.zeros(2, 3, 5), torch.eye(4).expand(2, 4, 4)))
+    r5("gp/marginals r wrong shape", lambda: G.sparse_gp_marginals(
+        a, r[..., :1], torch.zeros(2, 3, 5), torch.eye(5).expand(2, 5, 5)))
+    r5("gp/variance <= prior outputscale", lambda: G.sparse_gp_marginals(
+        a, r, torch.zeros(2, 1, 5), torch.zeros(2, 5, 5))[1], "ok",
+       lambda v: bool((v <= 1.0 + 1e-5).all()) and bool((v >= 0).all()))
+    r5("gp/rff weight D mismatch", lambda: G.random_fourier_features(
+        torch.randn(3, 4), torch.randn(8, 5), torch.zeros(8), 1.0, 1.0))
+    r5("gp/rff phase wrong length", lambda: G.random_fourier_features(
+        torch.randn(3, 4), torch.randn(8, 4), torch.zeros(7), 1.0, 1.0))
+    r5("gp/rff float scales", lambda: G.random_fourier_features(
+        torch.randn(3, 4), torch.randn(8, 4), torch.zeros(8), 0.5, 2.0), "ok",
+       lambda f: f.shape == (3, 8))
+
+    # ---- eval modes: an explicit request draws ------------------------------------------------
+    small = dict(d_model=8, nhead=2, num_layers=1, dim_feedforward=16)
+
+    def clf(mode="eval", family="dirichlet"):
+        torch.manual_seed(0)
+        net = ba.TransformerClassifier(2, vocab_size=6, attention=family, **small)
+        return getattr(net, mode)()
+
+    xt = torch.randint(1, 6, (3, 5))
+
+    def differ(o):
+        return o.shape[0] == 3 and bool((o[0] - o[1]).abs().max() > 1e-6)
+
+    def no_grad(fn):
+        with torch.no_grad():
+            return fn()
+
+    r5("eval/num_samples=3 draws", lambda: no_grad(lambda: clf()(xt, num_samples=3)), "ok",
+       differ)
+    r5("eval/num_samples(3) context draws", lambda: no_grad(lambda: _with_samples(
+        3, lambda: clf()(xt))), "ok", differ)
+    r5("eval/no request: the mean", lambda: no_grad(lambda: (clf()(xt), clf()(xt))), "ok",
+       lambda o: bool(torch.equal(o[0], o[1])))
+    r5("eval/mode mean wins over num_samples", lambda: no_grad(lambda: _in_mode(
+        "mean", lambda: clf()(xt, num_samples=2))), "ok", lambda o: bool(torch.equal(o[0], o[1])))
+    r5("eval/train mode num_samples draws", lambda: no_grad(lambda: clf("train")(
+        xt, num_samples=3)), "ok", differ)
+    r5("eval/no family: copies", lambda: no_grad(lambda: clf(family=None)(xt, num_samples=3)),
+       "ok", lambda o: bool(torch.equal(o[0], o[2])))
+    r5("eval/num_samples 0", lambda: clf()(xt, num_samples=0))
+    r5("eval/num_samples True", lambda: clf()(xt, num_samples=True))
+    r5("eval/num_samples 2.0", lambda: clf()(xt, num_samples=2.0))
+
+    def vit_draws():
+        torch.manual_seed(0)
+        net = ba.VisionTransformer(2, image_size=8, patch_size=4, in_channels=1,
+                                   attention="dirichlet", **small).eval()  # fmt: skip
+        with torch.no_grad():
+            return net(torch.randn(2, 1, 8, 8), num_samples=3)
+    r5("eval/vision transformer num_samples=3 draws", vit_draws, "either", differ)
+    from bayesattn.nn.read import AttentionRead
+
+    for name, kw in (("mode bogus", dict(mode="bogus")), ("mode None", dict(mode=None)),
+                     ("dropout_p 1.5", dict(mode="mean", dropout_p=1.5)),
+                     ("dropout_p -0.1", dict(mode="mean", dropout_p=-0.1)),
+                     ("dropout_p nan", dict(mode="mean", dropout_p=nan)),
+                     ("num_samples 0", dict(mode="mean", num_samples=0)),
+                     ("num_samples 2.0", dict(mode="mean", num_samples=2.0)),
+                     ("site 3", dict(mode="mean", site=3)),
+                     ("record 'yes'", dict(mode="mean", record="yes"))):  # fmt: skip
+        r5(f"AttentionRead/{name}", lambda kw=kw: AttentionRead(None, **kw))
+    r5("AttentionRead/family a name", lambda: AttentionRead("dirichlet", "guide"))
+
+    # ---- saving and loading -----------------------------------------------------------------
+    def state_round_trip():
+        net = clf()
+        buf = io.BytesIO()
+        torch.save(net.state_dict(), buf)
+        buf.seek(0)
+        fresh = ba.TransformerClassifier(2, vocab_size=6, attention="dirichlet", **small).eval()
+        fresh.load_state_dict(torch.load(buf, weights_only=True))
+        with torch.no_grad():
+            return net(xt), fresh(xt)
+    r5("save/state_dict weights_only round trip", state_round_trip, "ok",
+       lambda o: bool(torch.equal(o[0], o[1])))
+
+    def pickled_layer():
+        m = M(8, 2, batch_first=True, family="dirichlet",
+              support=NS.LocalGlobalSupport(window=2, global_tokens={3, 0})).eval()
+        buf = io.BytesIO()
+        torch.save(m, buf)
+        buf.seek(0)
+        back = torch.load(buf, weights_only=False)
+        x = torch.randn(2, 6, 8)
+        with torch.no_grad():
+            return m(x, x, x)[0], back(x, x, x)[0]
+    r5("save/pickled local+global layer", pickled_layer, "ok",
+       lambda o: bool(torch.equal(o[0], o[1])))
+
+    # ---- Hugging Face conversion -------------------------------------------------------------
+    try:
+        import transformers
+    except ImportError:  # pragma: no cover - the hf extra is installed in CI
+        transformers = None
+    if transformers is not None:
+        from bayesattn.families import DirichletWeights
+        from bayesattn.interop.hf import convert_hf, unconvert_hf
+
+        def bert():
+            cfg = transformers.BertConfig(hidden_size=16, num_hidden_layers=2,
+                                          num_attention_heads=2, intermediate_size=32,
+                                          vocab_size=20, attn_implementation="eager")  # fmt: skip
+            return transformers.BertModel(cfg).eval()
+
+        ids = {"input_ids": torch.randint(0, 20, (2, 5))}
+
+        def unchanged_after(fn):
+            def run():
+                b = bert()
+                names = [n for n, _ in b.named_parameters()]
+                try:
+                    fn(b)
+                finally:
+                    after = [n for n, _ in b.named_parameters()]
+                    if after != names or b.config._attn_implementation != "eager":
+                        return "changed"  # noqa: B012 - a half-done conversion is silent
+            return run
+
+        r5("hf/family of 3 heads on 2", unchanged_after(lambda b: convert_hf(
+            b, family=DirichletWeights(3))))
+        r5("hf/family of 1 head is shared", lambda: convert_hf(
+            bert(), family=DirichletWeights(1)).config._attn_implementation, "ok",
+           lambda v: v == "bayesattn")
+
+        class Nothing(ba.families.AttentionFamily):
+            pass
+        r5("hf/family implementing nothing", unchanged_after(lambda b: convert_hf(
+            b, family=Nothing(2))))
+        r5("hf/family an int", unchanged_after(lambda b: convert_hf(b, family=3)))
+        r5("hf/layers out of range", unchanged_after(lambda b: convert_hf(
+            b, family="dirichlet", layers=[5])))
+
+        def twice():
+            b = convert_hf(bert(), family="dirichlet")
+            convert_hf(b, family="weibull")
+            fams = {type(m.bayesattn_family).__name__ for m in b.modules()
+                    if hasattr(m, "bayesattn_family")}  # fmt: skip
+            return fams
+        r5("hf/converting twice takes the second family", twice, "ok",
+           lambda f: f == {"WeibullWeights"})
+
+        def pickled_bert():
+            b = convert_hf(bert(), family="dirichlet")
+            buf = io.BytesIO()
+            torch.save(b, buf)
+            buf.seek(0)
+            back = torch.load(buf, weights_only=False)
+            with torch.no_grad():
+                return b(**ids).last_hidden_state, back(**ids).last_hidden_state
+        r5("hf/pickled converted BERT runs", pickled_bert, "ok",
+           lambda o: bool(torch.allclose(o[0], o[1], atol=1e-6)))
+
+        def deep_copied():
+            b = convert_hf(bert(), family="dirichlet")
+            c = copy.deepcopy(b)
+            with torch.no_grad():
+                return b(**ids).last_hidden_state, c(**ids).last_hidden_state
+        r5("hf/deep-copied converted BERT", deep_copied, "ok",
+           lambda o: bool(torch.allclose(o[0], o[1], atol=1e-6)))
+
+        def unconverted_state():
+            b = unconvert_hf(convert_hf(bert(), family="dirichlet"))
+            return sorted(k for k in vars(b) if k.startswith("_bayesattn"))
+        r5("hf/unconvert leaves no conversion state", unconverted_state, "ok",
+           lambda keys: keys == [])
+
+        def draws_in_eval():
+            b = convert_hf(bert(), family="dirichlet")
+            with torch.no_grad():
+                return _with_samples(3, lambda: b(**ids).last_hidden_state)
+        r5("hf/num_samples(3) draws in eval", draws_in_eval, "ok", differ)
+
+    def convert_again():
+        import pyro
+
+        from bayesattn.families import DirichletWeights
+
+        pyro.clear_param_store()
+        m = torch.nn.Sequential(torch.nn.MultiheadAttention(8, 2, batch_first=True))
+        ba.convert(m, family=DirichletWeights(2, init_concentration=1.0))
+        x = torch.randn(2, 5, 8)
+        pyro.poutine.trace(m[0]).get_trace(x, x, x)
+        ba.convert(m, family=DirichletWeights(2, init_concentration=50.0))
+        pyro.poutine.trace(m[0]).get_trace(x, x, x)
+        out = pyro.param("0.family$$$log_concentration").detach().clone()
+        pyro.clear_param_store()
+        return out
+    r5("convert/again: the param store takes the new family", convert_again, "ok",
+       lambda v: bool(torch.allclose(v, torch.full((2,), math.log(50.0)))))
+
+    # ---- the newest supports' edges --------------------------------------------------------
+    x6 = torch.randn(2, 6, 8)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, 4:] = True
+    for kname, kern in (("cluster_topk", NS.ClusterTopKSupport(k=3, num_clusters=2)),
+                        ("lowrank", NS.LowRankSupport(rank=3, max_len=8))):  # fmt: skip
+        r5(f"{kname}/soft float padding 1.0", lambda kern=kern: M(
+            8, 2, batch_first=True, support=kern)(x6, x6, x6, key_padding_mask=pad.float()))
+        r5(f"{kname}/int padding mask", lambda kern=kern: M(
+            8, 2, batch_first=True, support=kern)(x6, x6, x6, key_padding_mask=pad.long()))
+    for fam in (None, "dirichlet"):
+        r5(f"cluster_topk/empty batch family={fam}", lambda fam=fam: M(
+            8, 2, batch_first=True, family=fam, support=NS.ClusterTopKSupport(k=3))(
+            *(torch.randn(0, 6, 8),) * 3)[0], "ok", lambda o: o.shape == (0, 6, 8))
+    r5("local_global/global tokens unsorted with a repeat", lambda: NS.LocalGlobalSupport(
+        window=2, global_tokens=(3, 1, 3)).global_tokens, "ok", lambda t: t == (1, 3))
+    r5("local_global/global tokens a set equals dense", _pair_local_global, "ok",
+       lambda o: bool(torch.allclose(o[0], o[1], atol=1e-5)))
+
+    # ---- fit and Predictive on foreign, ragged or shapeless models --------------------------
+    from bayesattn.training import fit
+
+    lin = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    xf = torch.randn(8, 4)
+    r5("fit foreign/labels >= C", lambda: fit(copy.deepcopy(lin), (
+        xf, torch.tensor([0, 1, 2, 3, 0, 1, 2, 0])), epochs=1, batch_size=8, progress=False))
+
+    class Ragged(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.randint(1, 6, (3 + i,)), i % 2
+    r5("fit/ragged dataset through a DataLoader", lambda: fit(clf("train"), torch.utils.data
+       .DataLoader(Ragged(), batch_size=2), epochs=1, progress=False))
+    r5("fit/meta-device network", lambda: fit(clf("train").to("meta"), (
+        xt, torch.tensor([0, 1, 0])), epochs=1, batch_size=3, progress=False))
+    r5("fit/meta-device foreign model", lambda: fit(copy.deepcopy(lin).to("meta"), (
+        xf, torch.zeros(8, dtype=torch.long)), epochs=1, batch_size=8, progress=False))
+    r5("Predictive/forward=3", lambda: Predictive(lin, 2, forward=3))
+    r5("Predictive/forward a str", lambda: Predictive(lin, 2, forward="logits"))
+    r5("Predictive/meta-device foreign model", lambda: Predictive(
+        copy.deepcopy(lin).to("meta"), 2)(xf))
+    r5("register_family/implements nothing", lambda: ba.register_family(
+        "r5_nothing", type("R5Nothing", (ba.families.AttentionFamily,), {})))
+    r5("layer/family implementing nothing", lambda: M(8, 2, family=type(
+        "R5Nothing", (ba.families.AttentionFamily,), {})(2)))
+
+    def changed_corpus():
+        from bayesattn.data.fortunes import FORTUNE_TOPICS, read_fortunes
+
+        root = Path(tmpdir) / "r5-fortunes"
+        root.mkdir(exist_ok=True)
+        for t in FORTUNE_TOPICS:
+            (root / t).write_text("one entry\n%\n")
+        first = len(read_fortunes(root)[0])
+        (root / "art").write_text("a\n%\nb\n%\nc\n%\n")
+        return first, len(read_fortunes(root)[0])
+    r5("read_fortunes/changed corpus is read again", changed_corpus, "ok",
+       lambda o: o == (10, 12))
+
+
+def _pair_local_global():
+    """A dense layer and the same layer with local + global attention whose window covers
+    every key and whose global tokens come as a set: equal outputs."""
+    import bayesattn as ba
+    from bayesattn.nn import supports as NS
+
+    torch.manual_seed(0)
+    dense = ba.BayesianMultiheadAttention(8, 2, batch_first=True).eval()
+    m = ba.BayesianMultiheadAttention(8, 2, batch_first=True, support=NS.LocalGlobalSupport(
+        window=8, global_tokens={2, 0})).eval()
+    m.load_state_dict(dense.state_dict(), strict=False)
+    x = torch.randn(2, 6, 8)
+    with torch.no_grad():
+        return m(x, x, x)[0], dense(x, x, x)[0]
 
 
 def _with_samples(S, fn):

@@ -3,7 +3,8 @@ answer; never an obscure error from deep inside torch, never a silently wrong re
 
 Three layers:
 
-* the catalogue (``tests/cross_cutting/fuzz_catalogue.py``): 796 hand-picked bad and edge inputs (161 of them the round-4 cases of issue 33),
+* the catalogue (``tests/cross_cutting/fuzz_catalogue.py``): 910 hand-picked bad and edge inputs (161 of them the round-4 cases of issue 33, 113
+  the round-5 cases of issue 43),
   one test each;
 * hypothesis strategies over shapes, dtypes, masks, non-finite values and hyper-parameters;
 * regression tests of each fault the fuzzing found (named after the fix).

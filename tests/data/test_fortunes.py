@@ -69,3 +69,19 @@ def test_the_debian_package_gives_ten_topics_of_at_least_198():
     assert np.bincount(y).min() >= 198 and len(np.bincount(y)) == 10
     d = load_fortunes_data()
     assert d.x_train.shape[1] == 48 and d.vocab_size > 1000
+
+
+def test_a_corpus_changed_on_disk_is_read_again(tmp_path):
+    """The cache is keyed by the files, not the folder path: a rewritten topic file (same path,
+    same process) gives its new entries; an unchanged corpus keeps its cached read."""
+    _corpus(tmp_path, n=30)
+    texts, y = read_fortunes(tmp_path)
+    assert len(texts) == 300
+    assert read_fortunes(tmp_path)[0] == texts  # unchanged: the same entries
+    (tmp_path / "art").write_text("\n%\n".join(f"new art {i}" for i in range(5)) + "\n")
+    texts2, y2 = read_fortunes(tmp_path)
+    assert np.bincount(y2).tolist() == [5] + [30] * (len(FORTUNE_TOPICS) - 1)
+    assert texts2[0] == "new art 0"
+    (tmp_path / "law").unlink()
+    with pytest.raises(FileNotFoundError, match="law"):
+        read_fortunes(tmp_path)

@@ -70,7 +70,7 @@ def test_stratified_draws_layout_and_point_masses():
     torch.testing.assert_close(M.stratified_draws(mean, None, 2), torch.cat([mean, mean]))
     with pytest.raises(ValueError, match="per_component"):
         M.stratified_draws(mean, std, 0)
-    with pytest.raises(ValueError, match="std must be > 0"):
+    with pytest.raises(ValueError, match="std must be finite and > 0"):
         M.component_kl(mean, -std, 1.0, 1.0)
     with pytest.raises(ValueError, match="prior_std"):
         M.component_kl(mean, std, 1.0, 0.0)

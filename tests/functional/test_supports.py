@@ -590,10 +590,11 @@ def test_zero_length_and_fully_padded_inputs_behave_like_dense(kernel):
 
 # ---- issue 33: round 4 ------------------------------------------------------------------------
 def test_local_global_global_tokens_are_checked_against_the_sequence():
-    with pytest.raises(TypeError, match="global_tokens must be a tuple or list"):
+    with pytest.raises(TypeError, match="global_tokens must be a collection"):
         LocalGlobalSupport(global_tokens=None)
-    with pytest.raises(ValueError, match="global_tokens must not repeat"):
-        LocalGlobalSupport(global_tokens=(1, 1))
+    # a set of positions: order and repeats do not matter (round 5)
+    assert LocalGlobalSupport(global_tokens=(3, 1, 3)).global_tokens == (1, 3)
+    assert LocalGlobalSupport(global_tokens={4, 0}).global_tokens == (0, 4)
     m = BayesianMultiheadAttention(8, 2, batch_first=True,
                                    support=LocalGlobalSupport(window=2, global_tokens=(50,)))
     x = torch.randn(1, 10, 8)
@@ -644,3 +645,49 @@ def test_lowrank_takes_a_float_padding_mask_like_the_others():
                                    m(x, x, x, key_padding_mask=kpm)[0])  # fmt: skip
         with pytest.raises(ValueError, match="0 \\(keep\\) and -inf \\(padded\\) only"):
             m(x, x, x, key_padding_mask=torch.full((2, 12), -0.5))
+
+
+# ---- round 5 ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", [None, "dirichlet"])
+def test_cluster_topk_on_an_empty_batch_reads_nothing(family):
+    m = BayesianMultiheadAttention(8, 2, batch_first=True, family=family,
+                                   support=ClusterTopKSupport(k=3, num_clusters=2))  # fmt: skip
+    x = torch.randn(0, 6, 8)
+    y, _ = m(x, x, x)
+    assert y.shape == (0, 6, 8)
+
+
+@pytest.mark.parametrize("support", [ClusterTopKSupport(k=3, num_clusters=2),
+                                     LowRankSupport(rank=3, max_len=8)])  # fmt: skip
+def test_supports_that_skip_keys_refuse_soft_and_integer_padding_masks(support):
+    """A float mask of 1.0 (a user's "padded") is a +1 bias to dense attention; a support that
+    does not score every key cannot apply it and said nothing (cluster top-k ignored it, and
+    ignored an int mask too). 0/-inf float masks equal the bool mask."""
+    m = BayesianMultiheadAttention(8, 2, batch_first=True, support=support)
+    x = torch.randn(2, 6, 8)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, 4:] = True
+    with pytest.raises(ValueError, match="takes a float key_padding_mask of 0 .* and -inf"):
+        m(x, x, x, key_padding_mask=pad.float())
+    with pytest.raises(TypeError, match="key_padding_mask must be bool or float"):
+        m(x, x, x, key_padding_mask=pad.long())
+    hard = torch.zeros(2, 6).masked_fill(pad, float("-inf"))
+    with torch.no_grad(), attention_mode("mean"):
+        torch.testing.assert_close(m(x, x, x, key_padding_mask=hard)[0],
+                                   m(x, x, x, key_padding_mask=pad)[0], rtol=0, atol=0)  # fmt: skip
+
+
+def test_local_global_compiles_with_fullgraph_and_matches_eager():
+    """The docs say ``torch.compile(fullgraph=True)`` works in mean mode: local + global hit
+    data-dependent branches on the global token positions (now static Python ints)."""
+    torch.manual_seed(0)
+    m = BayesianMultiheadAttention(8, 2, batch_first=True,
+                                   support=LocalGlobalSupport(window=2, global_tokens=(3, 0, 3)))
+    m.eval()
+    x = torch.randn(2, 10, 8)
+    kpm = torch.zeros(2, 10).masked_fill(torch.arange(10) >= 7, float("-inf"))
+    compiled = torch.compile(m, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        for kw in ({}, {"key_padding_mask": kpm, "need_weights": False}):
+            torch.testing.assert_close(compiled(x, x, x, **kw)[0], m(x, x, x, **kw)[0],
+                                       atol=1e-6, rtol=0)  # fmt: skip

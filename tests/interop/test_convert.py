@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -297,3 +299,26 @@ def test_a_convert_that_raises_leaves_the_model_as_it_was():
     with pytest.raises(RuntimeError, match="no family"):
         convert(enc, family=family)
     assert [layer.self_attn.family for layer in enc.layers] == fams
+
+
+def test_converting_again_does_not_keep_the_old_familys_values_in_the_param_store():
+    """After a trace, Pyro's param store holds the family's parameters under the layer's site
+    names; converting again with a new family (same name, other values) left the old values
+    there, so the store and the layer disagreed and the store's (old) values were trained."""
+    import pyro
+
+    from bayesattn.families import DirichletWeights
+
+    pyro.clear_param_store()
+    m = nn.Sequential(nn.MultiheadAttention(8, 2, batch_first=True))
+    convert(m, family=DirichletWeights(2, init_concentration=1.0))
+    x = torch.randn(2, 5, 8)
+    pyro.poutine.trace(m[0]).get_trace(x, x, x)
+    key = "0.family$$$log_concentration"
+    assert torch.equal(pyro.param(key).detach(), torch.zeros(2))
+    convert(m, family=DirichletWeights(2, init_concentration=50.0))
+    pyro.poutine.trace(m[0]).get_trace(x, x, x)
+    want = torch.full((2,), math.log(50.0))
+    torch.testing.assert_close(pyro.param(key).detach(), want)
+    torch.testing.assert_close(m[0].family.log_concentration.detach(), want)
+    pyro.clear_param_store()

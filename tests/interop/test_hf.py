@@ -402,3 +402,67 @@ def test_posthoc_gp_read_of_a_converted_bert_is_deterministic():
                           forward=lambda m, i: m(input_ids=i).logits, num_features=32)  # fmt: skip
     assert torch.equal(read.probs(x[:5]), read.probs(x[:5]))
     assert torch.equal(read.variance(x[:5]), read.variance(x[:5]))
+
+
+def test_a_saved_converted_model_loads_and_runs_in_a_fresh_process(tmp_path):
+    """``torch.save(model)`` of a converted BERT; a new interpreter that imports neither
+    bayesattn.interop.hf nor anything else of bayesattn loads it and runs it (the attention
+    implementation registers itself on unpickling), with the same mean-mode output."""
+    import subprocess
+    import sys
+
+    bert, inputs = _bert()
+    bert.eval()
+    convert_hf(bert, family="dirichlet")
+    with torch.no_grad():
+        want = bert(**inputs).last_hidden_state
+    torch.save({"model": bert, "inputs": inputs, "want": want}, tmp_path / "bert.pt")
+    code = (
+        "import sys, torch\n"
+        f"d = torch.load({str(tmp_path / 'bert.pt')!r}, weights_only=False)\n"
+        "assert 'bayesattn.interop.hf' in sys.modules  # imported by the unpickling itself\n"
+        "with torch.no_grad():\n"
+        "    got = d['model'](**d['inputs']).last_hidden_state\n"
+        "torch.testing.assert_close(got, d['want'], rtol=0, atol=1e-6)\n"
+        "print('ran', d['model'].config._attn_implementation)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "ran bayesattn" in res.stdout
+    unconvert_hf(bert)
+    assert not hasattr(bert, "_bayesattn_registration")
+
+
+def test_a_family_built_for_other_head_counts_is_refused_unchanged():
+    from bayesattn.families import DirichletWeights
+
+    bert, _ = _bert()  # 4 heads
+    names = [n for n, _ in bert.named_parameters()]
+    with pytest.raises(ValueError, match=r"DirichletWeights has 3 heads but the attention module "
+                       r"'encoder.layer.0.attention.self' has 4"):  # fmt: skip
+        convert_hf(bert, family=DirichletWeights(3))
+    assert [n for n, _ in bert.named_parameters()] == names
+    assert bert.config._attn_implementation == "eager"
+    convert_hf(bert, family=DirichletWeights(1))  # one head shared by all: fits
+    convert_hf(bert, family=DirichletWeights(4))
+
+
+def test_a_convert_hf_failing_after_the_switch_leaves_the_model_as_it_was(monkeypatch):
+    """A failure at the last step (the sample hooks) undoes everything: families, sites,
+    implementation, registration and hooks, and the parameters are as they were."""
+    bert, _ = _bert()
+    names = [n for n, _ in bert.named_parameters()]
+
+    def refuse(*a, **k):
+        raise RuntimeError("no hooks today")
+
+    monkeypatch.setattr(bert, "register_forward_hook", refuse)
+    with pytest.raises(RuntimeError, match="no hooks today"):
+        convert_hf(bert, family="dirichlet")
+    assert [n for n, _ in bert.named_parameters()] == names
+    assert not any(hasattr(m, "bayesattn_family") for m in bert.modules())
+    assert bert.config._attn_implementation == "eager"
+    assert not hasattr(bert, "_bayesattn_registration")
+    assert not hasattr(bert, "_bayesattn_sample_hooks")
+    assert not bert._forward_pre_hooks

@@ -165,6 +165,32 @@ def test_networks_forward_is_the_mean_and_predict_draws():
     assert _differ(probs[0], probs[1])
 
 
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_networks_forward_draws_when_draws_are_asked_for(mode):
+    """An explicit request for draws is honoured by a network's ``forward`` in ``train()`` and
+    ``eval()``: ``net(x, num_samples=S)`` and ``with bayesattn.num_samples(S): net(x)`` give S
+    different draws (not S copies of the mean); without a request it stays the mean."""
+    torch.manual_seed(0)
+    net = TransformerClassifier(
+        3, vocab_size=10, d_model=E, nhead=H, num_layers=2, dropout=0.0,
+        attention=AttentionConfig(family="dirichlet"),
+    )  # fmt: skip
+    getattr(net, mode)()
+    x = torch.randint(1, 10, (B, T))
+    with torch.no_grad():
+        mean = net(x)
+        kw = net(x, num_samples=3)  # (S, B, C)
+        with bayesattn.num_samples(3):
+            ctx = net(x)
+        for s in (kw, ctx):
+            assert s.shape == (3, B, 3)
+            assert _differ(s[0], s[1]) and _differ(s[1], s[2])
+        torch.testing.assert_close(net(x), mean, rtol=0, atol=0)  # no request: the mean
+        with attention_mode("mean"):  # a mode set wins over the request
+            s = net(x, num_samples=2)
+            torch.testing.assert_close(s[0], s[1], rtol=0, atol=0)
+
+
 def test_sampled_projection_weights_in_eval_are_the_guide_median():
     torch.manual_seed(0)
     net = TransformerClassifier(3, vocab_size=10, d_model=E, nhead=H, num_layers=1, dropout=0.0)

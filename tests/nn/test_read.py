@@ -20,7 +20,7 @@ import bayesattn.nn.read as BR
 from bayesattn.families import get_family
 from bayesattn.nn.attention import BayesianMultiheadAttention
 from bayesattn.nn.modes import attention_mode, collect_kl
-from bayesattn.nn.read import sample_attention_weights
+from bayesattn.nn.read import AttentionRead, sample_attention_weights
 from bayesattn.nn.supports import TiledSupport, TopKSupport
 from bayesattn.priors import ContextualPrior, DistanceDecayPrior, add_key_prior
 
@@ -227,3 +227,22 @@ def test_hf_interface_reads_through_the_attention_read(monkeypatch):
         with attention_mode(mode):
             bert(input_ids=ids)
     assert calls == ["mean", "mean", "guide", "guide"]  # two layers, each call through the read
+
+
+@pytest.mark.parametrize(
+    ("kw", "err", "match"),
+    [
+        (dict(mode="bogus"), ValueError, "mode must be one of"),
+        (dict(mode="mean", dropout_p=1.5), ValueError, r"dropout_p must be in \[0, 1\]; got 1.5"),
+        (dict(mode="mean", dropout_p=-0.1), ValueError, "dropout_p must be in"),
+        (dict(mode="mean", num_samples=0), ValueError, "num_samples must be a positive int"),
+        (dict(mode="mean", num_samples=True), TypeError, "num_samples must be an int"),
+        (dict(mode="mean", record=1), TypeError, "record must be a bool"),
+        (dict(family="dirichlet", mode="guide"), TypeError, "family must be an instance of"),
+        (dict(mode="mean", gp=3), TypeError, "gp must be an instance of SparseGP or None"),
+    ],
+)
+def test_attention_read_checks_its_arguments_at_construction(kw, err, match):
+    kw = {"family": None, **kw}
+    with pytest.raises(err, match=match):
+        AttentionRead(**kw)

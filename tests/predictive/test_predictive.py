@@ -293,3 +293,11 @@ def test_more_draws_than_memory_is_a_clear_error_not_an_allocation_attempt(monke
     monkeypatch.setattr(N, "_run_pass", no_memory)
     with pytest.raises(ValueError, match=r"num_samples=4 samples .* do not fit in memory"):
         Predictive(net, 4, batch_size=1)(x)
+
+
+def test_forward_must_be_callable_and_models_must_hold_values():
+    model = nn.Sequential(nn.Linear(4, 3))
+    with pytest.raises(TypeError, match=r"forward must be a callable \(model, x\) -> logits"):
+        Predictive(model, 2, forward=3)
+    with pytest.raises(ValueError, match="'0.weight' is on the meta device"):
+        Predictive(model.to("meta"), 2)(torch.randn(2, 4))

@@ -242,9 +242,11 @@ def test_stream_is_not_materialised_and_elbo_uses_num_data(monkeypatch):
         return orig(self, x, y, num_data=num_data, **k)
 
     monkeypatch.setattr(TransformerClassifier, "elbo_loss", spy)
+    stream = Stream(40)
+    stream.num_data = 1000  # a declared subsample of a set of 1000
     h = fit(
         classifier(),
-        Stream(40),
+        stream,
         num_data=1000,
         epochs=2,
         batch_size=16,
@@ -440,10 +442,24 @@ class _Short(IterableDataset):
             yield torch.randint(1, 6, (4,), generator=g), y
 
 
-def test_a_stream_shorter_than_num_data_is_said_at_the_end_of_the_epoch():
+def test_a_stream_shorter_than_num_data_is_refused_at_the_end_of_the_epoch():
+    """24 examples declared as num_data=1000: the ELBO would be scaled 40 times too high; the
+    error comes at the end of the first epoch and leaves the network and param store as they
+    were. A stream that subsamples a larger set declares it (``dataset.num_data``)."""
+    import pyro
+
+    pyro.clear_param_store()
     net = TransformerClassifier(2, vocab_size=6, **_SMALL)
-    with pytest.warns(UserWarning, match=r"yielded 24 examples in one epoch but num_data=1000"):
+    before = [p.detach().clone() for p in net.parameters()]
+    with pytest.raises(ValueError, match=r"yielded 24 examples in one epoch but num_data=1000.*"
+                       r"pass num_data=24"):  # fmt: skip
         fit(net, _Short(24), num_data=1000, epochs=2, batch_size=8, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
+    assert not list(pyro.get_param_store().keys())
+    sub = _Short(24)
+    sub.num_data = 1000  # a declared subsample of a set of 1000
+    h = fit(net, sub, num_data=1000, epochs=2, batch_size=8, progress=False)
+    assert len(h.train_loss) == 2
     with warnings.catch_warnings():  # a stream of num_data examples (drop_last remainder): none
         warnings.simplefilter("error")
         fit(TransformerClassifier(2, vocab_size=6, **_SMALL), _Short(24), num_data=24,
@@ -499,3 +515,38 @@ def test_a_fit_that_raises_leaves_the_network_and_param_store_as_they_were(metho
         tr.fit(DataLoader(_Short(16, bad_pass=2), batch_size=4), num_data=16)
     assert tr.step == step and len(tr.history.train_loss) == epochs
     assert all(torch.equal(state[k], v) for k, v in net.state_dict().items())
+
+
+def test_ragged_items_through_a_users_dataloader_are_a_clear_error():
+    """A user's ``DataLoader`` with torch's default collate over ragged items: the same clear
+    error as a bare dataset (torch's was a RuntimeError from inside its collate)."""
+    net = TransformerClassifier(2, vocab_size=6, **_SMALL)
+    before = [p.detach().clone() for p in net.parameters()]
+    with pytest.raises(ValueError, match=r"cannot be stacked .*ragged sequences\?.*collate_fn"):
+        fit(net, DataLoader(_Ragged(), batch_size=2), epochs=1, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
+
+
+def test_a_foreign_model_with_labels_past_its_classes_is_refused_unchanged():
+    import pyro
+
+    pyro.clear_param_store()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = torch.randn(8, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0, 3])
+    with pytest.raises(ValueError, match=r"labels y must be in \[0, 3\) for a model that returns "
+                       r"3 logits per example; got min 0, max 3"):  # fmt: skip
+        fit(model, (x, y), epochs=1, batch_size=8, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert not list(pyro.get_param_store().keys())  # the param store as it was
+
+
+def test_a_meta_device_model_is_refused_before_training():
+    net = TransformerClassifier(2, vocab_size=6, **_SMALL).to("meta")
+    x = torch.randint(1, 6, (8, 4))
+    with pytest.raises(ValueError, match=r"network's parameter .* is on the meta device .*to_empty"):
+        fit(net, (x, (x == 3).any(1).long()), epochs=1, batch_size=4, progress=False)
+    foreign = torch.nn.Linear(4, 2, device="meta")
+    with pytest.raises(ValueError, match="'module.weight' is on the meta device"):
+        fit(foreign, (torch.randn(8, 4), torch.zeros(8, dtype=torch.long)), epochs=1,
+            batch_size=4, progress=False)  # fmt: skip

@@ -134,6 +134,10 @@ def tile_prior(
 def sdpa_rows(q: Tensor, k: Tensor, v: Tensor, lp: Tensor, sc: float, p: float) -> Tensor:
     """Fused attention under a log-prior; rows with no allowed key read zeros."""
     dead = ~(lp > NEG_INF).any(-1, keepdim=True)  # (…|1, n, 1)
+    if torch.compiler.is_compiling():  # no data-dependent branch in a traced graph
+        lp = lp.masked_fill(dead, 0.0)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=lp, dropout_p=p, scale=sc)
+        return o.masked_fill(dead, 0.0)
     has_dead = bool(dead.any())
     if has_dead:
         lp = lp.masked_fill(dead, 0.0)

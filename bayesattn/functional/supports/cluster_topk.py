@@ -324,13 +324,12 @@ def cluster_topk_support(
     chunk_size = check_int("chunk_size", chunk_size, 1)
     sc = resolve_scale(scale, q.shape[-1])
     Tq, Tk = q.shape[-2], k.shape[-2]
-    if Tq == 0 or Tk == 0:
-        return topk_support(q, k, topk, _padding_prior(key_padding_mask, Tk, q.dtype), scale=scale)
-    C = check_int("num_clusters", num_clusters if num_clusters is not None else
-                  math.ceil(math.sqrt(Tk)), 1)  # fmt: skip
-    C = min(C, Tk)
+    check_int("num_clusters", num_clusters, 1, allow_none=True)
     P = check_int("probes", probes if probes is not None else 8, 1)
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    if Tq == 0 or Tk == 0 or 0 in lead:  # nothing to cluster or no row: the exact (empty) top-k
+        return topk_support(q, k, topk, _padding_prior(key_padding_mask, Tk, q.dtype), scale=scale)
+    C = min(num_clusters if num_clusters is not None else math.ceil(math.sqrt(Tk)), Tk)
     qf, kf, valid = _flatten_rows(q, k, key_padding_mask, lead)  # (N, Tq, D), (N, Tk, D)
     with torch.no_grad():
         bk = _bucket_keys(kf.detach(), valid, C, iters, is_causal)

@@ -8,14 +8,18 @@ rows :math:`i \in G` read every key (:math:`O(G\,T)`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..._validation import check_int
 from .base import NEG_INF, ChunkLogPrior, sdpa_rows
 
 __all__ = [
     "check_global_keys",
+    "resolve_global_keys",
     "global_rows",
     "global_prior",
     "rows_prior",
@@ -40,6 +44,31 @@ def check_global_keys(global_keys: Tensor | None, Tk: int, device: torch.device)
     gk = torch.unique(global_keys.to(device=device, dtype=torch.long))  # sorted
     gk = gk[gk < Tk]
     return gk if gk.numel() else None
+
+
+GlobalKeys = Tensor | Sequence[int] | None
+
+
+def resolve_global_keys(
+    global_keys: GlobalKeys, Tq: int, Tk: int, device: torch.device
+) -> tuple[Tensor | None, Tensor | None]:
+    """``(keys (G,), rows (Gq,))``: :func:`check_global_keys` and :func:`global_rows` in one.
+    Positions given as Python ints (a tuple, list or set, in any order, repeats allowed) are
+    resolved in Python, so the sizes are static (``torch.compile(fullgraph=True)`` traces them);
+    a tensor of positions is resolved on the device."""
+    if global_keys is None or isinstance(global_keys, Tensor):
+        gk = check_global_keys(global_keys, Tk, device)
+        return gk, global_rows(gk, Tq)
+    if isinstance(global_keys, (str, bytes)) or not isinstance(global_keys, Iterable):
+        raise TypeError(
+            f"global_keys must be a 1-D integer tensor or a collection of int positions; got "
+            f"{global_keys!r}"
+        )
+    keys = sorted({check_int("global_keys", g, 0) for g in global_keys})
+    keys = [g for g in keys if g < Tk]
+    rows = [g for g in keys if g < Tq]
+    as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device) if xs else None  # noqa: E731
+    return as_tensor(keys), as_tensor(rows)
 
 
 def global_rows(gk: Tensor | None, Tq: int) -> Tensor | None:

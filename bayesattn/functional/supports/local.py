@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..._validation import check_int
 from .base import NEG_INF, ChunkLogPrior, check_qkv, empty_rows, resolve_scale, sdpa_rows
-from .global_keys import check_global_keys, dense_rows_attention, global_prior, global_rows
+from .global_keys import GlobalKeys, dense_rows_attention, global_prior, resolve_global_keys
 from .results import ReducedSupport, empty_support
 
 __all__ = ["local_support", "local_attention", "local_attend", "local_chunk"]
@@ -148,7 +148,7 @@ def local_attention(
     chunk_size: int | None = None,
     dropout_p: float = 0.0,
     training: bool = False,
-    global_keys: Tensor | None = None,
+    global_keys: GlobalKeys = None,
 ) -> Tensor:
     r"""Posterior-mean output of local attention without keeping any weights: each query chunk
     runs fused ``scaled_dot_product_attention`` against its ``chunk + 2w`` keys under the band
@@ -165,7 +165,7 @@ def local_attention(
     window = check_int("window", window, 0)
     sc = resolve_scale(scale, q.shape[-1])
     Tq, Tk = q.shape[-2], k.shape[-2]
-    gk = check_global_keys(global_keys, Tk, q.device)
+    gk, rows = resolve_global_keys(global_keys, Tq, Tk, q.device)
     if Tq == 0:
         return empty_rows(q, v)
     kp, vp = _pad_keys(k, window, Tq), _pad_keys(v, window, Tq)
@@ -193,7 +193,6 @@ def local_attention(
         o = sdpa_rows(q[..., s:e, :], keys, vals, lp, sc, dropout_p if training else 0.0)
         outs.append(o)  # (…, n, Dv)
     out = torch.cat(outs, dim=-2)
-    rows = global_rows(gk, Tq)
     if rows is not None:  # global queries read every key
         read = dense_rows_attention(q, k, v, rows, log_prior, sc, dropout_p if training else 0.0)
         out = out.index_copy(-2, rows, read.expand(out.shape[:-2] + read.shape[-2:]))

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..._validation import check_int
 from .base import NEG_INF, ChunkLogPrior, check_qkv, resolve_scale
-from .global_keys import check_global_keys, global_prior, global_rows, rows_prior
+from .global_keys import GlobalKeys, global_prior, resolve_global_keys, rows_prior
 from .local import local_chunk, local_support
 from .results import ReducedSupport
 
@@ -21,7 +21,7 @@ def local_global_support(
     q: Tensor,
     k: Tensor,
     window: int,
-    global_keys: Tensor | None,
+    global_keys: GlobalKeys,
     log_prior: ChunkLogPrior | None = None,
     *,
     scale: float | None = None,
@@ -38,7 +38,8 @@ def local_global_support(
     both. Cost :math:`O(T(w + G))` time and memory.
 
     Shape:
-        q ``(…, Tq, D)``, k ``(…, Tk, D)``, global_keys ``(G,)`` → logits/log_prior
+        q ``(…, Tq, D)``, k ``(…, Tk, D)``, global_keys ``(G,)`` (or Python ints: static
+        sizes under ``torch.compile``) → logits/log_prior
         ``(…, Tq, 2w+1+G)``, index ``(Tq, 2w+1+G)``; global_support ``(…, Gq, Tk)``.
     """
     check_qkv(q, k)
@@ -46,7 +47,7 @@ def local_global_support(
     sc = resolve_scale(scale, q.shape[-1])
     Tq, Tk = q.shape[-2], k.shape[-2]
     band = local_support(q, k, window, log_prior, scale=scale, chunk_size=chunk_size)
-    gk = check_global_keys(global_keys, Tk, q.device)
+    gk, rows = resolve_global_keys(global_keys, Tq, Tk, q.device)
     if gk is None or Tq == 0:
         return band
     G = gk.numel()
@@ -66,7 +67,6 @@ def local_global_support(
     lp_all = torch.cat([b_lp.expand(lead + b_lp.shape[-2:]), lp_g.expand(lead + (Tq, G))], -1)
     del b_lp
     index = torch.cat([b_index, gk.expand(Tq, G)], dim=-1)  # (Tq, K)
-    rows = global_rows(gk, Tq)
     g_sup = None
     if rows is not None:
         lp_all = lp_all.index_fill(-2, rows, NEG_INF)  # read densely, below

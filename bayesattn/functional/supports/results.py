@@ -77,8 +77,8 @@ class ReducedSupport:
             self.logits.requires_grad
             or (self.log_prior is not None and self.log_prior.requires_grad)
         )
-        if needs_grad or self.log_prior is None:
-            return posterior_weights(self.logits, self.log_prior)
+        if needs_grad or self.log_prior is None or torch.compiler.is_compiling():
+            return posterior_weights(self.logits, self.log_prior)  # traceable: no data branch
         a = self.logits + self.log_prior  # (…, Tq, K), fresh
         dead = a.amax(-1, keepdim=True) == NEG_INF  # (…, Tq, 1) rows with no allowed slot
         any_dead = bool(dead.any())

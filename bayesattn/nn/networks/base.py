@@ -18,7 +18,14 @@ from torch import Tensor, nn
 
 from ..._validation import check_int, check_real
 from ..contract import REMOVED_PRIVATE_NAMES, REQUIRED, check_sample_argument
-from ..modes import attention_mode, collect_kl, current_mode, global_values
+from ..modes import (
+    AttentionMode,
+    attention_mode,
+    collect_kl,
+    current_mode,
+    draws_asked,
+    global_values,
+)
 from .global_sites import GlobalSites, module_flag
 
 __all__ = [
@@ -189,15 +196,24 @@ class BayesianNetwork(GlobalSites):
         return d.to_event(event_dims) if event_dims else d
 
     # ---- provided ------------------------------------------------------------------------------
-    def forward(self, x: Tensor, y: Tensor | None = None, num_samples: int = 1) -> Tensor:
-        """Logits; deterministic posterior-mean attention (and posterior-median Bayesian weights)
-        unless an attention mode is set."""
+    def forward(
+        self, x: Tensor, y: Tensor | None = None, num_samples: int | None = None
+    ) -> Tensor:
+        """Logits (``(S, B, ..., C)`` with ``num_samples=S``); posterior-median Bayesian weights.
+
+        Without an attention mode set the attention is the deterministic posterior mean, unless
+        draws are asked for: an explicit ``num_samples=`` or a :func:`bayesattn.num_samples`
+        context draws from the guide (``"guide"``), in ``train()`` and ``eval()`` alike."""
         self.check_batch(x, y)
-        check_int("num_samples", num_samples, 1)
-        ctx = attention_mode("mean") if current_mode() is None else contextlib.nullcontext()
+        check_int("num_samples", num_samples, 1, allow_none=True)
+        if current_mode() is not None:
+            ctx: contextlib.AbstractContextManager = contextlib.nullcontext()
+        else:
+            asked = num_samples is not None or draws_asked()
+            ctx = attention_mode("guide" if asked else "mean")
         values = self.weight_guide.median() if self.weight_guide is not None else None
         with ctx, self.pyro_context, self.weights_from(values):
-            return self.forward_logits(x, y, num_samples)
+            return self.forward_logits(x, y, 1 if num_samples is None else num_samples)
 
     def attach_trunk_mixture(self, hook: TrunkMixture) -> None:
         """Attach ``hook`` as :attr:`trunk_mixture` (a submodule: its parameters are the

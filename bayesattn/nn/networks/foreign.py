@@ -147,7 +147,13 @@ class ModuleClassifier(BayesianNetwork):
     def forward_logits(self, x: Tensor, y: Tensor | None = None, num_samples: int = 1) -> Tensor:
         """Logits ``(B, C)``; ``(S, B, C)`` for ``num_samples = S > 1`` by batched repetition,
         folded at the first Bayesian layer in eval mode (each copy draws its own weights; one
-        pass expanded in ``"mean"`` mode)."""
+        pass expanded in ``"mean"`` mode); labels ``y``, when given, must be in ``[0, C)``."""
+        out = self._forward_logits(x, num_samples)
+        if y is not None:
+            check_labels(y, out.shape[-1])
+        return out
+
+    def _forward_logits(self, x: Tensor, num_samples: int) -> Tensor:
         B, S = x.shape[0], num_samples
         if S == 1:
             return self._logits(x, B)
@@ -177,6 +183,18 @@ class ModuleClassifier(BayesianNetwork):
 
     def targets(self, x: Tensor, y: Tensor | None) -> tuple[Tensor | None, Tensor | None, int]:
         return y, None, 0
+
+
+def check_labels(y: Tensor, num_classes: int) -> None:
+    """Integer labels ``y`` inside ``[0, C)`` for a model with ``C`` logits (a ``ValueError``
+    naming the model's class count, not Pyro's support error on the likelihood)."""
+    if y.numel() and not y.is_floating_point() and y.device.type != "meta":
+        lo, hi = int(y.min()), int(y.max())
+        if lo < 0 or hi >= num_classes:
+            raise ValueError(
+                f"labels y must be in [0, {num_classes}) for a model that returns "
+                f"{num_classes} logits per example; got min {lo}, max {hi}"
+            )
 
 
 def as_network(model: nn.Module) -> BayesianNetwork:

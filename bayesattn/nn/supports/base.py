@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..._validation import MaskDTypeError
 from ...functional import supports as K
 from ...priors import KeyRelevancePrior, UniformPrior, add_key_prior
 
@@ -168,8 +169,22 @@ class AttentionSupport(nn.Module):
         )
 
 
-def bool_padding(key_padding_mask: Tensor) -> Tensor:
-    """A key padding mask as bool ``True`` = padded (a float mask: ``-inf`` entries)."""
+def bool_padding(key_padding_mask: Tensor, support: str = "this support") -> Tensor:
+    """A key padding mask as bool ``True`` = padded: a float mask of ``0`` (keep) and ``-inf``
+    (padded) as the dense supports take it; a soft float bias (which a support that does not
+    score every key cannot apply) or another dtype is refused naming ``support``."""
     if key_padding_mask.dtype == torch.bool:
         return key_padding_mask
-    return key_padding_mask == float("-inf")
+    if not key_padding_mask.is_floating_point():
+        raise MaskDTypeError(
+            f"key_padding_mask must be bool or float (0 keep, -inf padded); got "
+            f"{key_padding_mask.dtype}"
+        )
+    pad = key_padding_mask == float("-inf")
+    if key_padding_mask.device.type != "meta" and not bool(((key_padding_mask == 0) | pad).all()):
+        raise ValueError(
+            f"{support} takes a float key_padding_mask of 0 (keep) and -inf (padded) only: "
+            "it does not score every key, so soft per-key biases cannot be applied; got values "
+            "other than 0 and -inf (use a bool mask, True = padded)"
+        )
+    return pad

@@ -48,7 +48,7 @@ class ClusterTopKSupport(AttentionSupport):
     ) -> tuple[K.ReducedSupport, Tensor]:
         kpm = None
         if key_padding_mask is not None:
-            kpm = bool_padding(key_padding_mask).unsqueeze(-2)  # (B, 1, Tk)
+            kpm = bool_padding(key_padding_mask, "support='cluster_topk'").unsqueeze(-2)  # (B, 1, Tk)
         s = K.cluster_topk_support(
             q, k, self.k, key_padding_mask=kpm, is_causal=is_causal,
             num_clusters=self.num_clusters, probes=self.probes, iters=self.iters,

@@ -59,7 +59,9 @@ class LocalSupport(AttentionSupport):
             global_keys=self.global_keys(q.device, k.shape[-2]),
         )
 
-    def global_keys(self, device: torch.device, num_keys: int | None = None) -> Tensor | None:
+    def global_keys(
+        self, device: torch.device, num_keys: int | None = None
+    ) -> tuple[int, ...] | None:
         """Positions every query also reads (none for the plain window); ``num_keys``: ``T``."""
         return None
 

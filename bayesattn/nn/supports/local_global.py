@@ -16,8 +16,8 @@ __all__ = ["LocalGlobalSupport"]
 
 class LocalGlobalSupport(LocalSupport):
     r"""Local + global attention (Longformer, BigBird's window and global parts): query ``i``
-    reads keys ``|i - j| <= window`` and the ``global_tokens`` (positions, default ``(0,)``: a CLS
-    token prepended by the network); the global tokens' own queries read every key. A position
+    reads keys ``|i - j| <= window`` and the ``global_tokens`` (a collection of positions, any
+    order, repeats ignored; default ``(0,)``: a CLS token prepended by the network); the global tokens' own queries read every key. A position
     at or past the sequence length ``T`` is a ``ValueError`` naming ``global_tokens`` and ``T``
     (the functional :func:`~bayesattn.functional.supports.local_global_support` drops them).
 
@@ -31,21 +31,22 @@ class LocalGlobalSupport(LocalSupport):
     def __init__(
         self,
         window: int = 64,
-        global_tokens: tuple[int, ...] | list[int] = (0,),
+        global_tokens: Iterable[int] = (0,),
         chunk_size: int | None = None,
     ) -> None:
         super().__init__(window, chunk_size)
         if isinstance(global_tokens, (str, bytes)) or not isinstance(global_tokens, Iterable):
             raise TypeError(
-                "global_tokens must be a tuple or list of token positions (() for none); got "
+                "global_tokens must be a collection (tuple, list, set) of token positions (() "
+                "for none); got "
                 f"{global_tokens!r}"
             )
-        toks = tuple(int(check_int("global_tokens", t, 0)) for t in global_tokens)
-        if len(set(toks)) != len(toks):
-            raise ValueError(f"global_tokens must not repeat a position; got {toks}")
-        self.global_tokens = toks
+        # a set of positions: any order, a repeat is the same position
+        self.global_tokens = tuple(sorted({check_int("global_tokens", t, 0) for t in global_tokens}))
 
-    def global_keys(self, device: torch.device, num_keys: int | None = None) -> Tensor | None:
+    def global_keys(
+        self, device: torch.device, num_keys: int | None = None
+    ) -> tuple[int, ...] | None:
         if not self.global_tokens:
             return None
         if num_keys == 0:
@@ -55,7 +56,7 @@ class LocalGlobalSupport(LocalSupport):
                 f"global_tokens must be positions < T = {num_keys} (the sequence length); got "
                 f"{self.global_tokens}"
             )
-        return torch.tensor(self.global_tokens, dtype=torch.long, device=device)
+        return self.global_tokens  # Python ints: static sizes under torch.compile
 
     def reduce(
         self,

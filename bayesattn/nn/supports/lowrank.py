@@ -18,20 +18,9 @@ __all__ = ["LowRankSupport"]
 def _hard_padding(key_padding_mask: Tensor | None) -> Tensor | None:
     """A float key padding mask of ``0`` (keep) and ``-inf`` (padded) as bool, as the other
     supports accept it; soft float values cannot be applied to mixtures of keys."""
-    if key_padding_mask is None or key_padding_mask.dtype == torch.bool:
-        return key_padding_mask
-    if not key_padding_mask.is_floating_point():
-        raise TypeError(
-            f"key_padding_mask must be bool or float (0 keep, -inf padded); got "
-            f"{key_padding_mask.dtype}"
-        )
-    pad = key_padding_mask == float("-inf")
-    if not bool(((key_padding_mask == 0) | pad).all()):
-        raise ValueError(
-            "support='lowrank' takes a float key_padding_mask of 0 (keep) and -inf (padded) "
-            "only: its slots are mixtures of keys, so soft per-key biases cannot be applied"
-        )
-    return pad
+    if key_padding_mask is None:
+        return None
+    return bool_padding(key_padding_mask, "support='lowrank' (its slots are mixtures of keys)")
 
 
 def _all_padded(key_padding_mask: Tensor | None, k: Tensor) -> Tensor | None:
