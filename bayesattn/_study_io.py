@@ -47,6 +47,8 @@ __all__ = [
     "begin_run",
     "finish_run",
     "abandon_run",
+    "resume_run",
+    "stop_run",
     "PREVIOUS",
     "study_status",
     "validate_study_config",
@@ -150,8 +152,14 @@ def prepare_out_dir(out: str | Path, force: bool = True) -> Path:
     return out
 
 
-def _write_incomplete(out: Path, names: set[str]) -> None:
-    atomic_write_text(out / INCOMPLETE, "\n".join([_HEADER, *sorted(names)]) + "\n")
+def _write_incomplete(out: Path, names: set[str], note: str = "") -> None:
+    header = _HEADER
+    if note:  # why the run stopped, on the header line (the names follow it)
+        one_line = " ".join(note.split())[:300]
+        header = _HEADER.replace(
+            "Files of this run:", f"It stopped: {one_line}. Files of this run:"
+        )
+    atomic_write_text(out / INCOMPLETE, "\n".join([header, *sorted(names)]) + "\n")
 
 
 def register_output(out: Path, name: str) -> Path:
@@ -208,6 +216,37 @@ def begin_run(out: Path) -> frozenset[str]:
     if key is not None:
         _ACTIVE.add(key)
     return frozenset(p.name for p in out.iterdir() if p.name not in (INCOMPLETE, PREVIOUS))
+
+
+def resume_run(out: Path) -> frozenset[str]:
+    """Continue the study in ``out``: mark it incomplete (``INCOMPLETE`` lists every file of its
+    manifest) and remove its ``results.json`` (written again when it finishes); every other file
+    is kept (its finished runs). A ``.previous-run`` left by a killed replacement is discarded.
+    Returns the names of the other files there (not the study's; kept, not listed)."""
+    old = manifest(out) or set()
+    foreign = frozenset(
+        p.name for p in out.iterdir() if p.name not in old | {INCOMPLETE, PREVIOUS, RESULTS}
+    )
+    _write_incomplete(out, old - {RESULTS})
+    with contextlib.suppress(FileNotFoundError):
+        (out / RESULTS).unlink()
+    shutil.rmtree(out / PREVIOUS, ignore_errors=True)
+    key = _key(out)
+    if key is not None:
+        _ACTIVE.add(key)
+    return foreign
+
+
+def stop_run(out: Path, reason: str) -> None:
+    """A run of this process that raised (or was interrupted) but keeps what it finished: the
+    folder stays incomplete, ``INCOMPLETE``'s first line says why it stopped, and the files of a
+    run it was replacing (``.previous-run``) are removed; rerunning the study resumes it."""
+    key = _key(out)
+    if key is not None:
+        _ACTIVE.discard(key)
+    with contextlib.suppress(OSError):
+        _write_incomplete(out, manifest(out) or set(), note=reason)
+    shutil.rmtree(out / PREVIOUS, ignore_errors=True)
 
 
 def abandon_run(out: Any) -> None:
