@@ -245,3 +245,81 @@ def test_sigint_to_the_command_keeps_the_finished_runs(tmp_path):
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130 and "finished runs are kept" in err, err[-2000:]
     assert study_status(out) == "incomplete" and (out / _RUNS[0]).is_file()
+
+
+# ---- on a real engine: a Dask LocalCluster of 2 workers x 1 thread ----------------------------
+def _cluster():
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=None, silence_logs=50)  # fmt: skip
+    return cluster, distributed.Client(cluster)
+
+
+def _in_thread(fn):
+    """Run ``fn()`` in a thread; returns (thread, box) with box["result"] or box["error"]."""
+    import threading
+
+    box: dict = {}
+
+    def target():
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            box["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t, box
+
+
+def _wait_for(cond, timeout=180.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_dask_cluster_gives_the_numbers_of_one_process_and_survives_a_killed_worker(
+    reference, tmp_path
+):
+    """The study on a LocalCluster equals ``--jobs 1`` bit for bit; a worker SIGKILLed while it
+    runs a run has that run redone on a worker, and the study still equals the uninterrupted
+    one."""
+    cluster, client = _cluster()
+    try:
+        run_study(_cfg(tmp_path / "dask"), client.get_executor())
+        assert _text(tmp_path / "dask") == _text(reference)
+        pids = client.run(os.getpid)  # worker address -> process id
+        t, box = _in_thread(lambda: run_study(_cfg(tmp_path / "killed"), client.get_executor()))
+        _wait_for(lambda: any(client.processing().values()))
+        time.sleep(random.Random(11).uniform(0.0, 0.3))
+        busy = [w for w, tasks in client.processing().items() if tasks]
+        os.kill(pids[busy[0]] if busy else next(iter(pids.values())), signal.SIGKILL)
+        t.join(300)
+        assert "error" not in box, box.get("error")
+        assert _text(tmp_path / "killed") == _text(reference)
+    finally:
+        client.close()
+        cluster.close()
+
+
+def test_a_lost_scheduler_leaves_the_finished_runs_and_the_rerun_completes(reference, tmp_path):
+    cluster, client = _cluster()
+    out = tmp_path / "s"
+    try:
+        t, box = _in_thread(lambda: run_study(_cfg(out), client.get_executor()))
+        _wait_for(lambda: (out / _RUNS[0]).exists() or "error" in box or "result" in box)
+        client.close()  # the scheduler is gone for the study: its pending runs are lost
+        cluster.close()
+        t.join(300)
+    finally:
+        client.close()
+        cluster.close()
+    if "result" in box:
+        pytest.skip("the study finished before the scheduler was lost")
+    assert "error" in box and study_status(out) == "incomplete"
+    kept = {n: (out / n).stat().st_mtime_ns for n in _RUNS if (out / n).exists()}
+    assert kept
+    run_study(_cfg(out))  # the rerun (here on this machine) finishes it
+    assert {n: (out / n).stat().st_mtime_ns for n in kept} == kept
+    assert _text(out) == _text(reference)
