@@ -174,26 +174,6 @@ def test_any_process_executor_gives_the_numbers_of_one_process(reference, tmp_pa
     assert _text(tmp_path / "s") == _text(reference)
 
 
-def test_the_command_line_refuses_what_it_cannot_do_cleanly(reference, tmp_path, capsys):
-    """Each of these was a traceback or was accepted silently on today's main."""
-    import shutil
-
-    out = tmp_path / "s"
-    assert main(["study", "--seed", "99999999999999999999", "--out", str(out)]) == 2
-    assert "seed must be an int in 0..4294967295" in capsys.readouterr().err
-    assert not out.exists()
-    a, b = tmp_path / "a", tmp_path / "b"
-    shutil.copytree(reference, a)
-    shutil.copytree(reference, b)
-    with pytest.raises(SystemExit):
-        main(["study", "--merge", str(a), str(b), "--jobs", "-1", "--out", str(out)])
-    assert "--jobs must be an int >= 1; got -1" in capsys.readouterr().err
-    assert main(["study", "--merge", str(a), str(b), "--jobs", "2", "--out", str(out)]) == 2
-    assert "--merge only merges" in capsys.readouterr().err
-    assert main(["study", "--resume", "--out", str(tmp_path / "new"), "--no-progress"]) == 2
-    assert "no study of these settings" in capsys.readouterr().err
-
-
 def test_a_merge_refuses_a_source_whose_files_are_symbolic_links(reference, tmp_path):
     """On today's main ``--merge`` followed a symlink a source lists (``shutil.copyfile``) and
     copied a file from anywhere into ``--out``."""
