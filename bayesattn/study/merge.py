@@ -164,6 +164,7 @@ def merge_studies(
     merged = StudyResults(**base)
     merged["methods"], merged["datasets"] = methods, {}
     merged["merged_from"] = [str(s) for s in sources]
+    merged.pop("config_hash", None)  # a merged study is pooled from its sources, not resumable
     seeds = sorted({int(seed) for r in loaded for seed in r["seeds"]})
     merged["seeds"] = seeds
     merged["config"] = dict(base["config"], methods=methods, out=str(out), seed=seeds[0],
