@@ -24,8 +24,8 @@ from .._study_io import (
 )
 from .pooling import pool
 from .provenance import check_same_code
-from .runfiles import STUDY_FILE
 from .results import DatasetBlock, RunResult, StudyResults
+from .runfiles import STUDY_FILE
 
 __all__ = ["merge_studies", "without_times"]
 
