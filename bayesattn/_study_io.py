@@ -63,7 +63,14 @@ _HEADER = (
     "partial. A finished run has results.json and no INCOMPLETE file. Files of this run:"
 )
 #: the run's own temporary files (atomic writes): safe to remove by pattern
-_TEMP_GLOBS = (f".{RESULTS}.*.tmp", f".{REPORT}.*.tmp", f".{INCOMPLETE}.*.tmp")
+_TEMP_GLOBS = (f".{RESULTS}.*.tmp", f".{REPORT}.*.tmp", f".{INCOMPLETE}.*.tmp",
+               ".study.json.*.tmp", ".run_*.json.*.tmp")  # fmt: skip
+
+
+def _holds_files(out: Path) -> bool:
+    """Whether ``out`` holds anything but the study's own temporary files (a study killed
+    while writing its first file leaves only one: the folder is as good as empty)."""
+    return any(not any(p.match(g) for g in _TEMP_GLOBS) for p in out.iterdir())
 
 
 def check_out_path(out: Any) -> Path:
@@ -134,7 +141,7 @@ def prepare_out_dir(out: str | Path, force: bool = True) -> Path:
             if not p.is_dir():
                 raise ValueError(f"output folder {str(out)!r} lies under {str(p)!r}, a file")
             break
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and _holds_files(out):
         if not is_study_folder(out):
             raise ValueError(
                 f"output folder {str(out)!r} holds files no study run wrote (no results.json or "
@@ -307,7 +314,7 @@ def study_status(out: str | Path) -> str:
     """``"complete"`` (``results.json`` loads and every file it lists exists), ``"incomplete"``
     (anything else in the folder) or ``"missing"`` (no folder or an empty one)."""
     out = Path(out)
-    if not out.is_dir() or not any(out.iterdir()):
+    if not out.is_dir() or not _holds_files(out):
         return "missing"
     try:
         res = json.loads((out / RESULTS).read_text())

@@ -48,3 +48,19 @@ def test_make_study_uses_every_core():
     recipe = re.search(r"^study:.*\n\t(.*)$", text, re.M)
     assert recipe and "--jobs $(JOBS)" in recipe.group(1)
     assert re.search(r"^JOBS \?= \$\(shell nproc", text, re.M)
+
+
+def test_a_folder_holding_only_a_killed_first_writes_temp_file_is_as_good_as_empty(tmp_path):
+    """A study killed while writing its first file (``INCOMPLETE``, atomically) leaves only the
+    temporary file: the folder has no status to report and a rerun may use it."""
+    from bayesattn._study_io import prepare_out_dir, study_status
+
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / ".INCOMPLETE.k1ll3d.tmp").write_text("A bayesattn study is run")
+    assert study_status(out) == "missing"
+    assert prepare_out_dir(out, force=False) == out
+    (out / "notes.txt").write_text("someone else's")
+    assert study_status(out) == "incomplete"
+    with pytest.raises(ValueError, match="holds files no study run wrote"):
+        prepare_out_dir(out, force=False)
