@@ -47,6 +47,8 @@ __all__ = [
     "begin_run",
     "finish_run",
     "abandon_run",
+    "resume_run",
+    "stop_run",
     "PREVIOUS",
     "study_status",
     "validate_study_config",
@@ -61,7 +63,14 @@ _HEADER = (
     "partial. A finished run has results.json and no INCOMPLETE file. Files of this run:"
 )
 #: the run's own temporary files (atomic writes): safe to remove by pattern
-_TEMP_GLOBS = (f".{RESULTS}.*.tmp", f".{REPORT}.*.tmp", f".{INCOMPLETE}.*.tmp")
+_TEMP_GLOBS = (f".{RESULTS}.*.tmp", f".{REPORT}.*.tmp", f".{INCOMPLETE}.*.tmp",
+               ".study.json.*.tmp", ".run_*.json.*.tmp")  # fmt: skip
+
+
+def _holds_files(out: Path) -> bool:
+    """Whether ``out`` holds anything but the study's own temporary files (a study killed
+    while writing its first file leaves only one: the folder is as good as empty)."""
+    return any(not any(p.match(g) for g in _TEMP_GLOBS) for p in out.iterdir())
 
 
 def check_out_path(out: Any) -> Path:
@@ -132,7 +141,7 @@ def prepare_out_dir(out: str | Path, force: bool = True) -> Path:
             if not p.is_dir():
                 raise ValueError(f"output folder {str(out)!r} lies under {str(p)!r}, a file")
             break
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and _holds_files(out):
         if not is_study_folder(out):
             raise ValueError(
                 f"output folder {str(out)!r} holds files no study run wrote (no results.json or "
@@ -150,8 +159,14 @@ def prepare_out_dir(out: str | Path, force: bool = True) -> Path:
     return out
 
 
-def _write_incomplete(out: Path, names: set[str]) -> None:
-    atomic_write_text(out / INCOMPLETE, "\n".join([_HEADER, *sorted(names)]) + "\n")
+def _write_incomplete(out: Path, names: set[str], note: str = "") -> None:
+    header = _HEADER
+    if note:  # why the run stopped, on the header line (the names follow it)
+        one_line = " ".join(note.split())[:300]
+        header = _HEADER.replace(
+            "Files of this run:", f"It stopped: {one_line}. Files of this run:"
+        )
+    atomic_write_text(out / INCOMPLETE, "\n".join([header, *sorted(names)]) + "\n")
 
 
 def register_output(out: Path, name: str) -> Path:
@@ -208,6 +223,37 @@ def begin_run(out: Path) -> frozenset[str]:
     if key is not None:
         _ACTIVE.add(key)
     return frozenset(p.name for p in out.iterdir() if p.name not in (INCOMPLETE, PREVIOUS))
+
+
+def resume_run(out: Path) -> frozenset[str]:
+    """Continue the study in ``out``: mark it incomplete (``INCOMPLETE`` lists every file of its
+    manifest) and remove its ``results.json`` (written again when it finishes); every other file
+    is kept (its finished runs). A ``.previous-run`` left by a killed replacement is discarded.
+    Returns the names of the other files there (not the study's; kept, not listed)."""
+    old = manifest(out) or set()
+    foreign = frozenset(
+        p.name for p in out.iterdir() if p.name not in old | {INCOMPLETE, PREVIOUS, RESULTS}
+    )
+    _write_incomplete(out, old - {RESULTS})
+    with contextlib.suppress(FileNotFoundError):
+        (out / RESULTS).unlink()
+    shutil.rmtree(out / PREVIOUS, ignore_errors=True)
+    key = _key(out)
+    if key is not None:
+        _ACTIVE.add(key)
+    return foreign
+
+
+def stop_run(out: Path, reason: str) -> None:
+    """A run of this process that raised (or was interrupted) but keeps what it finished: the
+    folder stays incomplete, ``INCOMPLETE``'s first line says why it stopped, and the files of a
+    run it was replacing (``.previous-run``) are removed; rerunning the study resumes it."""
+    key = _key(out)
+    if key is not None:
+        _ACTIVE.discard(key)
+    with contextlib.suppress(OSError):
+        _write_incomplete(out, manifest(out) or set(), note=reason)
+    shutil.rmtree(out / PREVIOUS, ignore_errors=True)
 
 
 def abandon_run(out: Any) -> None:
@@ -268,7 +314,7 @@ def study_status(out: str | Path) -> str:
     """``"complete"`` (``results.json`` loads and every file it lists exists), ``"incomplete"``
     (anything else in the folder) or ``"missing"`` (no folder or an empty one)."""
     out = Path(out)
-    if not out.is_dir() or not any(out.iterdir()):
+    if not out.is_dir() or not _holds_files(out):
         return "missing"
     try:
         res = json.loads((out / RESULTS).read_text())

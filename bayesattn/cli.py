@@ -63,8 +63,9 @@ def _add_study_parser(sub: Any) -> None:
     s.add_argument(
         "--force",
         action="store_true",
-        help="replace the study in the output folder: only the files its manifest lists (those "
-        "a study run wrote) are removed; a folder with other files and no manifest is refused",
+        help="replace the study in the output folder (one of other settings is refused without "
+        "it; one of the same settings is resumed): only the files its manifest lists are "
+        "removed; a folder with other files and no manifest is refused",
     )
     s.add_argument(
         "--quick",
@@ -93,12 +94,14 @@ def _add_study_parser(sub: Any) -> None:
 def _add_run_options(s: argparse.ArgumentParser, d: Any, q: Any, f: Any) -> None:
     """The options of a study run's size, seeds, workers and merging."""
     from .study import MODEL_DEFAULTS
+    from .study.config import MAX_SEED
 
     epochs = ", ".join(f"{k} {v['epochs']}" for k, v in MODEL_DEFAULTS.items())
     s.add_argument("--epochs", type=int, default=None,
                    help=f"training epochs (default: by dataset, {epochs}; --quick: "
                    f"{q.epochs})")  # fmt: skip
-    s.add_argument("--seed", type=int, default=d.seed, help="first seed")
+    s.add_argument("--seed", type=int, default=d.seed,
+                   help=f"first seed (0 .. {MAX_SEED})")  # fmt: skip
     s.add_argument("--seeds", type=int, default=None,
                    help=f"number of seeds (seed, seed+1, …) (default: {d.seeds}; --quick: "
                    f"{q.seeds}; --protocol full: {f.seeds})")  # fmt: skip
@@ -127,11 +130,31 @@ def _add_run_options(s: argparse.ArgumentParser, d: Any, q: Any, f: Any) -> None
     )
     s.add_argument(
         "--jobs",
-        type=int,
+        type=_positive_int("--jobs"),
         default=None,
-        help=f"runs in parallel worker processes (default: {d.jobs}; --protocol full: "
-        f"{f.jobs}); the numbers do not change, only the wall time (each worker uses --threads "
-        "torch threads)",
+        help=f"runs in parallel worker processes on this machine (default: {d.jobs}; --protocol "
+        f"full: {f.jobs}; `make study`: every core); the numbers do not change, only the wall "
+        "time (each worker uses --threads torch threads)",
+    )
+    s.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="run the runs on a running Dask scheduler (e.g. tcp://head:8786; pip install "
+        "bayesattn[cluster]); its workers must see --out (default: this machine)",
+    )
+    s.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the study in --out (its finished runs are kept, the others run); "
+        "rerunning the same command does the same, --resume also refuses a folder with no "
+        "study to continue",
+    )
+    s.add_argument(
+        "--any-version",
+        action="store_true",
+        help="resume or merge runs made by another bayesattn version or git commit (refused "
+        "otherwise)",
     )
     s.add_argument(
         "--merge",
@@ -144,6 +167,21 @@ def _add_run_options(s: argparse.ArgumentParser, d: Any, q: Any, f: Any) -> None
         "run, not merge)",
     )
     s.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _positive_int(flag: str) -> Any:
+    """An argparse type: an int >= 1 (the error names ``flag`` and what it got)."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be an int >= 1; got {text!r}") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be an int >= 1; got {v}")
+        return v
+
+    return parse
 
 
 def method_listing() -> str:
@@ -190,8 +228,7 @@ def _config(args: argparse.Namespace) -> Any:
 def _study(args: argparse.Namespace) -> int:
     import torch
 
-    from ._study_io import prepare_out_dir
-    from .study import format_table, run_study
+    from .study import format_table
 
     if args.list_methods:
         print(method_listing())
@@ -201,22 +238,13 @@ def _study(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     if args.merge:
-        from .study import merge_studies
-
-        try:
-            prepare_out_dir(args.out, force=args.force)
-            results = merge_studies(args.merge, args.out)
-        except (ValueError, TypeError) as e:
-            print(f"bayesattn: {e}", file=sys.stderr)
-            return 2
-        print(format_table(results))
-        print(f"\nwrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'report.md'}")
-        return 0
+        return _merge(args, format_table)
     try:
-        cfg = _config(args)
-        # refuses unsafe paths, folders a study did not write, and a study without --force
-        prepare_out_dir(args.out, force=args.force)
-    except (ValueError, TypeError) as e:
+        cfg, executor = _config(args), None
+        _check_folder(args, cfg)  # before anything is written or any worker is started
+        if args.scheduler is not None:
+            executor = _dask_executor(args)
+    except (ValueError, TypeError, ImportError) as e:
         print(f"bayesattn: {e}", file=sys.stderr)
         return 2
     if args.threads:
@@ -225,15 +253,73 @@ def _study(args: argparse.Namespace) -> int:
         print("bayesattn: a smoke run (--quick): it checks that the study runs end to end; "
               "its numbers are not results (run without --quick for those)")  # fmt: skip
     try:
-        results = run_study(cfg)
+        results = _run(cfg, executor, args)
     except ImportError as e:  # a method's or dataset's optional dependency is missing
         print(f"bayesattn: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\nbayesattn: interrupted; the finished runs are kept in {args.out} (rerun the "
+              "same command to resume)", file=sys.stderr)  # fmt: skip
+        return 130
     print()
     print(format_table(results))
     out = Path(args.out)
     print(f"\nwrote {out / 'results.json'}, {out / 'report.md'} and figures")
     return 0
+
+
+def _merge(args: argparse.Namespace, format_table: Any) -> int:
+    from ._study_io import prepare_out_dir
+    from .study import merge_studies
+
+    for flag, given in (("--scheduler", args.scheduler), ("--jobs", args.jobs),
+                        ("--resume", args.resume)):  # fmt: skip
+        if given:
+            print(f"bayesattn: {flag} runs a study; --merge only merges finished ones",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+    try:
+        prepare_out_dir(args.out, force=args.force)
+        results = merge_studies(args.merge, args.out, any_version=args.any_version)
+    except (ValueError, TypeError) as e:
+        print(f"bayesattn: {e}", file=sys.stderr)
+        return 2
+    print(format_table(results))
+    print(f"\nwrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'report.md'}")
+    return 0
+
+
+def _check_folder(args: argparse.Namespace, cfg: Any) -> None:
+    """Refuse, before any work, a folder the study cannot use (``ValueError``)."""
+    from .study.protocol import study_config_dict
+    from .study.runfiles import plan_study
+
+    if args.scheduler is not None and args.jobs is not None:
+        raise ValueError("give --scheduler (a Dask cluster's workers) or --jobs (local "
+                         "workers), not both")  # fmt: skip
+    plan = plan_study(study_config_dict(cfg), force=args.force, any_version=args.any_version)
+    if args.resume and not plan.resume:
+        raise ValueError(f"--resume: {args.out} holds no study of these settings to continue")
+
+
+def _dask_executor(args: argparse.Namespace) -> Any:
+    """The executor of a running Dask scheduler at ``--scheduler`` (``ImportError`` without
+    ``distributed``; ``ValueError`` when it cannot be reached)."""
+    try:
+        from distributed import Client
+    except ImportError as e:
+        raise ImportError("--scheduler needs Dask: pip install 'bayesattn[cluster]'") from e
+    try:
+        client = Client(args.scheduler, timeout=30)
+    except (OSError, TimeoutError) as e:
+        raise ValueError(f"--scheduler {args.scheduler}: cannot reach it ({e})") from e
+    return client.get_executor()
+
+
+def _run(cfg: Any, executor: Any, args: argparse.Namespace) -> Any:
+    from .study import run_study
+
+    return run_study(cfg, executor, force=args.force, any_version=args.any_version)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from bayesattn.study.merge import without_times
 
 #: what may differ between two studies of the same code: where they were written, how long
 #: they took, how they ran and which environment ran them
-_FREE_TOP = ("files", "seconds", "environment")
+_FREE_TOP = ("files", "seconds", "environment", "config_hash")
 _FREE_CONFIG = ("out", "progress", "jobs")
 
 

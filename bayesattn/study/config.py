@@ -15,7 +15,18 @@ from . import density_methods, mixture_methods  # noqa: F401 - they register the
 from .datasets import DATASETS, FULL_DATASETS, MODEL_DEFAULTS, MODEL_KEYS, get_dataset
 from .methods import DEFAULT_METHODS, FULL_METHODS, METHODS
 
-__all__ = ["StudyConfig", "DATASETS", "FULL_DATASETS", "MODEL_DEFAULTS", "DEFAULT_ROTATION"]
+__all__ = [
+    "StudyConfig",
+    "DATASETS",
+    "FULL_DATASETS",
+    "MODEL_DEFAULTS",
+    "DEFAULT_ROTATION",
+    "MAX_SEED",
+]
+
+#: the largest first seed: a run's seeds (``seed + i``, members ``seed + 1000 i``, …) stay far
+#: inside what torch's and numpy's generators take
+MAX_SEED = 2**32 - 1
 
 #: held-out pairs of the default study (``make study``) when neither ``holdout_classes`` nor
 #: ``holdout_rotation`` is given
@@ -117,6 +128,8 @@ class StudyConfig:
 
     def __post_init__(self) -> None:
         validate_study_config(self)
+        if self.seed > MAX_SEED:
+            raise ValueError(f"seed must be an int in 0..{MAX_SEED}; got {self.seed}")
         self.methods = tuple(self.methods) if self.methods else tuple(DEFAULT_METHODS)
         for d in (self.dataset, *self.datasets):
             if d not in DATASETS:

@@ -96,7 +96,11 @@ def laplace_evidence(hessian: Tensor, mode: Tensor, log_likelihood: float) -> La
     Shape:
         hessian ``(P, P)``, mode ``(P,)``.
     """
-    if not isinstance(hessian, Tensor) or hessian.dim() != 2 or hessian.shape[0] != hessian.shape[1]:
+    if (
+        not isinstance(hessian, Tensor)
+        or hessian.dim() != 2
+        or hessian.shape[0] != hessian.shape[1]
+    ):
         raise ValueError(f"hessian must be square (P, P); got {getattr(hessian, 'shape', hessian)}")
     if not isinstance(mode, Tensor) or mode.shape != (hessian.shape[0],):
         raise ValueError(

@@ -22,8 +22,10 @@ from .._study_io import (
     register_output,
     study_status,
 )
-from .protocol import pool
+from .pooling import pool
+from .provenance import check_same_code
 from .results import DatasetBlock, RunResult, StudyResults
+from .runfiles import STUDY_FILE
 
 __all__ = ["merge_studies", "without_times"]
 
@@ -70,6 +72,13 @@ def _load(src: str | Path) -> StudyResults:
             f"{lacking or ['a config/datasets mapping']})"
         )
     files = out["files"] if isinstance(out["files"], list) else []
+    links = [f for f in files if isinstance(f, str) and (Path(src) / f).is_symlink()]
+    if links or (Path(src) / RESULTS).is_symlink():
+        raise ValueError(
+            f"source {src}: {links or [RESULTS]} are symbolic links; a study folder holds the "
+            "files a study wrote, and a merge copies no file from elsewhere (copy the files "
+            "themselves into the folder)"
+        )
     missing = [f for f in files if not isinstance(f, str) or not (Path(src) / f).is_file()]
     if missing or study_status(src) != "complete":
         raise ValueError(
@@ -102,11 +111,20 @@ def _check_folders(sources: Sequence[str | Path], out: str | Path) -> None:
             )
 
 
+def _copied(name: str) -> bool:
+    """Whether a merge copies a source's file: its figures and ArviZ files, not its results,
+    report, ``study.json`` or run files (the merged study is pooled from the results)."""
+    is_run = name.startswith("run_") and name.endswith(".json")
+    return name not in (RESULTS, "report.md", STUDY_FILE) and not is_run
+
+
 def _key(run: RunResult) -> tuple[tuple[int, ...], int]:
     return tuple(run["pair"]), int(run["seed"])
 
 
-def merge_studies(sources: Sequence[str | Path], out: str | Path) -> StudyResults:
+def merge_studies(
+    sources: Sequence[str | Path], out: str | Path, *, any_version: bool = False
+) -> StudyResults:
     """One study from finished ``sources`` run with the same datasets, held-out pairs and
     settings (all but ``methods``, the seeds and how they ran): the union of their runs
     (a run is a pair and a seed), every run with the union of the methods (first source first),
@@ -117,7 +135,10 @@ def merge_studies(sources: Sequence[str | Path], out: str | Path) -> StudyResult
     have the same numbers in each (times aside): the runs are seeded, so this is a
     reproducibility check, and a ``ValueError`` names the method and run that differ. Every run
     of the merged study must have every method (a ``ValueError`` names the run and what it
-    lacks): new seeds come with the methods of the study they join."""
+    lacks): new seeds come with the methods of the study they join. A source made by other code
+    (another bayesattn version or git commit than this one, or none recorded) is refused unless
+    ``any_version``. A file a source lists that is a symbolic link is refused (a merge copies the
+    sources' own files, never one from elsewhere)."""
     from . import figures, report
 
     if isinstance(sources, (str, Path)) or len(sources) < 2:
@@ -125,6 +146,8 @@ def merge_studies(sources: Sequence[str | Path], out: str | Path) -> StudyResult
     _check_folders(sources, out)
     check_out_path(out)
     loaded = [_load(s) for s in sources]
+    for src, r in zip(sources, loaded, strict=True):
+        check_same_code(r.get("environment"), f"source {src}", any_version=any_version)
     base = loaded[0]
     for src, r in zip(sources[1:], loaded[1:], strict=True):
         diff = sorted(
@@ -141,6 +164,7 @@ def merge_studies(sources: Sequence[str | Path], out: str | Path) -> StudyResult
     merged = StudyResults(**base)
     merged["methods"], merged["datasets"] = methods, {}
     merged["merged_from"] = [str(s) for s in sources]
+    merged.pop("config_hash", None)  # a merged study is pooled from its sources, not resumable
     seeds = sorted({int(seed) for r in loaded for seed in r["seeds"]})
     merged["seeds"] = seeds
     merged["config"] = dict(base["config"], methods=methods, out=str(out), seed=seeds[0],
@@ -156,7 +180,7 @@ def merge_studies(sources: Sequence[str | Path], out: str | Path) -> StudyResult
     try:
         for src, r in zip(sources, loaded, strict=True):  # the figures the sources wrote
             for name in r.get("files", []):
-                if name != RESULTS and name != "report.md" and (Path(src) / name).is_file():
+                if _copied(name) and (Path(src) / name).is_file():
                     shutil.copyfile(Path(src) / name, register_output(out_dir, name))
         for dataset, new in pooled.items():
             new["figures"] = figures.dataset_figures(out_dir, dataset, new)

@@ -1,154 +1,239 @@
 """The protocol: every dataset × held-out class set × seed is one run (its own split and seeds);
 every method is fitted and scored on every run; numbers are pooled over the runs with 95%
-t-intervals and paired differences (:mod:`~bayesattn.study.stats`)."""
+t-intervals and paired differences (:mod:`.pooling`).
+
+Runs are independent, so they go to any :class:`concurrent.futures.Executor` (a local process
+pool by default, a Dask cluster's ``Client.get_executor()``, …); each finished run is written to
+its own file at once (:mod:`.runfiles`), so a study stopped at any moment resumes where it was,
+and ``results.json``/``report.md`` are pooled from those files."""
 
 from __future__ import annotations
 
-import os
-import platform
 import time
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, as_completed
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._study_io import abandon_run, begin_run, die_with_parent, finish_run, prepare_out_dir
+from .._study_io import (
+    PREVIOUS,
+    abandon_run,
+    begin_run,
+    die_with_parent,
+    finish_run,
+    register_output,
+    resume_run,
+    stop_run,
+)
 from .config import StudyConfig
 from .datasets import get_dataset
 from .methods import ensemble_of, get_method
-from .metrics import SCALARS, evaluate, get, primary_score
-from .results import (
-    DatasetBlock,
-    Interval,
-    MethodRow,
-    PairedInterval,
-    PooledRow,
-    RunResult,
-    SplitSizes,
-    StudyResults,
-    Win,
+from .metrics import evaluate
+from .pooling import pool
+from .provenance import versions
+from .results import MethodRow, RunResult, SplitSizes, StudyResults
+from .runfiles import (
+    STUDY_FILE,
+    StudyPlan,
+    plan_study,
+    read_run_file,
+    run_file_name,
+    write_run_file,
+    write_study_file,
 )
 from .runs import Run
-from .stats import paired_interval, t_interval
 
-__all__ = ["run_study", "pool"]
+__all__ = ["run_study", "pool", "study_config_dict"]
 
-#: metrics of the ensemble-size curve
-_CURVE = ("accuracy", "nll", "ece", "auroc_entropy", "auroc_mi", "train_seconds",
-          "infer_ms_batch512")  # fmt: skip
+Key = tuple[tuple[int, ...], int]  # (held-out pair, seed)
 
 
 def _jsonable(v: Any) -> Any:
     return list(v) if isinstance(v, tuple) else v
 
 
-def run_study(cfg: StudyConfig) -> StudyResults:
-    """Fit, score and write every method on every run; returns the results dict (also written
-    as ``results.json``, with ``report.md`` and the figures, to ``cfg.out``). A run that raises
-    leaves ``cfg.out`` as it was (:func:`~bayesattn._study_io.abandon_run`)."""
+def study_config_dict(cfg: StudyConfig) -> dict[str, Any]:
+    """The configuration as ``results.json`` records it (tuples as lists)."""
+    return {k: _jsonable(v) for k, v in asdict(cfg).items()}
+
+
+def run_study(
+    cfg: StudyConfig,
+    executor: Executor | None = None,
+    *,
+    force: bool = False,
+    any_version: bool = False,
+) -> StudyResults:
+    """Fit, score and write every method on every run; returns the results (also written as
+    ``results.json``, with ``report.md``, the figures and one file per run, to ``cfg.out``).
+
+    ``executor``: where the runs go (any :class:`concurrent.futures.Executor`: a Dask
+    ``Client.get_executor()``, a process pool of yours; its workers must see ``cfg.out``, where
+    the first run of a data set writes its figures); ``None``: this process (``cfg.jobs == 1``) or
+    a process pool of ``cfg.jobs`` workers that dies with it. The numbers do not depend on it.
+
+    A folder holding a study of the same configuration is **resumed** (its finished runs are read,
+    not redone); one of another configuration is refused unless ``force`` (which replaces it), one
+    of other code (bayesattn version, git commit) unless ``any_version`` (:mod:`.runfiles`). A
+    study that raises or is interrupted keeps its finished runs (the folder says INCOMPLETE and
+    why; rerun to resume); one that had finished no run restores the study it was replacing."""
+    for name in cfg.methods:
+        get_method(name).check_available()  # before anything is written or trained
+    for dataset in cfg.dataset_list:
+        get_dataset(dataset).check_available()
+    config = study_config_dict(cfg)
+    plan = plan_study(config, force=force, any_version=any_version)
+    wrote: list[Path] = []
+    foreign = _open_folder(plan, config, cfg)
     try:
-        return _run_study(cfg)
-    except BaseException:
-        abandon_run(getattr(cfg, "out", None))
+        return _run_study(cfg, plan, foreign, executor, wrote, any_version)
+    except BaseException as e:
+        if not plan.resume and not wrote and (plan.out / PREVIOUS).is_dir():
+            abandon_run(plan.out)  # nothing of the new study finished: the old one comes back
+        else:
+            stop_run(plan.out, f"{type(e).__name__}: {e}")
         raise
 
 
-def _run_study(cfg: StudyConfig) -> StudyResults:
+def _open_folder(plan: StudyPlan, config: dict[str, Any], cfg: StudyConfig) -> frozenset[str]:
+    """Mark the folder incomplete (resuming: keep its runs; else: set the old study aside) and
+    list every run file the study will write, with ``study.json``."""
+    foreign = resume_run(plan.out) if plan.resume else begin_run(plan.out)
+    names = [STUDY_FILE] + [run_file_name(d, p, s) for d in cfg.dataset_list for p, s in _keys(cfg)]
+    for name in names:  # one manifest, written by this process only while workers run
+        register_output(plan.out, name)
+    if not plan.resume:
+        write_study_file(plan.out, config, plan.config_hash)
+    return foreign
+
+
+def _keys(cfg: StudyConfig) -> list[Key]:
+    seeds = [cfg.seed + i for i in range(cfg.seeds)]
+    return [(pair, seed) for pair in cfg.pairs() for seed in seeds]
+
+
+def _run_study(
+    cfg: StudyConfig,
+    plan: StudyPlan,
+    foreign: frozenset[str],
+    executor: Executor | None,
+    wrote: list[Path],
+    any_version: bool,
+) -> StudyResults:
     from tqdm.auto import tqdm
 
     from . import figures, report
 
-    for name in cfg.methods:
-        get_method(name).check_available()  # before anything is written or trained
-    for dataset in cfg.dataset_list:
-        get_dataset(dataset).check_available()  # ImportError before anything is written
-    out = prepare_out_dir(cfg.out, force=True)
-    foreign = begin_run(out)  # INCOMPLETE marker; the previous run's listed files go
-    t_start = time.perf_counter()
-    seeds = [cfg.seed + i for i in range(cfg.seeds)]
-    pairs = cfg.pairs()
+    out, h, t_start, keys = plan.out, plan.config_hash, time.perf_counter(), _keys(cfg)
     results: StudyResults = {
-        "config": {k: _jsonable(v) for k, v in asdict(cfg).items()},
+        "config": study_config_dict(cfg),
+        "config_hash": h,
         "methods": list(cfg.methods),
-        "seeds": seeds,
-        "pairs": [list(p) for p in pairs],
-        "environment": {
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "threads": torch.get_num_threads(),
-        },  # fmt: skip
+        "seeds": [cfg.seed + i for i in range(cfg.seeds)],
+        "pairs": [list(p) for p in cfg.pairs()],
+        "environment": {**versions(), "threads": torch.get_num_threads()},
         "datasets": {},
     }
-    total = len(cfg.dataset_list) * len(pairs) * len(seeds) * len(cfg.methods)
-    bar = tqdm(total=total, desc="study", disable=not cfg.progress)
-    for dataset in cfg.dataset_list:
-        t_ds = time.perf_counter()
-        keys = [(pair, seed) for pair in pairs for seed in seeds]
-        if cfg.jobs == 1:
-            runs = [_one_run(cfg, out, Run.load(cfg, dataset, p, s), i == 0, bar)
-                    for i, (p, s) in enumerate(keys)]  # fmt: skip
-        else:
-            runs = _parallel_runs(cfg, out, dataset, keys, bar)
-        block = pool(runs, list(cfg.methods))
-        block["model"] = {k: _jsonable(v) for k, v in cfg.model(dataset).items()}
-        block["seconds"] = time.perf_counter() - t_ds
-        block["figures"] = figures.dataset_figures(out, dataset, block)
-        results["datasets"][dataset] = block
-    bar.close()
+
+    def stored(dataset: str, key: Key) -> RunResult | None:
+        name = run_file_name(dataset, *key)
+        return read_run_file(out, name, h, any_version=any_version)
+
+    todo = {d: [(i, k) for i, k in enumerate(keys) if stored(d, k) is None]
+            for d in cfg.dataset_list}  # fmt: skip
+    total = len(cfg.dataset_list) * len(keys)
+    bar = tqdm(total=total, initial=total - sum(map(len, todo.values())), desc="study runs",
+               unit="run", disable=not cfg.progress)  # fmt: skip
+    own = _local_pool(cfg.jobs) if executor is None and cfg.jobs > 1 else None
+    try:
+        for dataset in cfg.dataset_list:
+            t_ds = time.perf_counter()
+            for run, code in _execute(cfg, out, dataset, todo[dataset], own or executor, bar):
+                wrote.append(write_run_file(out, run, h, code))
+                bar.set_postfix_str(f"{dataset} {tuple(run['pair'])} seed {run['seed']} done")
+                bar.update()
+            runs = [stored(dataset, k) for k in keys]  # every run from its file
+            block = pool([r for r in runs if r is not None], list(cfg.methods))
+            block["model"] = {k: _jsonable(v) for k, v in cfg.model(dataset).items()}
+            block["seconds"] = time.perf_counter() - t_ds
+            block["figures"] = figures.dataset_figures(out, dataset, block)
+            results["datasets"][dataset] = block
+    finally:
+        if own is not None:
+            own.shutdown(wait=False, cancel_futures=True)
+        bar.close()
     results["seconds"] = time.perf_counter() - t_start
-    results["files"] = finish_run(out, results, report.render(results), foreign)  # last = complete
+    results["files"] = finish_run(out, results, report.render(results), foreign)  # last
     return results
 
 
-class _NoBar:
-    def set_postfix_str(self, s: str) -> None: ...
-
-    def update(self, n: int = 1) -> None: ...
-
-
-def _run_job(cfg: StudyConfig, out: Path, dataset: str, key: tuple[tuple[int, ...], int],
-             first: bool, threads: int) -> RunResult:  # fmt: skip
-    """One run in a worker process (``threads`` torch threads)."""
-    torch.set_num_threads(threads)
-    return _one_run(cfg, out, Run.load(cfg, dataset, key[0], key[1]), first, _NoBar())
-
-
-def _parallel_runs(cfg: StudyConfig, out: Path, dataset: str,
-                   keys: list[tuple[tuple[int, ...], int]], bar: Any) -> list[RunResult]:  # fmt: skip
-    """The runs of ``dataset`` on ``cfg.jobs`` worker processes (each with the caller's torch threads), in
-    the order of ``keys``.
-
-    Every run seeds its own split, training and sampling, so the numbers are those of
-    ``jobs=1`` (``tests/study/test_protocol.py``); only the measured times differ (the runs
-    share the machine). Workers are forked where the platform allows (methods registered by the
-    calling script are then known to them), spawned elsewhere."""
+def _local_pool(jobs: int) -> Executor:
+    """``jobs`` worker processes that die with this one (forked where the platform allows, so
+    methods and data sets registered by the calling script are known to them)."""
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    import os
+    from concurrent.futures import ProcessPoolExecutor
 
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=die_with_parent,
+                               initargs=(os.getpid(),))  # fmt: skip
+
+
+def _execute(
+    cfg: StudyConfig,
+    out: Path,
+    dataset: str,
+    todo: list[tuple[int, Key]],
+    executor: Executor | None,
+    bar: Any,
+) -> Any:
+    """``(run, versions of the code that ran it)`` of every run in ``todo``, as each finishes:
+    here, one after the other (``executor=None``), or on the executor's workers (each with this
+    process's torch threads). Runs not finished when the caller stops are cancelled."""
     threads = torch.get_num_threads()
-    with ProcessPoolExecutor(max_workers=cfg.jobs, mp_context=ctx, initializer=die_with_parent,
-                             initargs=(os.getpid(),)) as pool_:  # fmt: skip
-        futures = {pool_.submit(_run_job, cfg, out, dataset, key, i == 0, threads): i
-                   for i, key in enumerate(keys)}  # fmt: skip
-        done: dict[int, RunResult] = {}
+    if executor is None:
+        for i, key in todo:
+            yield _run_job(cfg, out, dataset, key, i == 0, threads, bar.set_postfix_str)
+        return
+    futures: list[Future[tuple[RunResult, dict[str, Any]]]] = [
+        executor.submit(_run_job, cfg, out, dataset, key, i == 0, threads) for i, key in todo
+    ]
+    try:
         for fut in as_completed(futures):
-            i = futures[fut]
-            done[i] = fut.result()
-            bar.set_postfix_str(f"{dataset} {keys[i][0]} seed {keys[i][1]} done")
-            bar.update(len(cfg.methods))
-    return [done[i] for i in range(len(keys))]
+            yield fut.result()
+    finally:
+        for fut in futures:
+            fut.cancel()
 
 
-def _one_run(cfg: StudyConfig, out: Path, run: Run, first: bool, bar: Any) -> RunResult:
+def _run_job(
+    cfg: StudyConfig,
+    out: Path,
+    dataset: str,
+    key: Key,
+    first: bool,
+    threads: int,
+    say: Callable[[str], Any] | None = None,
+) -> tuple[RunResult, dict[str, Any]]:
+    """One run (``threads`` torch threads), with the versions of the code that ran it."""
+    torch.set_num_threads(threads)
+    run = Run.load(cfg, dataset, key[0], key[1])
+    return _one_run(cfg, out, run, first, say or (lambda s: None)), versions()
+
+
+def _one_run(
+    cfg: StudyConfig, out: Path, run: Run, first: bool, say: Callable[[str], Any]
+) -> RunResult:
     """Every method on one run (and the ensemble-size curve); figures on the first run."""
     from . import figures
 
     rows: dict[str, MethodRow] = {}
     extras: dict[str, Any] = {}
     for name in cfg.methods:
-        bar.set_postfix_str(f"{run.dataset} {run.pair} seed {run.seed}: {name}")
+        say(f"{run.dataset} {run.pair} seed {run.seed}: {name}")
         method = get_method(name)
         t0 = time.perf_counter()
         fitted = method.fit(run)
@@ -157,7 +242,6 @@ def _one_run(cfg: StudyConfig, out: Path, run: Run, first: bool, bar: Any) -> Ru
         rows[name] = row
         if first and cfg.figures:
             extras[name] = figures.run_figures(out, run, method, fitted, preds)
-        bar.update()
     curve: dict[str, MethodRow] = {}
     if "ensemble" in cfg.methods:
         for m in range(1, cfg.ensemble_size + 1):
@@ -172,91 +256,3 @@ def _sizes(run: Run) -> SplitSizes:
     d = run.data
     return SplitSizes(train=len(d.x_train), val=len(d.x_val), test=len(d.x_test),
                       ood_classes=len(d.x_ood_classes))  # fmt: skip
-
-
-def _values(runs: list[RunResult], method: str, path: tuple[str, ...]) -> list[float] | None:
-    vals = [get(r["methods"][method], path) for r in runs]
-    nums = [v for v in vals if v is not None]
-    return nums if len(nums) == len(vals) else None
-
-
-def pool(runs: list[RunResult], methods: list[str]) -> DatasetBlock:
-    """Pooled numbers of one dataset: per method and metric the mean with a 95% t-interval over
-    the runs (pair × seed); paired differences against ``deterministic`` and ``ensemble`` (where
-    run); the ensemble-size curve; per-pair means (the appendix); the best method per metric."""
-    for r in runs:  # rows of studies older than the primary score: derive it from their AUROCs
-        for row in r["methods"].values():
-            if "auroc_primary" not in row:
-                row["primary_score"], row["auroc_primary"] = primary_score(row)
-    pooled: dict[str, PooledRow] = {}
-    for m in methods:
-        pooled[m] = {"primary_score": runs[0]["methods"][m]["primary_score"]} if runs else {}
-        for key, path, _ in SCALARS:
-            vals = _values(runs, m, path)
-            if vals is not None:
-                pooled[m][key] = t_interval(vals)
-        pooled[m]["corruption_curve"] = _corruption_curve(runs, m)
-        pooled[m]["params"] = [r["methods"][m]["params"] for r in runs]
-    paired: dict[str, dict[str, dict[str, PairedInterval]]] = {}
-    for ref in ("deterministic", "ensemble"):
-        if ref not in methods:
-            continue
-        paired[ref] = {}
-        for m in methods:
-            if m == ref:
-                continue
-            paired[ref][m] = {}
-            for key, path, _ in SCALARS:
-                a, b = _values(runs, m, path), _values(runs, ref, path)
-                if a is not None and b is not None:
-                    paired[ref][m][key] = paired_interval(a, b)
-    curve: dict[str, dict[str, Interval]] = {}
-    if runs and runs[0]["ensemble_curve"]:
-        for size in runs[0]["ensemble_curve"]:
-            curve[size] = {}
-            for key, path, _ in SCALARS:
-                if key not in _CURVE:
-                    continue
-                got = [get(r["ensemble_curve"][size], path) for r in runs]
-                nums = [v for v in got if v is not None]
-                if len(nums) == len(got):
-                    curve[size][key] = t_interval(nums)
-    per_pair: dict[str, dict[str, dict[str, float]]] = {}
-    for pair in sorted({tuple(r["pair"]) for r in runs}):
-        sub = [r for r in runs if tuple(r["pair"]) == pair]
-        per_pair[f"{pair[0]}-{pair[1]}" if len(pair) == 2 else "-".join(map(str, pair))] = {
-            m: {key: t_interval(v)["mean"] for key, path, _ in SCALARS
-                if (v := _values(sub, m, path)) is not None}
-            for m in methods
-        }  # fmt: skip
-    return DatasetBlock(runs=runs, pooled=pooled, paired=paired, ensemble_curve=curve,
-                        per_pair=per_pair, wins=_wins(runs, pooled))  # fmt: skip
-
-
-def _corruption_curve(runs: list[RunResult], m: str) -> dict[str, dict[str, float]]:
-    """Mean accuracy and entropy AUROC per corruption kind and severity."""
-    first = runs[0]["methods"][m]["corruptions"]
-    return {
-        c: {k: t_interval([r["methods"][m]["corruptions"][c][k] for r in runs])["mean"]
-            for k in ("accuracy", "auroc_entropy")}
-        for c in first
-    }  # fmt: skip
-
-
-def _wins(runs: list[RunResult], pooled: dict[str, PooledRow]) -> dict[str, Win]:
-    """Per metric with a direction: the method with the best mean, the runner-up, and the paired
-    difference best − runner-up (same pair and seed) with its 95% interval."""
-    wins = {}
-    for key, path, higher in SCALARS:
-        have = [m for m in pooled if key in pooled[m]]
-        if higher is None or not have:
-            continue
-        ranked = sorted(have, key=lambda m: pooled[m][key]["mean"], reverse=higher)
-        best = ranked[0]
-        entry = Win(method=best, mean=pooled[best][key]["mean"])
-        if len(ranked) > 1:
-            a, b = _values(runs, best, path), _values(runs, ranked[1], path)
-            entry["runner_up"] = ranked[1]
-            entry["vs_runner_up"] = paired_interval(a, b) if a and b else None
-        wins[key] = entry
-    return wins

@@ -117,5 +117,7 @@ class StudyResults(_ResultsBase, total=False):
 
     seconds: float
     files: list[str]
+    #: the configuration's hash (:func:`~bayesattn.study.runfiles.config_hash`)
+    config_hash: str
     #: the source folders of a merged study (:func:`~bayesattn.study.merge_studies`)
     merged_from: list[str]

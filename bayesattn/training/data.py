@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import warnings
 from collections.abc import Iterator, Sized
 from typing import Any
 

@@ -21,7 +21,7 @@ import pyro
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_has_values, torch_generator
+from .._validation import check_has_values
 from ..nn.networks import BayesianNetwork
 from ..nn.networks.foreign import as_network
 from .checkpoint import load_checkpoint, save_checkpoint

@@ -117,7 +117,13 @@ def test_full_protocol_path_runs_the_three_datasets_into_one_report(tmp_path, ca
         "shift_1", "shift_3", "shift_5",
     }  # fmt: skip
     assert (out / "mnist1d_reliability_deterministic.png").exists()
-    assert main(args) == 2  # a study is there: --force needed
+    # the same command again resumes the finished study (every run is there: nothing is rerun)
+    runs = {p.name: p.stat().st_mtime_ns for p in out.glob("run_*.json")}
+    assert len(runs) == 3 and main(args) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("run_*.json")} == runs
+    other = [*args[:-1], "--ensemble-size", "2", "--no-progress"]
+    assert main(other) == 2  # a study of other settings is there: --force needed
+    assert "another configuration" in capsys.readouterr().err
     (out / "notes.txt").write_text("keep")
     assert main([*args, "--force"]) == 0
     assert (out / "notes.txt").read_text() == "keep"

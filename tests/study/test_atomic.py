@@ -1,6 +1,8 @@
-"""Study steps that raise (issue 33): a bad configuration, or a method that fails mid-run, leaves
-the folder (an earlier study's files, or nothing) as it was; registries are unchanged by a
-registration that raises. (A killed study says INCOMPLETE: ``tests/cross_cutting/test_faults.py``.)"""
+"""Study steps that raise (issue 33): a bad configuration leaves the folder as it was; a method
+that fails before any run of a replacing study finished gives the earlier study back; in a new
+folder it leaves the folder INCOMPLETE (issue 43: a status, and what it finished, kept for a
+resume: ``tests/study/test_resume.py``); registries are unchanged by a registration that raises.
+(A killed study says INCOMPLETE: ``tests/cross_cutting/test_faults.py``.)"""
 
 from __future__ import annotations
 
@@ -52,16 +54,17 @@ def test_a_method_that_fails_mid_run_leaves_the_folder_as_it_was(study, tmp_path
         with pytest.raises(ValueError, match="already registered"):
             M.register_method(_Fails(), default=True)  # a duplicate changes nothing
         assert tuple(M.DEFAULT_METHODS).count("r4_fails") == 0
-        before = _snapshot(study)  # over an earlier study: its files come back, unchanged
+        before = _snapshot(study)  # replacing an earlier study: its files come back, unchanged
         with pytest.raises(RuntimeError, match="fails mid-run"):
             run_study(StudyConfig.quick(out=str(study), methods=("deterministic", "r4_fails"),
-                                        **kw))  # fmt: skip
+                                        **kw), force=True)  # fmt: skip
         assert _snapshot(study) == before and study_status(study) == "complete"
-        out = tmp_path / "new"  # a new folder: left empty
+        out = tmp_path / "new"  # a new folder: says it is incomplete, and why
         with pytest.raises(RuntimeError, match="fails mid-run"):
             run_study(StudyConfig.quick(out=str(out), methods=("deterministic", "r4_fails"),
                                         **kw))  # fmt: skip
-        assert study_status(out) == "missing" and not (out / INCOMPLETE).exists()
+        assert study_status(out) == "incomplete"
+        assert "It stopped: RuntimeError: this method fails" in (out / INCOMPLETE).read_text()
     finally:
         M._REGISTRY.unregister("r4_fails")
     assert tuple(M.METHODS) == names

@@ -44,7 +44,10 @@ def test_a_merge_of_copies_is_the_study_itself(study, tmp_path):
     for part in ("pooled", "paired", "per_pair", "wins", "runs"):
         assert text(merged["datasets"]["digits"][part]) == text(want["datasets"]["digits"][part])
     assert study_status(tmp_path / "m") == "complete"
-    assert set(json.loads((a / RESULTS).read_text())["files"]) <= set(merged["files"])
+    listed = set(json.loads((a / RESULTS).read_text())["files"])
+    runs = {f for f in listed if f.startswith("run_") or f == "study.json"}
+    assert runs and listed - runs <= set(merged["files"])  # figures copied; run files not:
+    assert not runs & set(merged["files"])  # the merged study is pooled, not resumable
 
 
 def _edit_config(folder, edit):

@@ -19,7 +19,6 @@ from torch import Tensor, nn
 from ..._validation import check_int, check_real
 from ..contract import REMOVED_PRIVATE_NAMES, REQUIRED, check_sample_argument
 from ..modes import (
-    AttentionMode,
     attention_mode,
     collect_kl,
     current_mode,
