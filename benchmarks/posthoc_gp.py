@@ -4,7 +4,7 @@ the two models of ``examples/07_posthoc_calibration.py`` (a plain torch encoder 
 
 Prints, per model, mean ± sd over seeds of accuracy, NLL, ECE and OOD AUROC (predictive entropy;
 and mutual information for the GP read) for the trained model, temperature scaling alone, the
-post-hoc GP read (8 samples) and its mean-field predictive (``PosthocGP.probs``), the time of 8
+post-hoc GP read (8 samples) and its mean-field predictive (``GPRead.predict(x)``), the time of 8
 samples of the GP read (and of the mean-field predictive) over one plain forward pass of the
 unconverted model on the test set (median of 5, same process), and the paired per-seed
 differences to temperature scaling with 95% t-intervals. For the HF model it also prints the
