@@ -4,7 +4,7 @@ the two models of ``examples/07_posthoc_calibration.py`` (a plain torch encoder 
 
 Prints, per model, mean ± sd over seeds of accuracy, NLL, ECE and OOD AUROC (predictive entropy;
 and mutual information for the GP read) for the trained model, temperature scaling alone, the
-post-hoc GP read (8 samples) and its mean-field predictive (``PosthocGP.probs``), the time of 8
+post-hoc GP read (8 samples) and its mean-field predictive (``GPRead.predict(x)``), the time of 8
 samples of the GP read (and of the mean-field predictive) over one plain forward pass of the
 unconverted model on the test set (median of 5, same process), and the paired per-seed
 differences to temperature scaling with 95% t-intervals. For the HF model it also prints the
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from bayesattn import calibration as C
-from bayesattn.posthoc._gp_core import fit_posthoc_gp
+from bayesattn.posthoc import GPRead
 from bayesattn.posthoc._svi_core import evaluate
 from bayesattn.study.stats import paired_interval
 
@@ -67,8 +67,8 @@ def run(ex: Any, name: str, seed: int, quick: bool) -> dict[str, dict[str, float
     }
     if name == "hf":  # the task's own P(y | x): 0.9 on the rule's label (10 % flipped)
         rows["bayes-optimal"] = evaluate(_oracle(x_te)[None], y_te, _oracle(x_ood)[None])
-    read = fit_posthoc_gp(model, x_cal, y_cal, head, forward=fwd, seed=seed)
-    p, p_ood = read.sample_probs(x_te, 8, seed=seed), read.sample_probs(x_ood, 8, seed=seed + 1)
+    read = GPRead(model, head=head, forward=fwd, seed=seed).fit(x_cal, y_cal)
+    p, p_ood = read.predict(x_te, 8, seed=seed).probs, read.predict(x_ood, 8, seed=seed + 1).probs
     row = evaluate(p, y_te, p_ood)
 
     def mi(q: torch.Tensor) -> torch.Tensor:
@@ -81,13 +81,13 @@ def run(ex: Any, name: str, seed: int, quick: bool) -> dict[str, dict[str, float
     row["mi_in"], row["mi_out"] = float(mi(p).mean()), float(mi(p_ood).mean())
     with torch.no_grad():
         t_plain = _median_time(lambda: fwd(model, x_te))
-    t_gp = _median_time(lambda: read.sample_probs(x_te, 8))
+    t_gp = _median_time(lambda: read.predict(x_te, 8))
     row["cost_8_samples_x"] = t_gp / t_plain
     rows["posthoc_gp"] = row
-    pm = read.probs(x_te)
-    mf = evaluate(pm[None], y_te, read.probs(x_ood)[None])
-    mf["ood_auroc_variance"] = C.ood_auroc(read.variance(x_te), read.variance(x_ood))
-    mf["cost_x"] = _median_time(lambda: read.probs(x_te)) / t_plain
+    pm, pm_ood = read.predict(x_te).probs, read.predict(x_ood).probs  # mean-field (1, B, C)
+    mf = evaluate(pm, y_te, pm_ood)
+    mf["ood_auroc_variance"] = C.ood_auroc(read.score(x_te), read.score(x_ood))  # GP variance
+    mf["cost_x"] = _median_time(lambda: read.predict(x_te)) / t_plain
     rows["posthoc_gp mean-field"] = mf
     return rows
 

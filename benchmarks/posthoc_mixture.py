@@ -28,12 +28,11 @@ import torch
 from posthoc_gp import _example, _median_time, _oracle, _paired
 
 from bayesattn import calibration as C
-from bayesattn.posthoc._gp_core import fit_posthoc_gp
-from bayesattn.posthoc._mixture_core import fit_posthoc_mixture
+from bayesattn.posthoc import GPRead, MixtureRead
 from bayesattn.posthoc._svi_core import evaluate
 
 S = 8  # predictive draws of the sampled reads
-MIXTURES = {  # row name: fit_posthoc_mixture keywords
+MIXTURES = {  # row name: MixtureRead keywords
     "mixture K=4": dict(num_components=4),
     "mixture K=1": dict(num_components=1),
     "mixture K=4 s0=0.3": dict(num_components=4, prior_std=0.3),
@@ -80,25 +79,27 @@ def run(ex: Any, name: str, seed: int, quick: bool) -> dict[str, dict[str, float
     }
     if name == "hf":  # the task's Bayes-optimal predictive: the floor (10 % flipped labels)
         rows["bayes-optimal"] = evaluate(_oracle(x_te)[None], y_te, _oracle(x_ood)[None])
-    read, fit_s = _timed(lambda: fit_posthoc_gp(model, x_cal, y_cal, head, forward=fwd, seed=seed))
-    mf = evaluate(read.probs(x_te)[None], y_te, read.probs(x_ood)[None])
-    mf["fit_s"], mf["cost_x"] = fit_s, _median_time(lambda: read.probs(x_te)) / t_plain
+    read, fit_s = _timed(lambda: GPRead(model, head=head, forward=fwd, seed=seed).fit(x_cal, y_cal))
+    mf = evaluate(read.predict(x_te).probs, y_te, read.predict(x_ood).probs)  # mean-field (1, B, C)
+    mf["fit_s"], mf["cost_x"] = fit_s, _median_time(lambda: read.predict(x_te)) / t_plain
     rows["gp mean-field"] = mf
     gp = _sampled_row(
-        read.sample_probs(x_te, S, seed=seed), read.sample_probs(x_ood, S, seed=seed + 1), y_te
+        read.predict(x_te, S, seed=seed).probs, read.predict(x_ood, S, seed=seed + 1).probs, y_te
     )
-    gp["cost_x"] = _median_time(lambda: read.sample_probs(x_te, S)) / t_plain
+    gp["cost_x"] = _median_time(lambda: read.predict(x_te, S)) / t_plain
     rows["gp 8 samples"] = gp
     steps = 20 if quick else 300
     for label, kw in MIXTURES.items():
         mix, fit_s = _timed(
-            lambda kw=kw: fit_posthoc_mixture(
-                model, x_cal, y_cal, forward=fwd, steps=steps, seed=seed, **kw
+            lambda kw=kw: MixtureRead(model, forward=fwd, steps=steps, seed=seed, **kw).fit(
+                x_cal, y_cal
             )
         )
-        row = _sampled_row(mix.probs(x_te, S, seed=seed), mix.probs(x_ood, S, seed=seed + 1), y_te)
-        row["kl"], row["T"], row["fit_s"] = mix.kl, mix.temperature, fit_s
-        row["cost_x"] = _median_time(lambda mix=mix: mix.probs(x_te, S), reps=3) / t_plain
+        row = _sampled_row(
+            mix.predict(x_te, S, seed=seed).probs, mix.predict(x_ood, S, seed=seed + 1).probs, y_te
+        )
+        row["kl"], row["T"], row["fit_s"] = mix.kl(), mix.temperature, fit_s
+        row["cost_x"] = _median_time(lambda mix=mix: mix.predict(x_te, S), reps=3) / t_plain
         rows[label] = row
     return rows
 

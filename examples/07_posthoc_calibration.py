@@ -194,6 +194,12 @@ def run(name: str, quick: bool, seed: int, out: Path) -> dict[str, dict[str, flo
             f"{k:34s} {r['accuracy']:6.3f} {r['ece']:6.3f} {r['nll']:6.3f} {r['brier']:6.3f} "
             f"{r['ood_auroc']:6.3f}"
         )
+    t_mf, a = gp.mean_field
+    t_eff = t_mf * (1 + a * gp.score(x_test)).sqrt()  # (B,): the mean-field temperature per input
+    print(f"GP mean-field temperature T_mf*sqrt(1 + a v(x)): T_mf = {t_mf:.3g}, a = {a:.3g}, on the "
+          f"test inputs {t_eff.min():.2f}-{t_eff.max():.2f} (a ~ 0: the GP variance v does not predict "
+          "the calibration errors, so the read is temperature scaling; a v >> 1: the temperature is "
+          f"T_mf*sqrt(a)*sqrt(v) = {t_mf * a**0.5:.3g}*sqrt(v), only that product matters)")
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     plot_reliability_diagram(before.mean(0), y_test, ax=axes[0], title=f"{name}: before")
     plot_reliability_diagram(after.mean(0), y_test, ax=axes[1], title=f"{name}: after")

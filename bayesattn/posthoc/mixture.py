@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_real
+from .._validation import check_int, check_real
 from ..predictive import PredictionResult
 from ..predictive.foreign import default_forward, take_rows
 from ._mixture_core import PosthocMixture, fit_posthoc_mixture
@@ -59,9 +59,26 @@ class MixtureRead(PosthocRead):
             raise RuntimeError("MixtureRead is not fitted: call fit(...) first")
         return self.core_
 
-    def _predict(self, x: Any, num_samples: int | None) -> PredictionResult:
+    def predict(
+        self, features: Any, num_samples: int | None = None, *, seed: int | None = None
+    ) -> PredictionResult:
+        """``S`` stratified draws (module docstring); ``seed``: the draws' generator (``None``:
+        the global one)."""
+        self._check_fitted()
+        if num_samples is not None:
+            check_int("num_samples", num_samples, 1)
+        return self._predict(features, num_samples, seed)
+
+    @property
+    def temperature(self) -> float:
+        """The fitted temperature :math:`T` of the draws' logits."""
+        return self._core().temperature
+
+    def _predict(
+        self, x: Any, num_samples: int | None, seed: int | None = None
+    ) -> PredictionResult:
         core = self._core()
-        probs = core.probs(x, num_samples)  # (S, B, C)
+        probs = core.probs(x, num_samples, seed=seed)  # (S, B, C)
         K = core.num_components
         return PredictionResult(probs, kind="posthoc/mixture",
                                 components=torch.arange(probs.shape[0]) % K)  # fmt: skip

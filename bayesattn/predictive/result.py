@@ -159,8 +159,8 @@ class PredictionResult:
         attention: layer path → :class:`AttentionSamples` ``(S, B, H, Tq, Tk)`` (empty when
             ``keep_attention=False``).
         kind: how the samples were drawn: the attention mode (``"guide"``, ``"model"``,
-            ``"mean"``, ``"elbo"``), ``"mc_dropout"`` or ``"ensemble/<mode>"`` (``mode``
-            before 0.3).
+            ``"mean"``, ``"elbo"``), ``"mc_dropout"``, ``"ensemble/<mode>"`` (``mode``
+            before 0.3) or a post-hoc read's ``"posthoc/<read>"`` (:mod:`bayesattn.posthoc`).
         mask: for per-token predictives ``(S, B, T, V)``, the valid positions ``(B, T)``
             (``None``: all valid).
         components: for a mixture posterior (:mod:`bayesattn.nn.mixture`), the component of

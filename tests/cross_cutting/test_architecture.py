@@ -69,3 +69,36 @@ def test_figure_draws(fig, tmp_path):
     out = fig.draw(fig.layers(), fig.arrows(), tmp_path / "a.png")
     assert out.stat().st_size > 10_000
     assert (ROOT / "docs" / "img" / "architecture.png").exists()
+
+
+def _result_builders(root: Path) -> set[str]:
+    """Modules of ``root/bayesattn`` outside ``predictive/`` that call ``PredictionResult(...)``."""
+    found = set()
+    for path in (root / "bayesattn").rglob("*.py"):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("bayesattn/predictive/"):
+            continue
+        code = "\n".join(line.split("#")[0] for line in path.read_text().splitlines())
+        if re.search(r"(?<![\w.])PredictionResult\(", code):
+            found.add(rel)
+    return found
+
+
+def test_predictives_made_outside_predictive_are_the_ones_the_page_names():
+    """The page's claim: every attention-drawing predictive goes through Predictive; the modules
+    that build a PredictionResult themselves are exactly those its table lists."""
+    text = PAGE.read_text()
+    section = text.split("## One predictive engine", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `(bayesattn/[\w/]+\.py)` \|", section, flags=re.M))
+    assert listed, "the page lists no module that builds its own PredictionResult"
+    assert _result_builders(ROOT) == listed
+
+
+def test_result_builders_are_found(tmp_path):
+    """The check can fail: a new module that builds a PredictionResult is caught, one inside
+    predictive/ and a mention in a comment are not."""
+    (tmp_path / "bayesattn" / "predictive").mkdir(parents=True)
+    (tmp_path / "bayesattn" / "new_read.py").write_text("x = PredictionResult(probs)\n")
+    (tmp_path / "bayesattn" / "other.py").write_text("# PredictionResult(probs)\ny = my.PredictionResult(p)\n")
+    (tmp_path / "bayesattn" / "predictive" / "engine.py").write_text("z = PredictionResult(p)\n")
+    assert _result_builders(tmp_path) == {"bayesattn/new_read.py"}

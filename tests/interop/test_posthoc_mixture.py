@@ -207,3 +207,21 @@ def test_fit_on_a_hugging_face_model_leaves_it_unchanged():
         torch.testing.assert_close(v, state[k], rtol=0, atol=0)
     assert mix.mean.shape == (2, 2 * 8 * E)  # 2 layers × 8 sites of E factors
     assert mix.probs(x, 4, seed=0).shape == (4, 5, K)
+
+
+def test_mixture_read_predict_is_seeded_and_equals_the_fitted_draws():
+    """MixtureRead.predict(x, S, seed=s): the core's stratified draws under that seed (equal for
+    equal seeds, different for different ones); temperature is the fitted one."""
+    from bayesattn.posthoc import MixtureRead
+
+    model = Classifier(scale=4.0).eval()
+    x, y = _data(32)
+    read = MixtureRead(model, num_components=2, steps=5, lr=0.05, batch_size=16, seed=1).fit(x, y)
+    a, b = read.predict(x, 4, seed=3), read.predict(x, 4, seed=3)
+    torch.testing.assert_close(a.probs, b.probs, rtol=0, atol=0)
+    torch.testing.assert_close(a.probs, read.core_.probs(x, 4, seed=3), rtol=0, atol=0)
+    assert not torch.equal(a.probs, read.predict(x, 4, seed=4).probs)
+    assert a.kind == "posthoc/mixture" and a.components.tolist() == [0, 1, 0, 1]
+    assert read.temperature == pytest.approx(float(read.core_.log_temperature.exp()))
+    with pytest.raises(ValueError, match="num_samples"):
+        read.predict(x, 0)
