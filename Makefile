@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine (Python >= 3.11 and pip only):
 #   make study   -> builds .venv, installs bayesattn and the study extra, runs the main job
-#   make test    -> builds .venv, installs bayesattn with dev, examples, lightning and hf extras,
+#   make test    -> builds .venv, installs bayesattn with dev, examples, lightning, hf and cluster extras,
 #                   runs lint + the test suite (including a 2-process DDP run on CPU), then
 #                   `make test-arviz1`: builds .venv312 (Python 3.12, ArviZ 1.x) and runs the
 #                   ArviZ-facing tests there too
@@ -20,7 +20,7 @@ ARVIZ1_TESTS := tests/diagnostics/test_arviz1.py tests/diagnostics/test_diagnost
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -c constraints.txt -e ".[dev,examples,lightning,hf]"
+	$(PIP) install -c constraints.txt -e ".[dev,examples,lightning,hf,cluster]"
 	touch $@
 
 venv install: $(VENV)/.installed
