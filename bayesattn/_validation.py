@@ -13,7 +13,7 @@ import math
 import numbers
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -119,6 +119,14 @@ def check_real(
     if not _within(f, gt, ge, lt, le):
         raise ValueError(f"{name} must be {_describe_bounds(gt, ge, lt, le)}; got {v!r}")
     return f
+
+
+def check_reals(name: str, v: Any, *, gt: float | None = None) -> tuple[float, ...]:
+    """A non-empty sequence (not a string) of real numbers, each ``> gt`` when given, as a
+    tuple of floats; otherwise a ``TypeError``/``ValueError`` naming ``name`` and what was seen."""
+    if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or len(v) == 0:
+        raise TypeError(f"{name} must be a non-empty sequence of numbers; got {v!r}")
+    return tuple(check_real(f"{name}[{i}]", x, gt=gt) for i, x in enumerate(v))
 
 
 def _within(

@@ -27,6 +27,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from .._validation import check_reals
 from ..functional.niw import NIW
 from ..predictive import PredictionResult
 from ._checks import check_labels
@@ -66,7 +67,7 @@ class DensityRead(PosthocRead):
             ):
                 raise ValueError(f"views must be distinct names from ('cls', 'tokens'); got {views}")
         self.views: tuple[str, ...] | None = views
-        self.strengths = tuple(strengths)
+        self.strengths = check_reals("strengths", strengths, gt=0)
         self.core_: ClassDensityRead | None = None
 
     def _views(self, f: Features) -> list[Tensor]:

@@ -132,8 +132,9 @@ FULL_METHODS: Sequence[str] = _Names(
 )
 
 
-def register_method(method: Method, default: bool = False) -> Method:
-    """Add ``method`` under ``method.name`` (``default``: run it when no methods are named)."""
+def register_method(method: Method, default: bool = False, *, override: bool = False) -> Method:
+    """Add ``method`` under ``method.name`` (``default``: run it when no methods are named); a
+    name already taken is a ``ValueError`` unless ``override=True``, which replaces it."""
     if not isinstance(method, Method) or not method.name or not method.name.isidentifier():
         raise ValueError(f"method must be a Method with an identifier name; got {method!r}")
     if not isinstance(method.description, str) or not method.description.strip():
@@ -141,8 +142,8 @@ def register_method(method: Method, default: bool = False) -> Method:
             f"method {method.name!r} needs a description (one line: what it is; shown by "
             "`bayesattn study --list-methods` and in the report)"
         )
-    _REGISTRY.register(method.name, method)  # a name already taken: ValueError
-    if default:
+    _REGISTRY.register(method.name, method, override=override)  # taken: ValueError
+    if default and method.name not in _DEFAULT:
         _DEFAULT.append(method.name)
     return method
 

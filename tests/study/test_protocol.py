@@ -120,8 +120,11 @@ def test_a_method_plugs_in_with_one_registration():
         register_method(m)
         assert "test_max_prob" in METHODS and get_method("test_max_prob") is m
         assert StudyConfig(methods=("test_max_prob",)).methods == ("test_max_prob",)
-        with pytest.raises(ValueError, match="already registered"):
+        with pytest.raises(ValueError, match="already registered.*override=True"):
             register_method(MaxProb())
+        again = MaxProb()  # the error's advice works: override=True replaces the entry
+        assert register_method(again, override=True) is again
+        assert get_method("test_max_prob") is again
     finally:
         from bayesattn.study import methods as M
 
