@@ -56,13 +56,14 @@ from bayesattn.calibration.token_scores import (
     combine_scores,
     masked_token_mean,
     mutual_information,
+    sequence_surprisal,
     unknown_rate,
 )
 from bayesattn.data.holdout import rotation_pairs
 from bayesattn.data.wordnet import WordNetData, load_wordnet_data
 from bayesattn.interop.class_density import fit_class_density
 from bayesattn.interop.token_views import TokenViews, token_views
-from bayesattn.nn.networks import TransformerClassifier
+from bayesattn.nn.networks import CausalLM, TransformerClassifier
 from bayesattn.training import fit
 
 #: ``d_model-layers-epochs-dropout`` settings tried on validation (the first is the study's
@@ -200,6 +201,66 @@ def one_run(d: WordNetData, setting: str, seed: int, members: int) -> dict[str, 
     return out
 
 
+def lm_sequences(x: Tensor) -> Tensor:
+    """Token ids ``(B, T)`` as a language model reads them ``(B, 1 + T)``: BOS (1) first, the
+    words shifted by 2 (padding stays 0; the unknown word becomes 3)."""
+    shifted = torch.where(x == 0, x, x + 2)
+    return torch.cat([torch.ones(len(x), 1, dtype=x.dtype), shifted], 1)
+
+
+def lm_run(d: WordNetData, setting: str, seed: int, epochs: int) -> dict[str, dict[str, float]]:
+    """The input likelihood of a small causal LM of the training texts (mean next-token
+    surprisal; the unknown word one token of its vocabulary), a unigram model's surprisal
+    (add-one smoothed training counts, an unknown word scored as unseen), and their
+    sums with the plain network's entropy (member 0 retrained: the same seed as in the main
+    run gives the same network)."""
+    out: dict[str, dict[str, float]] = {}
+    seqs = {s: lm_sequences(x_of(d, s)) for s in SPLITS}
+    width = int(setting.split("-")[0])
+    torch.manual_seed(seed)
+    lm = CausalLM(d.vocab_size + 2, d_model=width, nhead=4, num_layers=2,
+                  dim_feedforward=2 * width, dropout=0.1, max_len=seqs["train"].shape[1])  # fmt: skip
+    pyro.clear_param_store()
+    steps = math.ceil(len(d.x_train) / 64)
+    t0 = time.perf_counter()
+    fit(lm, (seqs["train"], None), val_data=(seqs["val"], None), method="hybrid", epochs=epochs,
+        batch_size=64, lr=3e-3, weight_decay=1e-4, warmup_steps=steps, seed=seed, progress=False,
+        restore_best=True, early_stopping_patience=None, val_samples=0)  # fmt: skip
+    lm.eval()
+    with torch.no_grad():
+        sur = {s: sequence_surprisal(torch.log_softmax(lm.forward_logits(q).double(), -1), q[:, 1:])
+               for s, q in seqs.items()}  # fmt: skip
+    lm_cost = time.perf_counter() - t0
+    out["causal LM surprisal"] = {"auroc": auroc(sur.__getitem__), "cost_s": lm_cost}
+    # add-one smoothing; an unknown word is scored as an unseen word (count 0 + 1), not by the
+    # frequency of the unknown id (which pools every rare training word and would make texts
+    # full of unknown words look typical)
+    counts = torch.bincount(d.x_train[d.x_train != 0], minlength=d.vocab_size).double() + 1
+    counts[1] = 1.0
+    logp = torch.log(counts / counts[1:].sum())
+    logp[0] = 0.0
+
+    def unigram(s: str) -> Tensor:
+        x = x_of(d, s)
+        return -(logp[x] * (x != 0)).sum(-1) / (x != 0).sum(-1).clamp_min(1)
+
+    uni = {s: unigram(s) for s in SPLITS}
+    out["unigram surprisal"] = {"auroc": auroc(uni.__getitem__), "cost_s": 0.0}
+    net, secs = train(d, setting, seed)
+    with torch.no_grad():
+        ent = {s: predictive_entropy(torch.softmax(net.forward_logits(x_of(d, s)).double(), -1))
+               for s in SPLITS}  # fmt: skip
+    out["plain network (entropy), retrained"] = {"auroc": auroc(ent.__getitem__), "cost_s": secs}
+    for name, parts in {"entropy + causal LM surprisal": [ent, sur],
+                        "entropy + unigram surprisal": [ent, uni]}.items():  # fmt: skip
+
+        def score(s: str, parts: list[dict[str, Tensor]] = parts) -> Tensor:
+            return combine_scores([p[s] for p in parts], [p["val"] for p in parts])
+
+        out[f"sum: {name}"] = {"auroc": auroc(score), "cost_s": secs + lm_cost}
+    return out
+
+
 def pooled(runs: list[dict[str, dict[str, float]]]) -> list[list[Any]]:
     rows = []
     for method in runs[0]:
@@ -225,56 +286,73 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--members", type=int, default=3)
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), metavar="E-L-EP-P")
     ap.add_argument("--setting", default=None, help="skip the selection: use this setting")
+    ap.add_argument(
+        "--select-only",
+        action="store_true",
+        help="only the selection (results: wordnet_tokens_selection.json)",
+    )
+    ap.add_argument("--lm", action="store_true",
+                    help="only the language-model scores (needs --setting; results: "
+                    "wordnet_tokens_lm.json)")  # fmt: skip
+    ap.add_argument("--lm-epochs", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="a smoke test: 100 glosses, 1 epoch")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.quick:
         args.per_class, args.pairs, args.seeds, args.members = 100, 1, 1, 2
         args.configs = ["32-1-1-0.1", "32-1-2-0.1"]
+    if args.lm and args.setting is None:
+        ap.error("--lm needs --setting (the main run's chosen setting)")
     pairs = rotation_pairs(args.pairs)
     t_all = time.perf_counter()
     tables = []
+    name = ("wordnet_tokens_selection" if args.select_only else
+            "wordnet_tokens_lm" if args.lm else "wordnet_tokens")  # fmt: skip
+    title = "WordNet tokens: network, bag of words, methods for words"
+
+    def save(extra: list[dict[str, Any]]) -> None:
+        if not args.quick:
+            print(f"wrote {write_results(name, title, tables + extra)}", flush=True)
+
     if args.setting is None:
         print(f"selection on pair {pairs[0]}, seed 0 (validation only):")
         d0 = load_wordnet_data(seed=0, holdout_classes=pairs[0], per_class=args.per_class)
         setting, sel_rows = select(d0, args.configs)
-        tables.append(table("Selection (validation, first pair, seed 0)",
-                            ["d_model-layers-epochs-dropout", "val accuracy", "val NLL",
-                             "train s"], sel_rows))  # fmt: skip
+        tables.append(table(f"Selection ({args.per_class} glosses a class; validation, pair "
+                            f"{pairs[0]}, seed 0)", ["d_model-layers-epochs-dropout",
+                            "val accuracy", "val NLL", "train s"], sel_rows))  # fmt: skip
+        print(f"chosen setting: {setting} (best validation accuracy)")
+        if args.select_only:
+            save([])
+            return
     else:
         setting = args.setting
-    print(f"chosen setting: {setting}")
     runs, per_run_rows = [], []
     jobs = [(p, s) for p in pairs for s in range(args.seeds)]
+    cols = ["method", "accuracy", "NLL", "ECE", "held-out AUROC (declared score)", "cost s"]
     for pair, seed in tqdm(jobs, desc="runs"):
         d = load_wordnet_data(seed=seed, holdout_classes=pair, per_class=args.per_class)
-        r = one_run(d, setting, seed, args.members)
+        r = (lm_run(d, setting, seed, 1 if args.quick else args.lm_epochs) if args.lm
+             else one_run(d, setting, seed, args.members))  # fmt: skip
         runs.append(r)
         for m, v in r.items():
             a = v.get("auroc", v.get("auroc_entropy"))
             per_run_rows.append([f"{pair}", seed, m, v.get("accuracy", ""), v.get("nll", ""),
                                  a, round(v["cost_s"], 1)])  # fmt: skip
         line = ", ".join(f"{m} {v.get('auroc', v.get('auroc_entropy')):.3f}" for m, v in r.items())
-        tqdm.write(
-            f"pair {pair} seed {seed}: acc net {r['plain network (entropy)']['accuracy']:.3f}"
-            f" bow {r['tf-idf + logistic regression']['accuracy']:.3f}; AUROC {line}"
-        )
-    cols = ["method", "accuracy", "NLL", "ECE", "held-out AUROC (declared score)", "cost s"]
-    rows = pooled(runs)
-    title = (f"WordNet nouns, {args.per_class} glosses a class, {len(pairs)} pairs x {args.seeds} "
-             f"seeds, network {setting}: mean [min, max] over runs")  # fmt: skip
-    tables.append(table(title, cols, rows))
-    tables.append(table("Per run", ["pair", "seed", "method", "accuracy", "NLL", "AUROC",
-                                    "cost s"], per_run_rows))  # fmt: skip
-    print(f"\n{title}")
+        tqdm.write(f"pair {pair} seed {seed}: AUROC {line}")
+        rows = pooled(runs)
+        head = (f"WordNet nouns, {args.per_class} glosses a class, {len(runs)} runs (pairs "
+                f"{sorted({p for p, _ in jobs[: len(runs)]})}, seeds 0-{args.seeds - 1}), network "
+                f"{setting}: mean [min, max] over runs")  # fmt: skip
+        save([table(head, cols, rows),
+              table("Per run", ["pair", "seed", "method", "accuracy", "NLL", "AUROC", "cost s"],
+                    per_run_rows)])  # fmt: skip
+    print(f"\n{head}")
     print(" | ".join(cols))
     for row in rows:
         print(" | ".join(str(c) for c in row))
     print(f"\nwall time {time.perf_counter() - t_all:.0f} s")
-    if not args.quick:
-        path = write_results("wordnet_tokens", "WordNet tokens: network, bag of words, methods "
-                             "for words", tables)  # fmt: skip
-        print(f"wrote {path}")
 
 
 if __name__ == "__main__":
