@@ -227,9 +227,13 @@ def lm_run(d: WordNetData, setting: str, seed: int, epochs: int) -> dict[str, di
         batch_size=64, lr=3e-3, weight_decay=1e-4, warmup_steps=steps, seed=seed, progress=False,
         restore_best=True, early_stopping_patience=None, val_samples=0)  # fmt: skip
     lm.eval()
-    with torch.no_grad():
-        sur = {s: sequence_surprisal(torch.log_softmax(lm.forward_logits(q).double(), -1), q[:, 1:])
-               for s, q in seqs.items()}  # fmt: skip
+
+    def surprisal(q: Tensor, batch: int = 128) -> Tensor:  # in batches: (B, T, V) is large
+        with torch.no_grad():
+            return torch.cat([sequence_surprisal(torch.log_softmax(lm.forward_logits(
+                q[i : i + batch]), -1), q[i : i + batch, 1:]) for i in range(0, len(q), batch)])  # fmt: skip
+
+    sur = {s: surprisal(q) for s, q in seqs.items() if s != "train"}
     lm_cost = time.perf_counter() - t0
     out["causal LM surprisal"] = {"auroc": auroc(sur.__getitem__), "cost_s": lm_cost}
     # add-one smoothing; an unknown word is scored as an unseen word (count 0 + 1), not by the
@@ -244,12 +248,12 @@ def lm_run(d: WordNetData, setting: str, seed: int, epochs: int) -> dict[str, di
         x = x_of(d, s)
         return -(logp[x] * (x != 0)).sum(-1) / (x != 0).sum(-1).clamp_min(1)
 
-    uni = {s: unigram(s) for s in SPLITS}
+    uni = {s: unigram(s) for s in ("val", "test", "ood")}
     out["unigram surprisal"] = {"auroc": auroc(uni.__getitem__), "cost_s": 0.0}
     net, secs = train(d, setting, seed)
     with torch.no_grad():
         ent = {s: predictive_entropy(torch.softmax(net.forward_logits(x_of(d, s)).double(), -1))
-               for s in SPLITS}  # fmt: skip
+               for s in ("val", "test", "ood")}  # fmt: skip
     out["plain network (entropy), retrained"] = {"auroc": auroc(ent.__getitem__), "cost_s": secs}
     for name, parts in {"entropy + causal LM surprisal": [ent, sur],
                         "entropy + unigram surprisal": [ent, uni]}.items():  # fmt: skip
