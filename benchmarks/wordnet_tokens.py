@@ -24,8 +24,10 @@ two classes held out as the study holds them out, :func:`~bayesattn.data.holdout
 Prints per-run lines and a pooled table (mean and range over runs); writes
 ``benchmarks/results/wordnet_tokens.json``. Needs ``apt-get install wordnet-base``.
 
-Run: ``OMP_NUM_THREADS=1 nice -n 10 python benchmarks/wordnet_tokens.py`` (about 5 minutes a
-setting and 5 a run on one core at 1,000 glosses a class); ``--quick`` for a smoke test.
+Run: ``OMP_NUM_THREADS=1 nice -n 10 python benchmarks/wordnet_tokens.py --setting 64-2-10-0.1``
+(on a busy 2-core machine at 1,000 glosses a class: 5 to 12 minutes a network of the study's
+size, 67 minutes for the 4 runs of 3 networks); ``--select-only`` the selection alone,
+``--quick`` a smoke test.
 """
 
 from __future__ import annotations
@@ -327,7 +329,8 @@ def main(argv: list[str] | None = None) -> None:
     t_all = time.perf_counter()
     tables = []
     name = ("wordnet_tokens_vocabulary" if args.vocab_diagnostic else
-            "wordnet_tokens_selection" if args.select_only else
+            f"wordnet_tokens_selection{'' if args.min_count == 2 else f'_min{args.min_count}'}"
+            if args.select_only else
             "wordnet_tokens_lm" if args.lm else "wordnet_tokens")  # fmt: skip
     title = "WordNet tokens: network, bag of words, methods for words"
 
@@ -345,9 +348,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.setting is None:
         print(f"selection on pair {pairs[0]}, seed 0 (validation only):")
-        d0 = load_wordnet_data(seed=0, holdout_classes=pairs[0], per_class=args.per_class)
+        d0 = load_wordnet_data(seed=0, holdout_classes=pairs[0], per_class=args.per_class,
+                               min_count=args.min_count)  # fmt: skip
         setting, sel_rows = select(d0, args.configs)
-        tables.append(table(f"Selection ({args.per_class} glosses a class; validation, pair "
+        tables.append(table(f"Selection ({args.per_class} glosses a class, vocabulary of words "
+                            f"seen {args.min_count}+ times; validation, pair "
                             f"{pairs[0]}, seed 0)", ["d_model-layers-epochs-dropout",
                             "val accuracy", "val NLL", "train s"], sel_rows))  # fmt: skip
         print(f"chosen setting: {setting} (best validation accuracy)")
