@@ -305,6 +305,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--members", type=int, default=3)
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), metavar="E-L-EP-P")
     ap.add_argument("--setting", default=None, help="skip the selection: use this setting")
+    ap.add_argument("--min-count", type=int, default=2,
+                    help="the vocabulary's cut-off in the selection (not 2: results "
+                    "wordnet_tokens_selection_min<k>.json)")  # fmt: skip
     ap.add_argument(
         "--select-only",
         action="store_true",
