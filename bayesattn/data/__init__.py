@@ -12,8 +12,8 @@ Two families of data live here:
   alignments (for comparing attention maps against ground truth).
 
 One module per concern; the names below are re-exported here (the study's helpers,
-``holdout``, ``mnist1d``, ``far_ood``, ``fortunes`` and ``token_ood``, are imported from their
-modules):
+``holdout``, ``mnist1d``, ``far_ood``, ``fortunes``, ``wordnet`` and ``token_ood``, are imported
+from their modules):
 
 * :mod:`bayesattn.data.digits` -- :class:`DigitsData`, :func:`load_digits_data`.
 * :mod:`bayesattn.data.corruptions` -- :func:`corrupt_images`, :func:`corruption_suite`.
@@ -26,6 +26,8 @@ modules):
   (:func:`~bayesattn.data.far_ood.far_ood_suite`, :func:`~bayesattn.data.far_ood.corrupt_sequences`).
 * :mod:`bayesattn.data.fortunes` -- tokens: Debian's fortune cookies by topic
   (:func:`~bayesattn.data.fortunes.load_fortunes_data`; ``apt-get install fortunes``).
+* :mod:`bayesattn.data.wordnet` -- tokens: WordNet 3.0 noun glosses by lexicographer file
+  (:func:`~bayesattn.data.wordnet.load_wordnet_data`; ``apt-get install wordnet-base``).
 * :mod:`bayesattn.data.token_ood` -- far-OOD sets and corruptions of token sequences.
 * :mod:`bayesattn.data.patches` -- :func:`images_to_patches`, :func:`patches_to_images`.
 * :mod:`bayesattn.data.sequences` -- :class:`SequenceTask`, copy / reverse / sort tasks,

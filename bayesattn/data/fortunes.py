@@ -18,15 +18,16 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from .._validation import check_int, check_seed
-from .holdout import HoldoutData, check_holdout_classes, holdout_split_indices
+from .holdout import HoldoutData, HoldoutSplit, check_holdout_classes, holdout_split_indices
 
 __all__ = ["FORTUNE_TOPICS", "FORTUNES_DIR", "FortunesData", "read_fortunes", "tokenize",
-           "load_fortunes_data", "PAD", "UNK"]  # fmt: skip
+           "load_fortunes_data", "tokens_data", "PAD", "UNK"]  # fmt: skip
 
 #: the ten topics (class ids 0..9 in this order)
 FORTUNE_TOPICS = ("art", "computers", "drugs", "education", "food", "law", "literature",
@@ -143,6 +144,27 @@ def load_fortunes_data(
     idx = np.concatenate(keep)
     texts, y = [texts[i] for i in idx], labels[idx]
     split = holdout_split_indices(y, holdout, seed, val_fraction, test_fraction)
+    return tokens_data(FortunesData, texts, y, split, seed, max_len, min_count,
+                       topics=FORTUNE_TOPICS)  # fmt: skip
+
+
+TokensT = TypeVar("TokensT", bound=FortunesData)
+
+
+def tokens_data(
+    cls: type[TokensT],
+    texts: Sequence[str],
+    y: np.ndarray,
+    split: HoldoutSplit,
+    seed: int,
+    max_len: int,
+    min_count: int,
+    topics: tuple[str, ...],
+) -> TokensT:
+    """The token data set ``cls`` of ``texts`` (labels ``y``, original class ids) cut by
+    ``split``: a vocabulary of the training rows' words seen ``min_count`` times (ids ``2..`` in
+    decreasing training frequency, ties by spelling), every split encoded and padded or cut to
+    ``max_len`` tokens (shared by every token data set of the package)."""
     counts = Counter(w for i in split.train for w in tokenize(texts[i]))
     words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
     index = {w: i + 2 for i, w in enumerate(words)}
@@ -154,7 +176,7 @@ def load_fortunes_data(
 
     (xtr, ytr), (xv, yv), (xte, yte) = part(split.train), part(split.val), part(split.test)
     xo, yo = part(split.ood, original=True)
-    return FortunesData(
+    return cls(
         xtr, ytr, xv, yv, xte, yte, split.classes, {c: k for k, c in enumerate(split.classes)},
-        split.holdout, xo, yo, seed, vocab=("<pad>", "<unk>", *words), topics=FORTUNE_TOPICS,
+        split.holdout, xo, yo, seed, vocab=("<pad>", "<unk>", *words), topics=topics,
     )  # fmt: skip

@@ -161,3 +161,29 @@ def test_no_data_set_name_is_switched_on_outside_the_registry(tmp_path):
     probe = tmp_path / "probe.py"  # the scan sees each kind of switch
     probe.write_text('a = d == "digits"\nb = d in ("x", "mnist1d")\nc = {"fortunes": 1}.get(d)\n')
     assert _name_switches(probe) == ["probe.py:1", "probe.py:2", "probe.py:3"]
+
+
+def test_wordnet_is_one_file_in_the_registry_and_says_how_to_install_it(monkeypatch):
+    from bayesattn.data import wordnet as W
+    from bayesattn.study.datasets import wordnet as registered
+
+    ds = get_dataset("wordnet")
+    assert isinstance(ds, registered.WordNet) and "wordnet" in DATASETS
+    assert "wordnet" not in FULL_DATASETS  # joins the full protocol once measured there
+    assert ds.model_defaults == get_dataset("fortunes").model_defaults
+
+    def missing(*a, **k):
+        raise FileNotFoundError("apt-get install wordnet-base")
+
+    monkeypatch.setattr(registered, "read_glosses", missing)
+    with pytest.raises(ImportError, match="apt-get install wordnet-base"):
+        ds.check_available()
+    monkeypatch.undo()
+    if not Path(W.WORDNET_DIR, "data.noun").is_file():
+        pytest.skip("Debian's wordnet-base is not installed")
+    cfg = StudyConfig.quick(progress=False)
+    run = Run.load(cfg, "wordnet", (8, 9), 0)
+    d = W.load_wordnet_data(seed=0, holdout_classes=(8, 9))
+    assert torch.equal(run.data.x_train, d.x_train) and torch.equal(run.data.y_test, d.y_test)
+    net = ds.network(run.data, cfg.model("wordnet"), 0.0, None)
+    assert net(run.data.x_test[:4]).shape == (4, run.data.num_classes)
