@@ -8,16 +8,24 @@
   ``benchmarks/results/*.json`` (schema in ``benchmarks/_results.py``) rendered as Markdown tables,
   with a line plot for each table whose first column is a numeric sweep (T, S, lengths, ...) and
   the figures a result file lists (files beside it).
+* Study pages (``docs/study_pages.py``): every folder of ``studies/`` becomes a page
+  ``results/<folder>.md`` generated from its ``results.json``, with its summary figures, listed
+  in the nav under "Results"; ``docs/results/index.md`` holds the marker
+  ``<!-- studies-index -->``, replaced by the list of studies. The landing page's figure
+  (``img/hero.png``, ``docs/figures.py``) is drawn from the newest full-protocol study.
 * ``docs/changelog.md`` holds the marker ``<!-- changelog -->``; it is replaced by the repository's
   ``CHANGELOG.md`` (its title dropped), so the version history lives on one page of the site.
 """
 
 from __future__ import annotations
 
+import functools
 import html
+import importlib.util
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 MARKER = "<!-- benchmark-results -->"
 CHANGELOG_MARKER = "<!-- changelog -->"
+STUDIES_MARKER = "<!-- studies-index -->"
 CHANGELOG = ROOT / "CHANGELOG.md"
 PLOT_DIR = "benchmarks-plots"  # under site/
 
@@ -183,7 +192,64 @@ def changelog_markdown(path: Path = CHANGELOG) -> str:
     return re.sub(r"\A#\s+Changelog\s*\n", "", text, count=1)
 
 
+def _docs_module(name: str) -> Any:
+    """A script of ``docs/`` (not a package) as a module."""
+    if f"_docs_{name}" in sys.modules:
+        return sys.modules[f"_docs_{name}"]
+    spec = importlib.util.spec_from_file_location(f"_docs_{name}", ROOT / "docs" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@functools.cache
+def _studies() -> list[Any]:
+    return _docs_module("study_pages").load_studies()
+
+
+def study_nav(nav: list[Any], studies: list[Any]) -> list[Any]:
+    """``nav`` with its ``Results: results/index.md`` entry turned into a section: the index,
+    then one page per study, newest first."""
+    out = []
+    for item in nav:
+        if isinstance(item, dict) and item.get("Results") == "results/index.md":
+            pages: list[Any] = [{"All studies": "results/index.md"}]
+            pages += [{f"{s.date}: {s.title}": f"results/{s.slug}.md"} for s in reversed(studies)]
+            item = {"Results": pages}
+        out.append(item)
+    return out
+
+
+def on_config(config: Any) -> Any:
+    _studies.cache_clear()
+    config["nav"] = study_nav(config["nav"], _studies())
+    return config
+
+
+def on_files(files: Any, config: Any) -> Any:
+    from mkdocs.structure.files import File
+
+    pages = _docs_module("study_pages")
+    for s in _studies():
+        files.append(File.generated(config, f"results/{s.slug}.md", content=pages.study_page(s)))
+        for uri, src in pages.figures(s):
+            files.append(File.generated(config, f"results/{uri}", abs_src_path=str(src)))
+    figures = _docs_module("figures")
+    files.append(File.generated(config, "img/hero.png", content=figures.hero_png()))
+    return files
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if STUDIES_MARKER in markdown:
+        pages = _docs_module("study_pages")
+        markdown = markdown.replace(
+            STUDIES_MARKER,
+            pages.index_table(_studies(), link=True)
+            + "\n"
+            + pages.index_details(_studies(), link=True),
+        )
     if CHANGELOG_MARKER in markdown:
         markdown = markdown.replace(CHANGELOG_MARKER, changelog_markdown())
     if MARKER in markdown:
