@@ -63,6 +63,12 @@ def strip_cdn_scripts(page_html: str) -> str:
     return page_html
 
 
+def _portable(arg: str) -> str:
+    """A command-line argument as a reader can use it: an absolute path (the build machine's)
+    becomes its last part."""
+    return Path(arg).name if Path(arg).is_absolute() else arg
+
+
 def _cell(v: Any) -> str:
     if v is None:  # not run / not applicable: the row's note says why
         return "–"
@@ -127,7 +133,7 @@ def render_results(
         doc = json.loads(f.read_text(encoding="utf-8"))
         m = doc.get("meta", {})
         out.append(f"### {html.escape(doc.get('title', doc['benchmark']))}\n")
-        args = " ".join(m.get("argv", [])) or "(defaults)"
+        args = " ".join(_portable(a) for a in m.get("argv", [])) or "(defaults)"
         out.append(
             f"`benchmarks/{doc['benchmark']}.py {args}` — run {m.get('date', '?')} on "
             f"{m.get('processor', '?')} ({m.get('cpus', '?')} CPUs), {m.get('threads', '?')} "
@@ -238,7 +244,33 @@ def on_files(files: Any, config: Any) -> Any:
             files.append(File.generated(config, f"results/{uri}", abs_src_path=str(src)))
     figures = _docs_module("figures")
     files.append(File.generated(config, "img/hero.png", content=figures.hero_png()))
+    for f in list(files.documentation_pages()):
+        if f.src_uri.endswith(".md") and not f.generated_by:
+            files.append(File.generated(config, source_copy(f.src_uri), content=f.content_string))
     return files
+
+
+def source_copy(src_uri: str) -> str:
+    """Where a page's Markdown source is copied in the site (a "view the source" link)."""
+    return f"_sources/{src_uri}.txt"
+
+
+def repo_path(src_uri: str, generated: bool) -> str:
+    """The path in the repository a page comes from: ``docs/<page>``, a notebook under
+    ``notebooks/``, a study page's ``studies/<folder>/``."""
+    if generated and src_uri.startswith("results/"):
+        return f"studies/{src_uri.removeprefix('results/').removesuffix('.md')}/results.json"
+    if src_uri.startswith("notebooks/"):
+        return src_uri
+    return f"docs/{src_uri}"
+
+
+def on_page_context(context: Any, page: Any, config: Any, nav: Any) -> Any:
+    generated = bool(page.file.generated_by)
+    page.meta["repo_path"] = repo_path(page.file.src_uri, generated)
+    if page.file.src_uri.endswith(".md") and not generated:
+        page.meta["source_copy"] = source_copy(page.file.src_uri)
+    return context
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
