@@ -222,7 +222,10 @@ def study_nav(nav: list[Any], studies: list[Any]) -> list[Any]:
     for item in nav:
         if isinstance(item, dict) and item.get("Results") == "results/index.md":
             pages: list[Any] = [{"All studies": "results/index.md"}]
-            pages += [{f"{s.date}: {s.title}": f"results/{s.slug}.md"} for s in reversed(studies)]
+            pages += [
+                {f"{s.date}: {s.title.replace('`', '')}": f"results/{s.slug}.md"}
+                for s in reversed(studies)
+            ]
             item = {"Results": pages}
         out.append(item)
     return out

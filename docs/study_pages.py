@@ -346,10 +346,13 @@ def study_page(study: Study) -> str:
 def index_table(studies: list[Study], link: bool) -> str:
     """The list of studies, newest first: date, title (a link to its page when ``link``), runs
     and wall time."""
-    lines = ["| date | study | runs, time |", "|---|---|---|"]
+    lines = ["| date | study | runs | time |", "|---|---|---|---|"]
+    nb = str.maketrans({"-": "\u2011", " ": "\u00a0"})  # no line break inside a date or a time
     for s in reversed(studies):
         name = f"[{s.title}]({s.slug}.md)" if link else f"[{s.title}]({s.folder}/)"
-        lines.append(f"| {s.date} | {name} | {s.runs()}, {minutes(s.seconds())} |")
+        lines.append(
+            f"| {s.date.translate(nb)} | {name} | {s.runs()} | {minutes(s.seconds()).translate(nb)} |"
+        )
     return "\n".join(lines) + "\n"
 
 

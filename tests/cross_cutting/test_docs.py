@@ -572,6 +572,46 @@ def test_mobile_check_can_fail():
     assert fine == [], fine
 
 
+def test_column_check_can_fail():
+    """``column_problems`` in a real Chromium, at 390 and 1366 px: a wide table in its own
+    scrolling box, a code block that scrolls and a block wider than the main column fail; a
+    narrow table, code that wraps and an equation that scrolls inside its box pass."""
+    check = _load("check_site")
+    if check.find_chromium() is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium): browser check skipped")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    long = "wide_cell " * 40
+    column = '<html><body style="margin:0"><article style="width:{w}px">{body}</article></body></html>'
+    bad = (
+        f'<div style="overflow-x:auto"><table><tr><td style="white-space:nowrap">{long}</td></tr></table></div>'
+        f'<pre style="overflow-x:auto"><code>{"x = 1; " * 60}</code></pre>'
+        f'<div style="width:2000px">a block wider than the column</div>'
+    )
+    good = (
+        "<table><tr><td>a</td><td>0.950<br><small>± 0.007</small></td></tr></table>"
+        f'<pre style="overflow-x:auto"><code style="white-space:pre-wrap;overflow-wrap:anywhere">{"x = 1; " * 60}</code></pre>'
+        '<div class="arithmatex" style="overflow-x:auto"><span class="MathJax_Display" style="display:block">'
+        '<span style="display:inline-block;width:3000px">x</span></span></div>'
+        "<p>" + "word " * 100 + "</p>"
+    )
+    results = {}
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=check.find_chromium(), args=check.CHROMIUM_FLAGS)
+        for viewport in (check.MOBILE_VIEWPORT, check.DESKTOP_VIEWPORT):
+            page = browser.new_context(viewport=viewport).new_page()
+            w = viewport["width"] - 40 if viewport["width"] < 500 else 800
+            page.set_content(column.format(w=w, body=bad))
+            results[(viewport["width"], "bad")] = check.column_problems(page)
+            page.set_content(column.format(w=w, body=good))
+            results[(viewport["width"], "good")] = check.column_problems(page)
+        browser.close()
+    for width in (390, 1366):
+        problems = " ".join(results[(width, "bad")])
+        assert "table" in problems and "pre" in problems, problems
+        assert "past the main column" in problems, problems
+        assert results[(width, "good")] == [], results[(width, "good")]
+
+
 def test_changelog_page_includes_the_changelog():
     hooks = _load("hooks")
     page = (DOCS / "changelog.md").read_text(encoding="utf-8")
