@@ -17,9 +17,12 @@
       if (table.closest(".highlight")) continue; // code line-number tables
       label(table);
       table.classList.remove("stacked");
-      const box = table.closest(".md-typeset__table, .md-typeset__scrollwrap, .jp-OutputArea-output")
-        || table.parentElement;
-      if (table.scrollWidth > box.clientWidth + 1 || table.getBoundingClientRect().right > box.getBoundingClientRect().right + 1) {
+      // the outermost box that holds it (Material's table box may grow with the table)
+      const box = table.closest(".md-typeset__scrollwrap") || table.closest(".md-typeset__table")
+        || table.closest(".jp-OutputArea-output") || table.parentElement;
+      const wide = (e) => e.scrollWidth > e.clientWidth + 1;
+      if (wide(table) || wide(box)
+          || table.getBoundingClientRect().right > box.getBoundingClientRect().right + 1) {
         table.classList.add("stacked");
       }
     }
@@ -28,8 +31,13 @@
   document.addEventListener("DOMContentLoaded", fit);
   window.addEventListener("load", fit);
   window.addEventListener("resize", fit);
-  if (window.MathJax && MathJax.Hub) MathJax.Hub.Register.StartupHook("End", fit);
-  else document.addEventListener("DOMContentLoaded", function () {
-    if (window.MathJax && MathJax.Hub) MathJax.Hub.Register.StartupHook("End", fit);
-  });
+  // after every typesetting pass (formulas change widths)
+  function hook() {
+    if (window.MathJax && MathJax.Hub && MathJax.Hub.Register) {
+      MathJax.Hub.Register.MessageHook("End Process", fit);
+      MathJax.Hub.Register.StartupHook("End", fit);
+    }
+  }
+  if (window.MathJax && MathJax.Hub) hook();
+  else document.addEventListener("DOMContentLoaded", hook);
 })();
