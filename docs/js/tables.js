@@ -21,15 +21,21 @@
       const box = table.closest(".md-typeset__scrollwrap") || table.closest(".md-typeset__table")
         || table.closest(".jp-OutputArea-output") || table.parentElement;
       const wide = (e) => e.scrollWidth > e.clientWidth + 1;
-      if (wide(table) || wide(box)
-          || table.getBoundingClientRect().right > box.getBoundingClientRect().right + 1) {
-        table.classList.add("stacked");
+      // the table or any box between it and the outermost one overflows
+      let over = table.getBoundingClientRect().right > box.getBoundingClientRect().right + 1;
+      for (let e = table; e && !over; e = e.parentElement) {
+        over = wide(e);
+        if (e === box) break;
       }
+      if (over) table.classList.add("stacked");
     }
   }
   window.bayesattnFitTables = fit;
   document.addEventListener("DOMContentLoaded", fit);
-  window.addEventListener("load", fit);
+  window.addEventListener("load", function () {
+    fit();
+    setTimeout(fit, 500); // after late layout changes (images, fonts)
+  });
   window.addEventListener("resize", fit);
   // after every typesetting pass (formulas change widths)
   function hook() {
