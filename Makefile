@@ -56,7 +56,7 @@ docs: $(VENV)/.installed  # the user guide, notebooks, results + API reference, 
 docs-check: docs
 	$(PY) docs/check_site.py site --out site-check
 
-# the latest study run (STUDY=its --out folder) into docs/results/, the site's Results page
+# a study run (STUDY=its --out folder) into studies/<date>-<kind>-<version>/: a page under Results
 STUDY ?= bayesattn-study
 docs-results: $(VENV)/.installed
 	$(PY) docs/publish_results.py --from $(STUDY)

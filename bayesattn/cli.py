@@ -126,7 +126,8 @@ def _add_run_options(s: argparse.ArgumentParser, d: Any, q: Any, f: Any) -> None
         type=int,
         default=1,
         help="torch threads (default: 1: the study's models are small, so one thread is "
-        "fastest and gives the same numbers on any machine)",
+        "fastest; the numbers repeat bit for bit on the same machine and software, and may "
+        "differ in the last digits on another CPU whose kernels round differently)",
     )
     s.add_argument(
         "--jobs",

@@ -42,9 +42,11 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from .functional import entropy
@@ -133,17 +135,29 @@ def predict(
     mode = check_mode(mode)
     if isinstance(network, Sequence):  # an ensemble is predict_ensemble's
         check_network(network)
-    return Predictive(
-        network,
-        num_samples,
-        batch_size,
-        mode=mode,
-        keep_attention=keep_attention,
-        progress=progress,
-        forward=forward,
-        temperature=temperature,
-        vectorised=vectorised,
-    )(x, y)
+    engine = Predictive(network, num_samples, batch_size, mode=mode, keep_attention=keep_attention,
+                        progress=progress, forward=forward, temperature=temperature,
+                        vectorised=vectorised)  # fmt: skip
+    return _warn_if_nothing_random(engine(x, y), mode)
+
+
+def _warn_if_nothing_random(result: PredictionResult, mode: AttentionMode) -> PredictionResult:
+    """Warn when ``S > 1`` draws outside ``"mean"`` mode came out identical: the model has
+    nothing random to draw (the mutual information is then exactly 0, not a measurement)."""
+    probs = result.probs  # (S, B, ..., C)
+    if mode == "mean" or probs.shape[0] < 2 or probs.numel() == 0:
+        return result
+    if torch.equal(probs, probs[:1].expand_as(probs)):
+        warnings.warn(
+            f"predict drew {probs.shape[0]} identical samples in mode {mode!r}: the model has "
+            "nothing random to draw, so the mutual information is exactly 0. Make its "
+            "attention Bayesian first (an AttentionConfig with a family, "
+            "bayesattn.convert(model) or bayesattn.interop.hf.convert_hf(model)), or use "
+            "predict_mc_dropout / predict_ensemble.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return result
 
 
 def predict_mc_dropout(

@@ -9,8 +9,15 @@ Serves ``site/`` on 127.0.0.1, opens the main pages with Playwright driving the 
 * no request leaves the machine: every request is recorded, any to another host is blocked and
   fails the check; no uncaught JavaScript error;
 * on a phone (390 px wide), every page of the site: the page does not scroll sideways, nothing in
-  its content sticks out of the window unless inside its own scrolling box (a wide table), and no
-  display equation is cut off (:func:`mobile_problems`).
+  its content sticks out of the window unless inside its own scrolling box, and no display
+  equation is cut off (:func:`mobile_problems`);
+* at 390 px and at 1366 px, every page: **nothing scrolls sideways in the main column**
+  (:func:`column_problems`). The main column is the page's ``article``. It scrolls sideways when
+  an element ends past the column's right edge outside a scrolling box of its own, or when a
+  **table or code block** (a ``table``, a ``pre``, or the box that holds one, such as Material's
+  table wrapper or a notebook's output area) is wider than its box, so that the reader would have
+  to scroll it: code wraps its lines, and a table too wide for the column is shown as cards, a
+  card per row (``docs/js/tables.js``). Only display equations may scroll inside their own box.
 
 Screenshots of the landing page and of a notebook page (desktop and 390 px), and ``report.json``, go to ``--out``
 (default ``site-check/``). Exit status 0 when every check passes, 1 otherwise, 2 when no Chromium
@@ -40,7 +47,7 @@ PAGES: list[tuple[str, dict[str, Any]]] = [
     ("concepts/", {"maths": True}),
     ("uncertainty/", {"maths": True}),
     ("benchmarks/", {}),
-    ("results/", {"images": 1}),
+    ("results/", {}),
     ("notebooks/", {}),
     ("notebooks/01_attention_as_inference/", {"maths": True, "images": 3}),
     (
@@ -49,11 +56,9 @@ PAGES: list[tuple[str, dict[str, Any]]] = [
     ),
     ("notebooks/04_arviz_diagnostics/", {"maths": True, "images": 2}),
     ("notebooks/07_mixture_posterior/", {"images": 2}),
-    (
-        "which-attention/",
-        {"screenshot": "which-attention.png",
-         "scroll_to": "#a-global-posterior-over-what-attention-writes"},
-    ),
+    ("which-attention/", {"images": 1, "screenshot": "which-attention.png"}),
+    ("gallery/", {"images": 7}),
+    ("results/2026-12-04-full-protocol-0.6/", {"images": 9}),
     ("api/functional/", {"maths": True}),
 ]
 CHROMIUM_FLAGS = [
@@ -122,6 +127,53 @@ _MOBILE_JS = """() => {
 }"""
 
 
+DESKTOP_VIEWPORT = {"width": 1366, "height": 900}
+# tables and code blocks (or the boxes that hold them) wider than their box, and anything past
+# the main column's right edge that no scrolling box holds
+_COLUMN_JS = """() => {
+  const root = document.querySelector('article') || document.body;
+  // the column's edge: Material's content box (on a phone code blocks bleed into its margin)
+  const edge = (document.querySelector('.md-content') || root).getBoundingClientRect().right;
+  const scrolls = e => ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
+  const name = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '')
+      + (typeof e.className === 'string' && e.className ? '.' + e.className.trim().split(/\\s+/)[0] : '');
+  const isMath = e => !!e.closest('.arithmatex, .MathJax_Display, mjx-container');
+  const scrolling = [];
+  for (const e of root.querySelectorAll('table, pre, code, div')) {
+    if (isMath(e) || e.scrollWidth <= e.clientWidth + 1) continue;
+    const tag = e.tagName;
+    const holds = tag === 'TABLE' || tag === 'PRE' || (tag === 'CODE' && e.parentElement.tagName === 'PRE')
+        || (tag === 'DIV' && scrolls(e) && e.querySelector('table, pre'));
+    if (holds && (scrolls(e) || tag === 'TABLE')) scrolling.push(`${name(e)} (${e.scrollWidth} px in ${e.clientWidth})`);
+    if (scrolling.length >= 5) break;
+  }
+  const out = [];
+  for (const e of root.querySelectorAll('*')) {
+    const r = e.getBoundingClientRect();
+    if (r.width === 0 || r.right <= edge + 1 || isMath(e)) continue;
+    let a = e.parentElement, held = false;
+    for (; a && a !== root; a = a.parentElement) {
+      if (scrolls(a) && a.getBoundingClientRect().right <= edge + 1) { held = true; break; }
+    }
+    if (!held) out.push(`${name(e)} ends at ${Math.round(r.right)} px, the column at ${Math.round(edge)}`);
+    if (out.length >= 5) break;
+  }
+  return {scrolling: scrolling, past_column: out};
+}"""
+
+
+def column_problems(page: Any) -> list[str]:
+    """At the current viewport: tables or code blocks that scroll sideways in the main column,
+    and content past the column's right edge; empty when the column never scrolls sideways."""
+    state = page.evaluate(_COLUMN_JS)
+    problems = []
+    if state["scrolling"]:
+        problems.append(f"tables or code that scroll sideways: {state['scrolling']}")
+    if state["past_column"]:
+        problems.append(f"content past the main column: {state['past_column']}")
+    return problems
+
+
 def mobile_problems(page: Any) -> list[str]:
     """At the current (phone) viewport: the page scrolling sideways, content sticking out of the
     window outside any scrolling container, display equations cut off; empty when it fits."""
@@ -146,24 +198,45 @@ def site_pages(site: Path) -> list[str]:
     return pages
 
 
-def check_mobile(context: Any, base: str, pages: list[str], out: Path) -> dict[str, list[str]]:
-    """:func:`mobile_problems` of every page at :data:`MOBILE_VIEWPORT` (maths typeset first);
-    screenshots of the landing page and of the priors page at that width go to ``out``."""
+#: screenshots taken while checking every page: (width, page) -> file under --out
+SHOTS = {
+    (390, ""): "landing-390.png",
+    (390, "priors-and-posteriors/"): "priors-390.png",
+    (390, "which-attention/"): "which-attention-390.png",
+    (390, "results/"): "results-390.png",
+    (390, "results/2026-12-04-full-protocol-0.6/"): "study-390.png",
+    (390, "gallery/"): "gallery-390.png",
+    (390, "notebooks/07_mixture_posterior/"): "notebook-07-390.png",
+    (1366, "which-attention/"): "which-attention-1366.png",
+    (1366, "results/"): "results-1366.png",
+    (1366, "results/2026-12-04-full-protocol-0.6/"): "study-1366.png",
+    (1366, "gallery/"): "gallery-1366.png",
+    (1366, "study-protocol/"): "study-protocol-1366.png",
+}
+
+
+def check_widths(
+    context: Any, base: str, pages: list[str], out: Path, width: int
+) -> dict[str, list[str]]:
+    """Every page at ``width`` px (maths typeset first): :func:`column_problems`, and at a
+    phone's width :func:`mobile_problems` too; the screenshots of :data:`SHOTS` go to ``out``."""
     page = context.new_page()
     page.set_default_timeout(30_000)
     results: dict[str, list[str]] = {}
-    shots = {"": "landing-390.png", "priors-and-posteriors/": "priors-390.png"}
     for path in pages:
         page.goto(base + path, wait_until="load")
         try:
             page.wait_for_function(_MATHJAX_IDLE_JS, timeout=30_000, polling=200)
             page.wait_for_timeout(300)
         except Exception:
-            results[f"390px /{path}"] = ["MathJax did not finish typesetting in 30 s"]
+            results[f"{width}px /{path}"] = ["MathJax did not finish typesetting in 30 s"]
             continue
-        results[f"390px /{path}"] = mobile_problems(page)
-        if path in shots:
-            page.screenshot(path=str(out / shots[path]))
+        problems = column_problems(page)
+        if width <= MOBILE_VIEWPORT["width"]:
+            problems = mobile_problems(page) + problems
+        results[f"{width}px /{path}"] = problems
+        if (width, path) in SHOTS:
+            page.screenshot(path=str(out / SHOTS[(width, path)]))
     page.close()
     return results
 
@@ -265,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            context = browser.new_context(viewport=DESKTOP_VIEWPORT)
 
             def route(r: Any) -> None:
                 url = r.request.url
@@ -295,10 +368,15 @@ def main(argv: list[str] | None = None) -> int:
                     page.wait_for_timeout(300)
                 if "screenshot" in want:
                     page.screenshot(path=str(out / want["screenshot"]))
+            results.update(
+                check_widths(context, base, site_pages(site), out, DESKTOP_VIEWPORT["width"])
+            )
             context.close()
             phone = browser.new_context(viewport=MOBILE_VIEWPORT)
             phone.route("**/*", route)
-            results.update(check_mobile(phone, base, site_pages(site), out))
+            results.update(
+                check_widths(phone, base, site_pages(site), out, MOBILE_VIEWPORT["width"])
+            )
             phone.close()
             browser.close()
     finally:
@@ -317,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     for p, probs in results.items():
-        if probs or not p.startswith("390px"):  # the phone pages only when they fail
+        if probs or not p[0].isdigit():  # the every-page checks only when they fail
             print(f"  {'FAIL' if probs else 'ok  '} {p}" + "".join(f"\n       {x}" for x in probs))
     print(
         f"docs-check: {len(results)} pages, {len(requests)} requests, {len(external)} to other "

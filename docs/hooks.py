@@ -10,16 +10,24 @@
   the figures a result file lists (files beside it).
 * A page may hold ``<!-- benchmark-result: NAME -->``: replaced by ``benchmarks/results/NAME.json``
   alone, rendered the same way (a page that quotes one benchmark's numbers, e.g. ``alignments.md``).
+* Study pages (``docs/study_pages.py``): every folder of ``studies/`` becomes a page
+  ``results/<folder>.md`` generated from its ``results.json``, with its summary figures, listed
+  in the nav under "Results"; ``docs/results/index.md`` holds the marker
+  ``<!-- studies-index -->``, replaced by the list of studies. The landing page's figure
+  (``img/hero.png``, ``docs/figures.py``) is drawn from the newest full-protocol study.
 * ``docs/changelog.md`` holds the marker ``<!-- changelog -->``; it is replaced by the repository's
   ``CHANGELOG.md`` (its title dropped), so the version history lives on one page of the site.
 """
 
 from __future__ import annotations
 
+import functools
 import html
+import importlib.util
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +36,7 @@ RESULTS_DIR = ROOT / "benchmarks" / "results"
 MARKER = "<!-- benchmark-results -->"
 ONE_RESULT = re.compile(r"<!-- benchmark-result: (?P<name>[\w.-]+) -->")
 CHANGELOG_MARKER = "<!-- changelog -->"
+STUDIES_MARKER = "<!-- studies-index -->"
 CHANGELOG = ROOT / "CHANGELOG.md"
 PLOT_DIR = "benchmarks-plots"  # under site/
 
@@ -55,6 +64,12 @@ def strip_cdn_scripts(page_html: str) -> str:
     for pattern in (_CDN_SCRIPT, _MATHJAX_CONFIG, _MERMAID):
         page_html = pattern.sub("", page_html)
     return page_html
+
+
+def _portable(arg: str) -> str:
+    """A command-line argument as a reader can use it: an absolute path (the build machine's)
+    becomes its last part."""
+    return Path(arg).name if Path(arg).is_absolute() else arg
 
 
 def _cell(v: Any) -> str:
@@ -124,7 +139,7 @@ def render_results(
         doc = json.loads(f.read_text(encoding="utf-8"))
         m = doc.get("meta", {})
         out.append(f"### {html.escape(doc.get('title', doc['benchmark']))}\n")
-        args = " ".join(m.get("argv", [])) or "(defaults)"
+        args = " ".join(_portable(a) for a in m.get("argv", [])) or "(defaults)"
         out.append(
             f"`benchmarks/{doc['benchmark']}.py {args}` — run {m.get('date', '?')} on "
             f"{m.get('processor', '?')} ({m.get('cpus', '?')} CPUs), {m.get('threads', '?')} "
@@ -189,7 +204,93 @@ def changelog_markdown(path: Path = CHANGELOG) -> str:
     return re.sub(r"\A#\s+Changelog\s*\n", "", text, count=1)
 
 
+def _docs_module(name: str) -> Any:
+    """A script of ``docs/`` (not a package) as a module."""
+    if f"_docs_{name}" in sys.modules:
+        return sys.modules[f"_docs_{name}"]
+    spec = importlib.util.spec_from_file_location(f"_docs_{name}", ROOT / "docs" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@functools.cache
+def _studies() -> list[Any]:
+    return _docs_module("study_pages").load_studies()
+
+
+def study_nav(nav: list[Any], studies: list[Any]) -> list[Any]:
+    """``nav`` with its ``Results: results/index.md`` entry turned into a section: the index,
+    then one page per study, newest first."""
+    out = []
+    for item in nav:
+        if isinstance(item, dict) and item.get("Results") == "results/index.md":
+            pages: list[Any] = [{"All studies": "results/index.md"}]
+            pages += [
+                {f"{s.date}: {s.title.replace('`', '')}": f"results/{s.slug}.md"}
+                for s in reversed(studies)
+            ]
+            item = {"Results": pages}
+        out.append(item)
+    return out
+
+
+def on_config(config: Any) -> Any:
+    _studies.cache_clear()
+    config["nav"] = study_nav(config["nav"], _studies())
+    return config
+
+
+def on_files(files: Any, config: Any) -> Any:
+    from mkdocs.structure.files import File
+
+    pages = _docs_module("study_pages")
+    for s in _studies():
+        files.append(File.generated(config, f"results/{s.slug}.md", content=pages.study_page(s)))
+        for uri, src in pages.figures(s):
+            files.append(File.generated(config, f"results/{uri}", abs_src_path=str(src)))
+    figures = _docs_module("figures")
+    files.append(File.generated(config, "img/hero.png", content=figures.hero_png()))
+    for f in list(files.documentation_pages()):
+        if f.src_uri.endswith(".md") and not f.generated_by:
+            files.append(File.generated(config, source_copy(f.src_uri), content=f.content_string))
+    return files
+
+
+def source_copy(src_uri: str) -> str:
+    """Where a page's Markdown source is copied in the site (a "view the source" link)."""
+    return f"_sources/{src_uri}.txt"
+
+
+def repo_path(src_uri: str, generated: bool) -> str:
+    """The path in the repository a page comes from: ``docs/<page>``, a notebook under
+    ``notebooks/``, a study page's ``studies/<folder>/``."""
+    if generated and src_uri.startswith("results/"):
+        return f"studies/{src_uri.removeprefix('results/').removesuffix('.md')}/results.json"
+    if src_uri.startswith("notebooks/"):
+        return src_uri
+    return f"docs/{src_uri}"
+
+
+def on_page_context(context: Any, page: Any, config: Any, nav: Any) -> Any:
+    generated = bool(page.file.generated_by)
+    page.meta["repo_path"] = repo_path(page.file.src_uri, generated)
+    if page.file.src_uri.endswith(".md") and not generated:
+        page.meta["source_copy"] = source_copy(page.file.src_uri)
+    return context
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if STUDIES_MARKER in markdown:
+        pages = _docs_module("study_pages")
+        markdown = markdown.replace(
+            STUDIES_MARKER,
+            pages.index_table(_studies(), link=True)
+            + "\n"
+            + pages.index_details(_studies(), link=True),
+        )
     if CHANGELOG_MARKER in markdown:
         markdown = markdown.replace(CHANGELOG_MARKER, changelog_markdown())
     if MARKER in markdown:

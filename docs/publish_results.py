@@ -1,12 +1,12 @@
-"""Publish a study run's report in the docs: ``docs/results/`` (``make docs-results``).
+"""Publish a study run as a study of the repository (``make docs-results``).
 
-Copies ``<run>/report.md`` as it is (its headings one level down, under the page's own title) and
-the figures it links to into ``docs/results/``, above a note saying when the run was made, with
-which bayesattn / Python / torch, and whether it used the default settings of ``bayesattn study``
-or a quick smoke run. Figures wider than ``MAX_WIDTH`` pixels are scaled down. The previous
-publication is replaced.
+Copies ``<run>/results.json``, ``report.md`` and the summary figures into
+``studies/<date>-<kind>-<version>/`` with a ``README.md`` saying when the run was made, with which
+bayesattn / Python / torch, and whether it used the default settings of ``bayesattn study`` or a
+quick smoke run; ``studies/README.md`` is rewritten. The site renders every study folder as a
+results page (``docs/study_pages.py``). Figures wider than ``MAX_WIDTH`` pixels are scaled down.
 
-Usage: python docs/publish_results.py [--from bayesattn-study] [--to docs/results]
+Usage: python docs/publish_results.py [--from bayesattn-study] [--to studies]
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -23,8 +22,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_WIDTH = 1000  # pixels
-_IMAGE = re.compile(r"!\[(?P<alt>[^\]]*)\]\((?P<src>[^)\s]+)\)")
-_FENCE = re.compile(r"^(```|~~~)")
 
 
 def settings_kind(config: dict[str, Any]) -> str:
@@ -49,22 +46,6 @@ def settings_kind(config: dict[str, Any]) -> str:
     return "custom"
 
 
-def shift_headings(markdown: str) -> str:
-    """Every ATX heading one level down (``#`` -> ``##``), code blocks untouched; the report's
-    first top-level heading is dropped (the page has its own title)."""
-    out, in_code, dropped = [], False, False
-    for line in markdown.splitlines():
-        if _FENCE.match(line):
-            in_code = not in_code
-        elif not in_code and line.startswith("#"):
-            if line.startswith("# ") and not dropped:
-                dropped = True
-                continue
-            line = "#" + line
-        out.append(line)
-    return "\n".join(out) + "\n"
-
-
 def copy_figure(src: Path, dest: Path) -> None:
     """Copy one figure, scaled down to ``MAX_WIDTH`` pixels wide if it is wider (PNG only)."""
     if src.suffix.lower() != ".png":
@@ -78,60 +59,76 @@ def copy_figure(src: Path, dest: Path) -> None:
         im.save(dest, optimize=True)
 
 
-def publish(run: Path, dest: Path) -> list[str]:
-    """Write ``dest/index.md`` and the figures from ``run``; returns the figure names."""
-    report = run / "report.md"
-    if not report.is_file():
-        raise FileNotFoundError(
-            f"{report} not found: run `bayesattn study` (or `make study`) first"
-        )
-    results = (
-        json.loads((run / "results.json").read_text()) if (run / "results.json").is_file() else {}
-    )
+#: how the README of a published run names it, and the command it gives, by settings kind
+_KINDS = {
+    "default": ("The default study of {version}", "bayesattn study    # make study"),
+    "quick": ("A quick smoke run of {version} (not results)", "bayesattn study --quick"),
+    "custom": (
+        "A study with custom settings, {version}",
+        'bayesattn study ...    # the settings: "config" in results.json',
+    ),
+}
+
+
+def publish(run: Path, studies: Path = ROOT / "studies") -> Path:
+    """Copy a study run into ``studies/<date>-<kind>-<version>/`` (its ``results.json``,
+    ``report.md`` and the summary figures ``results.json`` lists, scaled down) with a
+    ``README.md`` saying when, by which bayesattn and with which settings it was made; the site
+    shows it as a results page. Rewrites ``studies/README.md``. Returns the new folder."""
+    report, results_file = run / "report.md", run / "results.json"
+    for f in (report, results_file):
+        if not f.is_file():
+            raise FileNotFoundError(f"{f} not found: run `bayesattn study` (or `make study`) first")
+    results = json.loads(results_file.read_text(encoding="utf-8"))
     import bayesattn
 
     env = results.get("environment", {})
     version = env.get("bayesattn", bayesattn.__version__)
-    made = dt.datetime.fromtimestamp(report.stat().st_mtime, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = dt.datetime.fromtimestamp(report.stat().st_mtime, dt.UTC)
     kind = settings_kind(results.get("config", {})) if results.get("config") else "custom"
-
-    dest.mkdir(parents=True, exist_ok=True)
-    for old in dest.iterdir():
-        if old.is_file():
-            old.unlink()
-    figures: list[str] = []
-
-    def relink(m: re.Match[str]) -> str:
-        src = m["src"]
-        if "://" in src or src.startswith("/"):
-            return m[0]
-        name = Path(src).name
-        if (run / src).is_file():
-            copy_figure(run / src, dest / name)
-            figures.append(name)
-        return f"![{m['alt']}]({name})"
-
-    body = _IMAGE.sub(relink, shift_headings(report.read_text(encoding="utf-8")))
+    dest = studies / f"{stamp:%Y-%m-%d}-{kind}-{version}"
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    shutil.copyfile(results_file, dest / "results.json")
+    shutil.copyfile(report, dest / "report.md")
+    for block in results.get("datasets", {}).values():
+        for name in block.get("figures", {}).values():
+            if (run / name).is_file():
+                copy_figure(run / name, dest / name)
+    title, command = _KINDS[kind]
     runtime = ", ".join(f"{k} {v}" for k, v in env.items() if k != "bayesattn")
-    note = {
-        "default": '!!! info "The default study"\n    The latest run of `bayesattn study` with its '
-        "default settings (`make study`).",
-        "quick": '!!! warning "A quick smoke run"\n    These numbers come from `bayesattn study '
-        "--quick` (few epochs, seeds and ensemble members): they show the report's form, not the "
-        "study's results. `make study && make docs-results` publishes the default run.",
-        "custom": '!!! note "A run with custom settings"\n    Not the default settings of '
-        "`bayesattn study`; the report below lists them.",
-    }[kind]
-    header = (
-        "# Results\n\n"
-        "The report of the uncertainty study (`bayesattn study`, see "
-        "[Uncertainty and calibration](../uncertainty.md)), as the study wrote it.\n\n"
-        f"{note}\n\n"
-        f"Produced {made} by bayesattn {version}" + (f" ({runtime})" if runtime else "") + "; "
-        "published with `make docs-results`.\n\n"
+    summary = (
+        f"Produced {stamp:%Y-%m-%d %H:%M} UTC by bayesattn {version}"
+        + (f" ({runtime})" if runtime else "")
+        + "; published with `make docs-results`."
+        + {
+            "default": " The settings of `bayesattn study` without options.",
+            "quick": " A smoke run: few epochs, runs and members; its numbers say nothing about "
+            "the methods.",
+            "custom": " Not the default settings; `report.md` lists them.",
+        }[kind]
     )
-    (dest / "index.md").write_text(header + body, encoding="utf-8")
-    return figures
+    (dest / "README.md").write_text(
+        f"# {title.format(version=version)}\n\n{summary}\n\n```bash\n{command}\n```\n",
+        encoding="utf-8",
+    )
+    pages = _study_pages()
+    (studies / "README.md").write_text(pages.readme(pages.load_studies(studies)), encoding="utf-8")
+    return dest
+
+
+def _study_pages():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_docs_study_pages", Path(__file__).with_name("study_pages.py")
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,14 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--from", dest="run", default="bayesattn-study", help="the study's --out folder"
     )
-    ap.add_argument("--to", dest="dest", default=str(ROOT / "docs" / "results"))
+    ap.add_argument("--to", dest="dest", default=str(ROOT / "studies"), help="the studies folder")
     args = ap.parse_args(argv)
     try:
-        figures = publish(Path(args.run), Path(args.dest))
+        folder = publish(Path(args.run), Path(args.dest))
     except FileNotFoundError as e:
         print(f"docs-results: {e}", file=sys.stderr)
         return 1
-    print(f"docs-results: {args.dest}/index.md with {len(figures)} figures from {args.run}")
+    print(f"docs-results: {folder} from {args.run}; the site shows it under Results")
     return 0
 
 

@@ -91,6 +91,9 @@ def token_mi_figure(rows: list[tuple[list[str], list[float], list[bool]]], path:
 
 def main() -> None:
     args = parse_args()
+    if args.quick:
+        print("smoke run (--quick): tiny sizes that only check the script runs; "
+              "its numbers are not results")
     out = args.out or Path(tempfile.mkdtemp(prefix="bayesattn-example-"))
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)

@@ -50,8 +50,20 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.quick:
+        print("smoke run (--quick): tiny sizes that only check the script runs; "
+              "its numbers are not results")
     torch.set_num_threads(1)
+    import logging
+    import warnings
+
     import lightning as L
+
+    # Lightning's start-up chatter (accelerator lines, product tips) and a deprecation inside
+    # Lightning itself are not this example's output
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*LeafSpec.*is deprecated")
 
     from bayesattn import AttentionConfig, VisionTransformer
     from bayesattn.data import load_digits_data

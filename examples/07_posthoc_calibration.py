@@ -221,6 +221,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
+    if args.quick:
+        print("smoke run (--quick): tiny sizes that only check the script runs; "
+              "its numbers are not results")
     out = args.out or Path(tempfile.mkdtemp(prefix="bayesattn-example-"))
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)

@@ -76,7 +76,8 @@ def test_shapes_decomposition_and_attention_rows():
 def test_deterministic_network_has_zero_mutual_information():
     net = _clf(family=None)
     x = _tokens()
-    res = predict(net, x, num_samples=6)
+    with pytest.warns(UserWarning, match="nothing random to draw"):
+        res = predict(net, x, num_samples=6)
     assert res.probs.shape == (6, 5, 3)
     assert res.mutual_information.abs().max() < 1e-6
     torch.testing.assert_close(res.mean_probs, torch.softmax(net(x), -1))
@@ -88,6 +89,19 @@ def test_deterministic_network_has_zero_mutual_information():
     res = predict(bnet, x, num_samples=4, mode="mean")
     assert res.mutual_information.abs().max() < 1e-6
     torch.testing.assert_close(res.mean_probs, torch.softmax(bnet(x), -1))
+
+
+def test_predict_warns_only_when_draws_cannot_differ():
+    import warnings
+
+    x = _tokens()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        predict(_clf(), x, num_samples=4)  # Bayesian attention: the draws differ, no warning
+        predict(_clf(), x, num_samples=4, mode="mean")  # asked for the mean: no warning
+        predict(_clf(family=None), x, num_samples=1)  # one draw: nothing to compare
+    with pytest.warns(UserWarning, match="convert"):  # a plain torch model the user forgot to convert
+        predict(torch.nn.Sequential(torch.nn.Linear(3, 2)), torch.randn(4, 3), num_samples=3)
 
 
 def _has_token3(n, g, low=4, T=8, V=10):

@@ -472,7 +472,7 @@ def test_committed_benchmark_results_follow_the_schema():
             assert all(len(r) == len(t["columns"]) for r in t["rows"]), (f.name, t["title"])
 
 
-def test_study_report_is_published_with_its_provenance(tmp_path: Path):
+def test_study_run_is_published_with_its_provenance(tmp_path: Path):
     publish = _load("publish_results")
     run = tmp_path / "run"
     run.mkdir()
@@ -482,40 +482,42 @@ def test_study_report_is_published_with_its_provenance(tmp_path: Path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(15, 2), dpi=100)  # 1500 px wide: scaled down
-    fig.savefig(run / "pareto.png")
+    fig.savefig(run / "pareto_digits.png")
     plt.close(fig)
-    (run / "report.md").write_text(
-        "# bayesattn uncertainty study\n\nIntro.\n\n| m | acc |\n|---|---|\n| a | 0.9 |\n\n"
-        "## Quality\n\n![pareto](pareto.png)\n\n```python\n# not a heading\n```\n"
-    )
+    (run / "other.png").write_bytes(b"not listed: not copied")
+    (run / "report.md").write_text("# bayesattn uncertainty study\n\n| m | acc |\n|---|---|\n")
     from bayesattn.study import StudyConfig
 
     cfg = {k: v for k, v in vars(StudyConfig.quick()).items()}
-    (run / "results.json").write_text(json.dumps({"config": cfg}, default=list))
-    dest = tmp_path / "results"
-    dest.mkdir()
-    (dest / "old.png").write_bytes(b"stale")
-    assert publish.publish(run, dest) == ["pareto.png"]
-    page = (dest / "index.md").read_text()
-    assert page.startswith("# Results\n")
-    assert "A quick smoke run" in page and "bayesattn " in page and "Produced 20" in page
-    assert "bayesattn uncertainty study" not in page  # its title replaced by the page's
-    assert "\n### Quality\n" in page and "\n# not a heading\n" in page
-    assert "| a | 0.9 |" in page and "![pareto](pareto.png)" in page
-    assert sorted(p.name for p in dest.iterdir()) == ["index.md", "pareto.png"]
+    results = json.loads((ROOT / "studies/2026-12-04-mixture-digits/results.json").read_text())
+    results["config"] = json.loads(json.dumps(cfg, default=list))
+    results["datasets"]["digits"]["figures"] = {"pareto": "pareto_digits.png"}
+    (run / "results.json").write_text(json.dumps(results))
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    folder = publish.publish(run, studies)
+    assert folder.parent == studies and "-quick-" in folder.name
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "README.md", "pareto_digits.png", "report.md", "results.json"
+    ]
+    readme = (folder / "README.md").read_text()
+    assert readme.startswith("# A quick smoke run of ") and "Produced 20" in readme
+    assert "```bash\nbayesattn study --quick\n```" in readme
     from PIL import Image
 
-    with Image.open(dest / "pareto.png") as im:
+    with Image.open(folder / "pareto_digits.png") as im:
         assert im.width == publish.MAX_WIDTH
+    index = (studies / "README.md").read_text()
+    assert f"]({folder.name}/)" in index  # the index lists it
+    pages = _load("study_pages")
+    page = pages.study_page(pages.load_studies(studies)[0])
+    assert "![pareto: digits]" in page
     cfg_default = {k: v for k, v in vars(StudyConfig()).items()}
     assert publish.settings_kind(json.loads(json.dumps(cfg_default, default=list))) == "default"
     assert publish.settings_kind({**cfg_default, "epochs": 3}) == "custom"
-
-
-def test_published_results_page_exists():
-    page = DOCS / "results" / "index.md"
-    assert page.is_file(), "run `make docs-results` (after `make study`)"
-    assert "Produced " in page.read_text() and "bayesattn " in page.read_text()
+    (run / "results.json").unlink()
+    with pytest.raises(FileNotFoundError, match="results.json"):
+        publish.publish(run, studies)
 
 
 @pytest.mark.slow
@@ -568,6 +570,46 @@ def test_mobile_check_can_fail():
     assert any("equations cut off" in p for p in problems), problems
     assert any("a line hidden" in p for p in problems), problems  # clipped below, not beside
     assert fine == [], fine
+
+
+def test_column_check_can_fail():
+    """``column_problems`` in a real Chromium, at 390 and 1366 px: a wide table in its own
+    scrolling box, a code block that scrolls and a block wider than the main column fail; a
+    narrow table, code that wraps and an equation that scrolls inside its box pass."""
+    check = _load("check_site")
+    if check.find_chromium() is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium): browser check skipped")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    long = "wide_cell " * 40
+    column = '<html><body style="margin:0"><article style="width:{w}px">{body}</article></body></html>'
+    bad = (
+        f'<div style="overflow-x:auto"><table><tr><td style="white-space:nowrap">{long}</td></tr></table></div>'
+        f'<pre style="overflow-x:auto"><code>{"x = 1; " * 60}</code></pre>'
+        f'<div style="width:2000px">a block wider than the column</div>'
+    )
+    good = (
+        "<table><tr><td>a</td><td>0.950<br><small>± 0.007</small></td></tr></table>"
+        f'<pre style="overflow-x:auto"><code style="white-space:pre-wrap;overflow-wrap:anywhere">{"x = 1; " * 60}</code></pre>'
+        '<div class="arithmatex" style="overflow-x:auto"><span class="MathJax_Display" style="display:block">'
+        '<span style="display:inline-block;width:3000px">x</span></span></div>'
+        "<p>" + "word " * 100 + "</p>"
+    )
+    results = {}
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=check.find_chromium(), args=check.CHROMIUM_FLAGS)
+        for viewport in (check.MOBILE_VIEWPORT, check.DESKTOP_VIEWPORT):
+            page = browser.new_context(viewport=viewport).new_page()
+            w = viewport["width"] - 40 if viewport["width"] < 500 else 800
+            page.set_content(column.format(w=w, body=bad))
+            results[(viewport["width"], "bad")] = check.column_problems(page)
+            page.set_content(column.format(w=w, body=good))
+            results[(viewport["width"], "good")] = check.column_problems(page)
+        browser.close()
+    for width in (390, 1366):
+        problems = " ".join(results[(width, "bad")])
+        assert "table" in problems and "pre" in problems, problems
+        assert "past the main column" in problems, problems
+        assert results[(width, "good")] == [], results[(width, "good")]
 
 
 def test_changelog_page_includes_the_changelog():

@@ -1,5 +1,5 @@
 """Published evidence is current: every executed notebook, every committed benchmark result and the
-Results page were produced by this minor version of bayesattn (or a later one), and notebooks
+newest default study in ``studies/`` were produced by this minor version of bayesattn (or a later one), and notebooks
 carry the code hash of a real run (no hand-edited hashes). A page older than the package's minor
 version fails here: regenerate it (``make notebooks``, ``make bench``, ``make study &&
 make docs-results``)."""
@@ -58,8 +58,13 @@ def test_benchmark_results_are_current(path: Path):
     _check(path.name, json.loads(path.read_text())["meta"].get("bayesattn"))
 
 
-def test_results_page_is_current():
-    text = (ROOT / "docs" / "results" / "index.md").read_text()
-    m = re.search(r"Produced (\S+) [\d:]+ UTC by bayesattn (\S+?)[ ;]", text)
-    assert m is not None, "the Results page names no version"
-    _check("docs/results/index.md", m[2])
+def test_newest_default_study_is_current():
+    """The newest run of the default study in ``studies/`` (``make docs-results`` names its
+    folder ``<date>-default-<version>``) was made by this minor version."""
+    folders = sorted(
+        (p for p in (ROOT / "studies").glob("*-default-*") if p.is_dir()),
+        key=lambda p: p.name[:10],
+    )
+    assert folders, "no default study in studies/: run `make study && make docs-results`"
+    m = re.search(r"-default-(\d+\.\d+\S*)$", folders[-1].name)
+    _check(f"studies/{folders[-1].name}", m[1] if m else None)

@@ -166,6 +166,10 @@ def test_example_runs_quick(script: str, tmp_path: Path):
         f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-8000:]}"
     )
     assert out_of_range(proc.stdout, BOTH.get(script, [])) == [], proc.stdout
+    if script in FULL_ONLY:  # numbers that mean nothing at smoke size say so
+        assert "smoke run (--quick)" in proc.stdout, proc.stdout
+    printed = proc.stdout + proc.stderr  # no third-party advertisement or deprecation warning
+    assert not re.search(r"Tip:|litlogger|[Dd]eprecat", printed), printed[-4000:]
     for name in EXPECTED[script]:
         f = out / name
         assert f.is_file() and f.stat().st_size > 0, f"{script} did not write {name}"
