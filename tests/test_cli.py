@@ -42,9 +42,11 @@ def test_every_option_shows_its_default(parser: argparse.ArgumentParser):
 def test_defaults_in_help_are_the_real_ones():
     study = _parsers()[1]
     text = " ".join(study.format_help().split())
-    assert "--seed SEED first seed (default: 0)" in text  # a default of 0 is shown too
+    assert "--seed SEED first seed (0 .. 4294967295) (default: 0)" in text  # 0 is shown too
     assert "(default: bayesattn-study)" in text and "(default: 3; --quick: 2;" in text
-    assert "(default: by dataset, digits 20, mnist1d 30, fortunes 10; --quick: 5)" in text
+    assert (
+        "(default: by dataset, digits 20, mnist1d 30, fortunes 10, wordnet 10; --quick: 5)" in text
+    )
 
 
 def test_list_methods_describes_every_method(capsys):
