@@ -46,10 +46,9 @@ def test_defaults_in_help_are_the_real_ones():
     assert "--seed SEED first seed (0 .. 4294967295) (default: 0)" in text  # 0 is shown too
     assert "(default: bayesattn-study)" in text and "(default: 3; --quick: 2;" in text
     # (a data set registered earlier in the process, e.g. by a docs snippet, is listed too)
-    assert re.search(
-        r"\(default: by dataset, digits 20, mnist1d 30, fortunes 10, wordnet 10(, \w+ \d+)*; "
-        r"--quick: 5\)", text
-    ), text
+    epochs = re.search(r"\(default: by dataset, ([^;]*); --quick: 5\)", text)
+    assert epochs, text
+    assert {"digits 20", "mnist1d 30", "fortunes 10", "wordnet 10"} <= set(epochs[1].split(", "))
 
 
 def test_list_methods_describes_every_method(capsys):
