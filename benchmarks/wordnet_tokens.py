@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -61,12 +62,14 @@ from bayesattn.calibration.token_scores import (
     sequence_surprisal,
     unknown_rate,
 )
+from bayesattn.data.fortunes import build_vocab, encode_texts
 from bayesattn.data.holdout import rotation_pairs
-from bayesattn.data.wordnet import WordNetData, load_wordnet_data
+from bayesattn.data.wordnet import WordNetData, load_wordnet_data, unlabeled_glosses
 from bayesattn.nn.networks import CausalLM, TransformerClassifier
 from bayesattn.posthoc._density_core import fit_class_density
 from bayesattn.posthoc.token_views import TokenViews, token_views
 from bayesattn.training import fit
+from bayesattn.training.pretrain import pretrain_masked_lm, transfer_trunk
 
 #: ``d_model-layers-epochs-dropout`` settings tried on validation (the first is the study's
 #: fortunes network)
@@ -74,27 +77,64 @@ CONFIGS = ("64-2-10-0.1", "64-2-20-0.1", "128-2-10-0.1", "64-2-10-0.3")
 SPLITS = ("train", "val", "test", "ood")
 
 
-def network(d: WordNetData, setting: str) -> tuple[TransformerClassifier, int]:
-    """A fresh network of ``setting`` and its epochs."""
-    width, layers, epochs, dropout = setting.split("-")
+def network(d: WordNetData, setting: str) -> tuple[TransformerClassifier, int, float]:
+    """A fresh network of ``setting`` (``d_model-layers-epochs-dropout[-lr]``), its epochs and
+    learning rate (3e-3 unless given)."""
+    width, layers, epochs, dropout, *lr = setting.split("-")
     e = int(width)
     net = TransformerClassifier(d.num_classes, vocab_size=d.vocab_size, max_len=d.x_train.shape[1],
                                 pooling="cls", d_model=e, nhead=4, num_layers=int(layers),
                                 dim_feedforward=2 * e, dropout=float(dropout))  # fmt: skip
-    return net, int(epochs)
+    return net, int(epochs), float(lr[0]) if lr else 3e-3
+
+
+#: a pretrained trunk and its vocabulary (``--pretrain``), copied into every network trained
+PRETRAINED: list[tuple[TransformerClassifier, tuple[str, ...]]] = []
 
 
 def train(d: WordNetData, setting: str, seed: int) -> tuple[TransformerClassifier, float]:
-    """The network of ``setting`` trained as the study trains its deterministic members."""
+    """The network of ``setting`` trained as the study trains its deterministic members (from
+    the pretrained trunk when there is one)."""
     torch.manual_seed(seed)
-    net, epochs = network(d, setting)
+    net, epochs, lr = network(d, setting)
+    if PRETRAINED:
+        transfer_trunk(*PRETRAINED[0], net, d.vocab)
     pyro.clear_param_store()
     steps = math.ceil(len(d.x_train) / 64)
     t0 = time.perf_counter()
     fit(net, (d.x_train, d.y_train), val_data=(d.x_val, d.y_val), method="hybrid",
-        epochs=epochs, batch_size=64, lr=3e-3, weight_decay=1e-4, warmup_steps=steps, seed=seed,
+        epochs=epochs, batch_size=64, lr=lr, weight_decay=1e-4, warmup_steps=steps, seed=seed,
         progress=False, restore_best=True, early_stopping_patience=None, val_samples=0)  # fmt: skip
     return net.eval(), time.perf_counter() - t0
+
+
+def pretrain(spec: str, cache: str | None) -> dict[str, Any]:
+    """``--pretrain d_model-layers-epochs``: a trunk pretrained as a masked language model of
+    :func:`~bayesattn.data.wordnet.unlabeled_glosses` (no gloss of the ten classes in it; its
+    own vocabulary of words seen twice, 2 % held aside), loaded from ``cache`` if there."""
+    width, layers, epochs = (int(v) for v in spec.split("-"))
+    texts = unlabeled_glosses()
+    vocab = build_vocab(texts, 2, mask_token=True)
+    net = TransformerClassifier(2, vocab_size=len(vocab), max_len=32, pooling="cls", d_model=width,
+                                nhead=4, num_layers=layers, dim_feedforward=2 * width,
+                                dropout=0.1)  # fmt: skip
+    if cache and os.path.exists(cache):
+        net.load_state_dict(torch.load(cache, weights_only=True))
+        info = {"cached": cache}
+    else:
+        x = encode_texts(texts, vocab, 32)
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+        n_val = len(x) // 50
+        r = pretrain_masked_lm(net, x[order[n_val:]], mask_id=len(vocab) - 1, val=x[order[:n_val]],
+                               epochs=epochs, batch_size=128, lr=1e-3, seed=0)  # fmt: skip
+        info = {"texts": len(x), "vocabulary": len(vocab), "train_loss": r.train_loss,
+                "val_loss": r.val_loss, "val_masked_accuracy": r.val_accuracy,
+                "seconds": round(r.seconds, 1)}  # fmt: skip
+        print(f"pretrained {spec}: {info}", flush=True)
+        if cache:
+            torch.save(net.state_dict(), cache)
+    PRETRAINED.append((net.eval(), vocab))
+    return info
 
 
 def x_of(d: WordNetData, split: str) -> Tensor:
@@ -125,11 +165,12 @@ def auroc(score: Callable[[str], Tensor]) -> float:
     return ood_auroc(score("test"), score("ood"))
 
 
-def one_run(d: WordNetData, setting: str, seed: int, members: int) -> dict[str, dict[str, float]]:
+def one_run(d: WordNetData, setting: str, seed: int, members: int,
+            bow_data: WordNetData | None = None) -> dict[str, dict[str, float]]:  # fmt: skip
     """Phase 2 on one split: every method's accuracy, NLL, ECE, declared AUROC and cost (s)."""
     out: dict[str, dict[str, float]] = {}
     t0 = time.perf_counter()
-    out["tf-idf + logistic regression"] = bag_of_words_row(d)
+    out["tf-idf + logistic regression"] = bag_of_words_row(bow_data or d)
     out["tf-idf + logistic regression"]["cost_s"] = time.perf_counter() - t0
     nets, secs = [], []
     for i in tqdm(range(members), desc="members", leave=False):
@@ -320,6 +361,15 @@ def main(argv: list[str] | None = None) -> None:
                     help="only the language-model scores (needs --setting; results: "
                     "wordnet_tokens_lm.json)")  # fmt: skip
     ap.add_argument("--lm-epochs", type=int, default=10)
+    ap.add_argument("--pretrain", metavar="E-L-EP", default=None,
+                    help="fine-tune from a trunk of width E, L layers pretrained EP epochs as a "
+                    "masked LM of the unlabeled glosses (results: *_pretrained<E>.json)")  # fmt: skip
+    ap.add_argument(
+        "--pretrain-cache",
+        default=None,
+        metavar="PATH",
+        help="the pretrained trunk's state_dict: read if there, else written",
+    )
     ap.add_argument("--quick", action="store_true", help="a smoke test: 100 glosses, 1 epoch")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -330,16 +380,27 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--lm needs --setting (the main run's chosen setting)")
     pairs = rotation_pairs(args.pairs)
     t_all = time.perf_counter()
+    unlabeled: list[str] = []
+    pre_info: dict[str, Any] = {}
+    if args.pretrain:
+        if args.quick:
+            args.pretrain = "32-1-1"
+        pre_info = pretrain(args.pretrain, args.pretrain_cache)
+        unlabeled = unlabeled_glosses()
     tables = []
     name = ("wordnet_tokens_vocabulary" if args.vocab_diagnostic else
             f"wordnet_tokens_selection{'' if args.min_count == 2 else f'_min{args.min_count}'}"
             if args.select_only else
             "wordnet_tokens_lm" if args.lm else "wordnet_tokens")  # fmt: skip
+    if args.pretrain:
+        name += f"_pretrained{args.pretrain.split('-')[0]}"
     title = "WordNet tokens: network, bag of words, methods for words"
 
     def save(extra: list[dict[str, Any]]) -> None:
         if not args.quick:
-            print(f"wrote {write_results(name, title, tables + extra)}", flush=True)
+            pre = ([table(f"Masked-LM pretraining {args.pretrain}", ["what", "value"],
+                          [[k, str(v)] for k, v in pre_info.items()])] if pre_info else [])  # fmt: skip
+            print(f"wrote {write_results(name, title, pre + tables + extra)}", flush=True)
 
     if args.vocab_diagnostic:
         print(f"bag of words by vocabulary cut-off, pair {pairs[0]}, seed 0 (validation):")
@@ -352,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.setting is None:
         print(f"selection on pair {pairs[0]}, seed 0 (validation only):")
         d0 = load_wordnet_data(seed=0, holdout_classes=pairs[0], per_class=args.per_class,
-                               min_count=args.min_count)  # fmt: skip
+                               min_count=args.min_count, unlabeled=unlabeled)  # fmt: skip
         setting, sel_rows = select(d0, args.configs)
         tables.append(table(f"Selection ({args.per_class} glosses a class, vocabulary of words "
                             f"seen {args.min_count}+ times; validation, pair "
@@ -368,9 +429,12 @@ def main(argv: list[str] | None = None) -> None:
     jobs = [(p, s) for p in pairs for s in range(args.seeds)]
     cols = ["method", "accuracy", "NLL", "ECE", "held-out AUROC (declared score)", "cost s"]
     for pair, seed in tqdm(jobs, desc="runs"):
-        d = load_wordnet_data(seed=seed, holdout_classes=pair, per_class=args.per_class)
+        d = load_wordnet_data(seed=seed, holdout_classes=pair, per_class=args.per_class,
+                              unlabeled=unlabeled)  # fmt: skip
+        bow = (load_wordnet_data(seed=seed, holdout_classes=pair, per_class=args.per_class)
+               if unlabeled else None)  # fmt: skip
         r = (lm_run(d, setting, seed, 1 if args.quick else args.lm_epochs) if args.lm
-             else one_run(d, setting, seed, args.members))  # fmt: skip
+             else one_run(d, setting, seed, args.members, bow))  # fmt: skip
         runs.append(r)
         for m, v in r.items():
             a = v.get("auroc", v.get("auroc_entropy"))

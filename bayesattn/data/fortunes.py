@@ -27,7 +27,8 @@ from .._validation import check_int, check_seed
 from .holdout import HoldoutData, HoldoutSplit, check_holdout_classes, holdout_split_indices
 
 __all__ = ["FORTUNE_TOPICS", "FORTUNES_DIR", "FortunesData", "read_fortunes", "tokenize",
-           "load_fortunes_data", "tokens_data", "PAD", "UNK"]  # fmt: skip
+           "load_fortunes_data", "tokens_data", "encode_texts", "build_vocab", "PAD", "UNK",
+           "MASK_TOKEN"]  # fmt: skip
 
 #: the ten topics (class ids 0..9 in this order)
 FORTUNE_TOPICS = ("art", "computers", "drugs", "education", "food", "law", "literature",
@@ -35,6 +36,8 @@ FORTUNE_TOPICS = ("art", "computers", "drugs", "education", "food", "law", "lite
 #: where Debian's ``fortunes`` package puts them
 FORTUNES_DIR = "/usr/share/games/fortunes"
 PAD, UNK = 0, 1
+#: the word of the masked-LM pretraining's mask id (last in a vocabulary built with it)
+MASK_TOKEN = "<mask>"
 _WORD = re.compile(r"[a-z0-9']+")
 
 
@@ -105,11 +108,30 @@ class FortunesData(HoldoutData):
 
 
 def _encode(texts: Iterable[str], index: dict[str, int], max_len: int) -> torch.Tensor:
-    rows = []
+    rows: list[list[int]] = []
     for t in texts:
         ids = [index.get(w, UNK) for w in tokenize(t)][:max_len]
         rows.append(ids + [PAD] * (max_len - len(ids)))
-    return torch.tensor(rows, dtype=torch.int64)  # (N, max_len)
+    return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), max_len)  # (N, max_len)
+
+
+def build_vocab(
+    texts: Iterable[str], min_count: int = 2, mask_token: bool = False
+) -> tuple[str, ...]:
+    """A vocabulary (id → word) of the words seen ``min_count`` times in ``texts``: ``"<pad>"``
+    (0), ``"<unk>"`` (1), then the words in decreasing frequency (ties by spelling); with
+    ``mask_token`` the masked-LM pretraining's :data:`MASK_TOKEN` last (no text encodes to it)."""
+    check_int("min_count", min_count, 1)
+    counts = Counter(w for t in texts for w in tokenize(t))
+    words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+    return ("<pad>", "<unk>", *words, *((MASK_TOKEN,) if mask_token else ()))
+
+
+def encode_texts(texts: Iterable[str], vocab: Sequence[str], max_len: int) -> torch.Tensor:
+    """Token ids ``(N, max_len)`` of ``texts`` in a data set's ``vocab`` (id → word; a word
+    not in it is the unknown word 1, padding 0), cut or padded to ``max_len``."""
+    check_int("max_len", max_len, 1)
+    return _encode(texts, {w: i for i, w in enumerate(vocab) if i >= 2}, max_len)
 
 
 def load_fortunes_data(
@@ -160,14 +182,17 @@ def tokens_data(
     max_len: int,
     min_count: int,
     topics: tuple[str, ...],
+    unlabeled: Sequence[str] = (),
+    mask_token: bool = False,
 ) -> TokensT:
     """The token data set ``cls`` of ``texts`` (labels ``y``, original class ids) cut by
-    ``split``: a vocabulary of the training rows' words seen ``min_count`` times (ids ``2..`` in
-    decreasing training frequency, ties by spelling), every split encoded and padded or cut to
-    ``max_len`` tokens (shared by every token data set of the package)."""
-    counts = Counter(w for i in split.train for w in tokenize(texts[i]))
-    words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
-    index = {w: i + 2 for i, w in enumerate(words)}
+    ``split``: a vocabulary of the words seen ``min_count`` times in the training rows and the
+    ``unlabeled`` texts (ids ``2..`` in decreasing frequency, ties by spelling; with
+    ``mask_token`` one more id at the end, ``"<mask>"``, for masked-LM pretraining), every split
+    encoded and padded or cut to ``max_len`` tokens (shared by every token data set of the
+    package)."""
+    vocab = build_vocab([*(texts[i] for i in split.train), *unlabeled], min_count, mask_token)
+    index = {w: i for i, w in enumerate(vocab) if i >= 2}
     remap = split.remap(y)
 
     def part(rows: np.ndarray, original: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,5 +203,5 @@ def tokens_data(
     xo, yo = part(split.ood, original=True)
     return cls(
         xtr, ytr, xv, yv, xte, yte, split.classes, {c: k for k, c in enumerate(split.classes)},
-        split.holdout, xo, yo, seed, vocab=("<pad>", "<unk>", *words), topics=topics,
+        split.holdout, xo, yo, seed, vocab=vocab, topics=topics,
     )  # fmt: skip

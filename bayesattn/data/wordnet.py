@@ -30,7 +30,7 @@ from .fortunes import FortunesData, tokenize, tokens_data
 from .holdout import check_holdout_classes, holdout_split_indices
 
 __all__ = ["WORDNET_CLASSES", "WORDNET_LEXNAMES", "WORDNET_DIR", "WordNetData", "read_glosses",
-           "clean_gloss", "load_wordnet_data"]  # fmt: skip
+           "clean_gloss", "load_wordnet_data", "unlabeled_glosses"]  # fmt: skip
 
 #: the ten noun lexicographer files (class ids 0..9 in this order)
 WORDNET_CLASSES = ("animal", "plant", "food", "artifact", "person", "location", "body",
@@ -90,6 +90,30 @@ def read_glosses(
     return list(glosses), np.asarray(lexfiles, dtype=np.int64)
 
 
+def unlabeled_glosses(
+    root: str | Path = WORDNET_DIR,
+    exclude: Sequence[str] = WORDNET_CLASSES,
+    parts: Sequence[str] = ("noun", "verb", "adj", "adv"),
+) -> list[str]:
+    """Text for pretraining that holds none of the classified glosses: every non-empty gloss
+    of the ``parts`` (WordNet 3.0: 20,864 nouns of the other lexicographer files, 13,767
+    verbs, 18,156 adjectives, 3,621 adverbs) whose noun lexicographer file is not one of
+    ``exclude`` (by default all ten classes, so no held-out class of any pair is in it)."""
+    bad = [c for c in exclude if c not in WORDNET_LEXNAMES]
+    if bad:
+        raise ValueError(f"exclude must name noun lexicographer files; unknown: {bad}")
+    out: list[str] = []
+    for part in parts:
+        glosses, lexfiles = read_glosses(root, part)
+        drop = {WORDNET_LEXNAMES[c] for c in exclude} if part == "noun" else set()
+        out += [
+            g
+            for g, f in zip(glosses, lexfiles.tolist(), strict=True)
+            if f not in drop and tokenize(g)
+        ]
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class WordNetData(FortunesData):
     """The fields of :class:`~bayesattn.data.fortunes.FortunesData` for the WordNet glosses:
@@ -108,11 +132,14 @@ def load_wordnet_data(
     data_seed: int = 42,
     root: str | Path = WORDNET_DIR,
     classes: Sequence[str] = WORDNET_CLASSES,
+    unlabeled: Sequence[str] = (),
+    mask_token: bool = False,
 ) -> WordNetData:
     """WordNet noun glosses by lexicographer file with a seeded stratified split (``seed``) and
     ``holdout_classes`` (indices into ``classes``) kept aside as OOD; ``per_class`` glosses per
     class (a fixed draw, ``data_seed``; non-empty glosses only), the vocabulary from the
-    training split.
+    training split and the ``unlabeled`` texts (pretraining: :func:`unlabeled_glosses`, with
+    ``mask_token`` for the mask id, the vocabulary's last).
 
     Shape:
         Returns :class:`WordNetData` with tokens ``(N, max_len)`` and labels ``(N,)``.
@@ -141,4 +168,5 @@ def load_wordnet_data(
     texts = [glosses[i] for i in idx]
     y = np.repeat(np.arange(len(classes), dtype=np.int64), per_class)
     split = holdout_split_indices(y, holdout, seed, val_fraction, test_fraction, len(classes))
-    return tokens_data(WordNetData, texts, y, split, seed, max_len, min_count, topics=classes)
+    return tokens_data(WordNetData, texts, y, split, seed, max_len, min_count, topics=classes,
+                       unlabeled=unlabeled, mask_token=mask_token)  # fmt: skip

@@ -80,6 +80,9 @@ import them from:
   (:func:`sync_param_store`).
 * :mod:`~bayesattn.training.trainer`: :class:`Trainer`, assembled from the parts above, and
   :func:`fit`.
+* :mod:`~bayesattn.training.pretrain`: masked-language-model pretraining of a token
+  classifier's trunk on unlabeled text (:func:`pretrain_masked_lm`) and the copy of a
+  pretrained trunk into a network of another vocabulary (:func:`transfer_trunk`).
 * :class:`ModuleClassifier` (from :mod:`bayesattn.nn.networks.foreign`, re-exported here): the
   network contract around any ``nn.Module`` that returns logits ``(B, C)`` (``fit`` wraps a
   plain module in it).
@@ -106,6 +109,7 @@ from .data import as_train_data, fork_rng, iter_eval_batches
 from .history import History
 from .kl import ScaleLatents, kl_beta
 from .param_store import sync_param_store
+from .pretrain import pretrain_masked_lm, transfer_trunk
 from .schedules import LR_DECAYS, lr_factor, lr_scheduler
 from .trainer import Trainer, fit
 
@@ -131,4 +135,6 @@ __all__ = [
     "as_train_data",
     "iter_eval_batches",
     "fork_rng",
+    "pretrain_masked_lm",
+    "transfer_trunk",
 ]

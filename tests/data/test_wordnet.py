@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from bayesattn.data.fortunes import MASK_TOKEN, build_vocab, encode_texts
 from bayesattn.data.wordnet import (
     WORDNET_CLASSES,
     WORDNET_DIR,
@@ -16,6 +17,7 @@ from bayesattn.data.wordnet import (
     clean_gloss,
     load_wordnet_data,
     read_glosses,
+    unlabeled_glosses,
 )
 
 _HEADER = "  1 This software and database is being provided to you, the LICENSEE, by  \n"
@@ -88,6 +90,52 @@ def test_split_vocabulary_and_draw(tmp_path):
         load_wordnet_data(root=root, per_class=20, holdout_classes=(10,))
 
 
+def test_unlabeled_glosses_hold_no_classified_gloss(tmp_path):
+    root = _database(tmp_path)
+    (root / "data.verb").write_bytes(
+        (_HEADER + '00001740 29 v 01 run 0 000 | move fast; "he ran"  \n').encode("latin-1")
+    )
+    texts = unlabeled_glosses(root, parts=("noun", "verb"))
+    # the 30 cognition glosses (not a class) and the verb; none of the ten classes' glosses
+    assert len(texts) == 31 and texts[-1] == "move fast"
+    assert all("cognition" in t for t in texts[:-1])
+    fewer = unlabeled_glosses(root, exclude=WORDNET_CLASSES[1:], parts=("noun",))
+    assert sum("animal" in t for t in fewer) == 31  # 30 + the latin-1 one
+    with pytest.raises(ValueError, match="exclude"):
+        unlabeled_glosses(root, exclude=("animals",))
+    with pytest.raises(FileNotFoundError, match="wordnet-base"):
+        unlabeled_glosses(root, parts=("adj",))
+
+
+def test_a_vocabulary_with_unlabeled_text_and_a_mask_token(tmp_path):
+    root = _database(tmp_path)
+    texts = unlabeled_glosses(root, parts=("noun",))
+    d = load_wordnet_data(seed=3, holdout_classes=(2, 7), per_class=20, max_len=6, root=root,
+                          unlabeled=texts, mask_token=True)  # fmt: skip
+    plain = load_wordnet_data(seed=3, holdout_classes=(2, 7), per_class=20, max_len=6, root=root)
+    assert "cognition" in d.vocab and "cognition" not in plain.vocab
+    assert d.vocab[-1] == MASK_TOKEN and MASK_TOKEN not in plain.vocab
+    assert set(plain.vocab) < set(d.vocab)
+    mask_id = d.vocab_size - 1
+    assert not any((x == mask_id).any() for x in (d.x_train, d.x_val, d.x_test, d.x_ood_classes))
+    # the same texts decode to the same words under either vocabulary (a word unknown to the
+    # training split alone may be known now; padding stays padding)
+    for a, b in zip(d.x_train.flatten().tolist(), plain.x_train.flatten().tolist(), strict=True):
+        assert (a == 0) == (b == 0)
+        if b > 1:
+            assert d.vocab[a] == plain.vocab[b]
+
+
+def test_build_vocab_and_encode_texts():
+    vocab = build_vocab(["b a b", "c b a", "d"], min_count=2, mask_token=True)
+    assert vocab == ("<pad>", "<unk>", "b", "a", MASK_TOKEN)  # by frequency, then spelling
+    x = encode_texts(["a b c", "<mask> b", ""], vocab, 4)
+    assert x.tolist() == [[3, 2, 1, 0], [1, 2, 0, 0], [0, 0, 0, 0]]  # "<mask>" reads as "mask"
+    assert encode_texts([], vocab, 3).shape == (0, 3)
+    with pytest.raises(ValueError, match="max_len"):
+        encode_texts(["a"], vocab, 0)
+
+
 @pytest.mark.skipif(not Path(WORDNET_DIR, "data.noun").is_file(), reason="Debian's wordnet-base")
 def test_the_debian_package_gives_ten_classes_of_at_least_2000():
     glosses, lex = read_glosses()
@@ -98,3 +146,4 @@ def test_the_debian_package_gives_ten_classes_of_at_least_2000():
     d = load_wordnet_data()
     assert d.x_train.shape == (10400, 32) and len(d.x_ood_classes) == 4000
     assert d.vocab_size > 5000
+    assert len(unlabeled_glosses()) == 20864 + 13767 + 18156 + 3621
