@@ -126,7 +126,7 @@ def pretrain(spec: str, cache: str | None) -> dict[str, Any]:
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
         n_val = len(x) // 50
         r = pretrain_masked_lm(net, x[order[n_val:]], mask_id=len(vocab) - 1, val=x[order[:n_val]],
-                               epochs=epochs, batch_size=128, lr=1e-3, seed=0)  # fmt: skip
+                               epochs=epochs, batch_size=128, lr=3e-3, seed=0)  # fmt: skip
         info = {"texts": len(x), "vocabulary": len(vocab), "train_loss": r.train_loss,
                 "val_loss": r.val_loss, "val_masked_accuracy": r.val_accuracy,
                 "seconds": round(r.seconds, 1)}  # fmt: skip

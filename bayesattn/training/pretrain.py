@@ -73,11 +73,11 @@ def mask_tokens(
 
 class MaskedLMHead(nn.Module):
     r"""The words' logits of token states: dense, GELU, LayerNorm, then the token embedding's
-    matrix (tied) divided by :math:`\sqrt E` plus a bias. ``(..., E) -> (..., V)``.
+    matrix (tied) plus a bias. ``(..., E) -> (..., V)``.
 
-    The division matches the embedding's own scale: the network multiplies its ``N(0, 1)``
-    rows by :math:`\sqrt E` on the way in, so unscaled tied logits would start with a standard
-    deviation of :math:`\sqrt E` instead of about 1."""
+    With the embedding's initial rows :math:`\mathcal N(0, (0.1/\sqrt E)^2)`
+    (:data:`~bayesattn.nn.networks.base.TOKEN_INIT_STD`), the LayerNorm'd states give initial
+    logits of standard deviation about 0.1: the head starts near the uniform distribution."""
 
     def __init__(self, embedding: nn.Embedding) -> None:
         super().__init__()
@@ -86,11 +86,10 @@ class MaskedLMHead(nn.Module):
         self.norm = nn.LayerNorm(E)
         self.embedding = embedding  # shared, not copied: the classifier's own rows learn
         self.bias = nn.Parameter(torch.zeros(V))
-        self.scale = 1.0 / math.sqrt(E)
 
     def forward(self, h: Tensor) -> Tensor:
         g = self.norm(F.gelu(self.dense(h)))  # (..., E)
-        return F.linear(g, self.embedding.weight * self.scale, self.bias)  # (..., V)
+        return F.linear(g, self.embedding.weight, self.bias)  # (..., V)
 
 
 def _token_states(net: TransformerClassifier, x: Tensor) -> Tensor:

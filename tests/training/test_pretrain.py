@@ -65,7 +65,7 @@ def test_masked_lm_loss_is_cross_entropy_at_the_chosen_positions() -> None:
         [net.cls.expand(4, 1, -1), net.embed(inputs)], 1)))[:, 1:]  # type: ignore[union-attr]  # fmt: skip
     g = F.layer_norm(F.gelu(h @ head.dense.weight.T + head.dense.bias), (16,),
                      head.norm.weight, head.norm.bias)  # fmt: skip
-    logits = g @ net.embed.tokens.weight.T / 4.0 + head.bias  # type: ignore[union-attr]
+    logits = g @ net.embed.tokens.weight.T + head.bias  # type: ignore[union-attr]
     keep = targets != IGNORE
     ref = F.cross_entropy(logits[keep], targets[keep])
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
