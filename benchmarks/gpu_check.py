@@ -90,7 +90,8 @@ def _predictive(m: nn.Module, x: Inputs) -> Tensor:
 
 
 def study_group(dataset: str, batch: int) -> Group:
-    """A study network (digits ViT or MNIST-1D transformer): deterministic, recommended,
+    """A study network (digits ViT or MNIST-1D transformer): deterministic, last-layer
+    (``AttentionConfig.last_layer()``; rows named ``recommended``, as in the stored results),
     Dirichlet everywhere; the same trunk weights in all three."""
     m = MODEL_DEFAULTS[dataset]
     kw = dict(d_model=m["d_model"], nhead=m["nhead"], num_layers=m["num_layers"],

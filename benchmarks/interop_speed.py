@@ -117,11 +117,11 @@ def main() -> None:
     tables.append(
         _table(f"Posterior predictive of {S} samples against {S} torch passes", r, "torch x S")
     )
-    tables += _recommended(ref, x, reps, D, H, L)
+    tables += _last_layer(ref, x, reps, D, H, L)
     _write(tables, shapes)
 
 
-def _recommended(ref: nn.Module, x: torch.Tensor, reps: int, D: int, H: int, L: int) -> list:
+def _last_layer(ref: nn.Module, x: torch.Tensor, reps: int, D: int, H: int, L: int) -> list:
     """The last-layer recipe's 8-sample predictive against one torch forward (torch and HF)."""
     S, out = 8, []
     rec = bayesattn.convert(copy.deepcopy(ref), config=AttentionConfig.last_layer())
