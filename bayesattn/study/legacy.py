@@ -44,14 +44,16 @@ def _keys(d: Mapping[str, _T], where: str) -> dict[str, _T]:
     for k, v in d.items():
         new = current_method_name(k)
         if new in out:
-            raise ValueError(f"{where} holds method {new!r} under two names ({k!r} is its old "
+            raise ValueError(f"{where} holds method {new!r} under two names (one is its old "
                              "name); a study's results name each method once")  # fmt: skip
         out[new] = v
     return out
 
 
 def _names(names: Any) -> Any:
-    return [current_method_name(n) for n in names] if isinstance(names, list) else names
+    if not isinstance(names, list):
+        return names
+    return [current_method_name(n) if isinstance(n, str) else n for n in names]
 
 
 def upgrade_config(config: Mapping[str, Any]) -> dict[str, Any]:

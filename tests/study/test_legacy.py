@@ -76,9 +76,10 @@ def test_a_stored_study_reads_under_the_current_names():
 
 
 def test_one_method_under_both_names_is_refused():
-    run = {"methods": {"recommended": {"nll": 1.0}, "last_layer": {"nll": 2.0}}}
-    with pytest.raises(ValueError, match="'last_layer' under two names"):
-        upgrade_run(run)
+    for methods in ({"recommended": {"nll": 1.0}, "last_layer": {"nll": 2.0}},
+                    {"last_layer": {"nll": 2.0}, "recommended": {"nll": 1.0}}):  # fmt: skip
+        with pytest.raises(ValueError, match="'last_layer' under two names"):
+            upgrade_run({"methods": methods})
 
 
 # ---- a study from before the rename: merged and resumed -------------------------------------
