@@ -19,6 +19,10 @@ is trained with ``bayesattn.training.fit`` (the one-pass "hybrid" ELBO, with KL 
 
 Writes ``training_history.png``, ``reliability_diagram.png`` and ``ood_entropy.png``.
 
+This example shows Bayesian attention at work; the recipe we recommend for uncertainty (a plain
+softmax network, ``AttentionConfig.recommended()``, read by ``bayesattn.posthoc.DensityRead``
+after training) is ``examples/08_class_density.py``.
+
 Run: ``python examples/03_train_classifier.py [--quick] [--out DIR] [--family NAME]``
 
 Prints (the full run, without ``--quick``: about 14 s on one thread of a shared 2-core machine)::
