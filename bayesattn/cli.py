@@ -48,7 +48,7 @@ def _add_study_parser(sub: Any) -> None:
         formatter_class=_HelpFormatter,
         description="Train and score every uncertainty method (deterministic, temperature "
         "scaling, MC dropout, deep ensembles and their size curve, kNN and relative-Mahalanobis "
-        "feature scores, last-layer Laplace, the recommended and every-layer Bayesian "
+        "feature scores, last-layer Laplace, the last-layer and every-layer Bayesian "
         "attentions, the post-hoc GP and density reads) on held-out class pairs × seeds; report "
         "means with 95% intervals, paired differences (Holm-corrected marks), AUROCs by each "
         "method's primary score near / far / shift, selective prediction, corruption curves, "

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bayesattn.study.legacy import upgrade_results
 from bayesattn.study.merge import without_times
 
 #: what may differ between two studies of the same code: where they were written, how long
@@ -47,7 +48,9 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    before, after = (json.loads((Path(d) / "results.json").read_text()) for d in argv[1:3])
+    before, after = (  # a study from before a method's rename: current names
+        upgrade_results(json.loads((Path(d) / "results.json").read_text())) for d in argv[1:3]
+    )
     for ds, block in before["datasets"].items():
         for m in block["pooled"]:
             other = after["datasets"].get(ds, {}).get("pooled", {}).get(m)

@@ -13,6 +13,8 @@ import json
 import sys
 from typing import Any
 
+from bayesattn.study.legacy import upgrade_results
+
 _TIMING = ("seconds", "time", "_ms", "wall")
 
 
@@ -55,10 +57,10 @@ def main() -> int:
     ap.add_argument("after")
     ap.add_argument("--sections", default="pooled,per_pair,paired")
     args = ap.parse_args()
-    with open(args.before) as f:
-        before = json.load(f)
+    with open(args.before) as f:  # a study from before a method's rename: current names
+        before = upgrade_results(json.load(f))
     with open(args.after) as f:
-        after = json.load(f)
+        after = upgrade_results(json.load(f))
     sections = tuple(args.sections.split(","))
     diffs = compare(before, after, sections)
     for line in diffs:

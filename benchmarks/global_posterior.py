@@ -11,7 +11,8 @@ Methods:
 
 * ``deterministic`` and ``temperature`` (the same network, temperature fitted on validation);
 * ``ensemble``: ``--ensemble`` deterministic members (the first is ``deterministic``);
-* ``recommended``: ``AttentionConfig.recommended()`` as it is in this checkout;
+* ``recommended``: ``AttentionConfig.last_layer()`` as it is in this checkout (the row keeps its
+  earlier name, that of the stored results);
 * ``logistic_normal_last``: the 0.3 recommendation (logistic-normal attention, last layer);
 * ``sgpa``: ``AttentionConfig(read="sparse_gp", layers="last")`` (GP read of the CLS row, initial
   q(v) mean drawn from the prior, S = 0.3² I; ``sgpa_prior_init``: q(v) = p(v) initially;
@@ -49,7 +50,7 @@ from bayesattn.uncertainty import PredictionResult, predict, predict_ensemble
 _T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 _CONFIGS: dict[str, Callable[[], AttentionConfig]] = {
-    "recommended": AttentionConfig.recommended,
+    "recommended": AttentionConfig.last_layer,
     "logistic_normal_last": lambda: AttentionConfig(
         family="logistic_normal",
         layers="last",

@@ -12,7 +12,7 @@ For each model group, on ``--device`` (default ``cuda``) in float32 and bfloat16
 
 Groups: the study's digits ``VisionTransformer`` and MNIST-1D ``SignalTransformer``
 (``bayesattn.study.config.MODEL_DEFAULTS``, random inputs of the data's shapes) with
-``attention=None`` (baseline), ``AttentionConfig.recommended()`` and Dirichlet attention in every
+``attention=None`` (baseline), ``AttentionConfig.last_layer()`` and Dirichlet attention in every
 layer; a ``torch.nn.TransformerEncoder`` classifier before (baseline) and after
 ``bayesattn.convert``; a tiny Hugging Face BERT built from a config (no download) before
 (baseline) and after ``bayesattn.interop.hf.convert_hf``. Predictives are
@@ -90,7 +90,8 @@ def _predictive(m: nn.Module, x: Inputs) -> Tensor:
 
 
 def study_group(dataset: str, batch: int) -> Group:
-    """A study network (digits ViT or MNIST-1D transformer): deterministic, recommended,
+    """A study network (digits ViT or MNIST-1D transformer): deterministic, last-layer
+    (``AttentionConfig.last_layer()``; rows named ``recommended``, as in the stored results),
     Dirichlet everywhere; the same trunk weights in all three."""
     m = MODEL_DEFAULTS[dataset]
     kw = dict(d_model=m["d_model"], nhead=m["nhead"], num_layers=m["num_layers"],
@@ -105,7 +106,7 @@ def study_group(dataset: str, batch: int) -> Group:
         return SignalTransformer(10, length=40, patch=m["patch"], stride=m["stride"],
                                  attention=attention, **kw)  # fmt: skip
 
-    models = {"det": net(None).eval(), "rec": net(AttentionConfig.recommended()).eval(),
+    models = {"det": net(None).eval(), "rec": net(AttentionConfig.last_layer()).eval(),
               "dir": net(AttentionConfig("dirichlet")).eval()}  # fmt: skip
     x = torch.randn(batch, 1, 8, 8) if dataset == "digits" else torch.randn(batch, 40)
     cands = [

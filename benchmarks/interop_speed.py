@@ -9,7 +9,7 @@ One process, candidates timed alternately (median ms), ratios against torch (low
   a padding mask;
 * the same in ``"guide"`` mode, and the posterior predictive of ``S`` samples by batched
   repetition vs vectorised (``bayesattn.num_samples``), each against ``S`` torch passes;
-* the recommended recipe (``convert(model, config=AttentionConfig.recommended())``: the last
+* the last-layer recipe (``convert(model, config=AttentionConfig.last_layer())``: the last
   layer Bayesian) and its 8-sample predictive (``bayesattn.uncertainty.predict``, folded: the
   layers before the last run once) against ONE torch forward (goal: within 2x), with the full
   batched repetition (every layer on ``8·B`` rows) for reference; the same for a small
@@ -117,14 +117,14 @@ def main() -> None:
     tables.append(
         _table(f"Posterior predictive of {S} samples against {S} torch passes", r, "torch x S")
     )
-    tables += _recommended(ref, x, reps, D, H, L)
+    tables += _last_layer(ref, x, reps, D, H, L)
     _write(tables, shapes)
 
 
-def _recommended(ref: nn.Module, x: torch.Tensor, reps: int, D: int, H: int, L: int) -> list:
-    """The recommended recipe's 8-sample predictive against one torch forward (torch and HF)."""
+def _last_layer(ref: nn.Module, x: torch.Tensor, reps: int, D: int, H: int, L: int) -> list:
+    """The last-layer recipe's 8-sample predictive against one torch forward (torch and HF)."""
     S, out = 8, []
-    rec = bayesattn.convert(copy.deepcopy(ref), config=AttentionConfig.recommended())
+    rec = bayesattn.convert(copy.deepcopy(ref), config=AttentionConfig.last_layer())
     models = [("torch encoder", ref, rec, x, None)]
     try:
         import transformers
@@ -138,7 +138,7 @@ def _recommended(ref: nn.Module, x: torch.Tensor, reps: int, D: int, H: int, L: 
         )  # fmt: skip
         bert = transformers.BertForSequenceClassification(cfg).eval()
         ids = {"input_ids": torch.randint(0, 100, x.shape[:2])}
-        hf = convert_hf(copy.deepcopy(bert), config=AttentionConfig.recommended())
+        hf = convert_hf(copy.deepcopy(bert), config=AttentionConfig.last_layer())
         models.append(("HF BERT", bert, hf, ids, lambda m, v: m(**v).logits))
     except ImportError:
         print("(transformers not installed: the HF BERT row is skipped)")
@@ -151,7 +151,7 @@ def _recommended(ref: nn.Module, x: torch.Tensor, reps: int, D: int, H: int, L: 
                      c, i, S, None, "guide", f, 1.0, False, fold=False)},
                 max(3, reps // 3),
             )  # fmt: skip
-        print(f"\n{name}, recommended recipe, {S}-sample predictive vs ONE forward:")
+        print(f"\n{name}, last-layer recipe, {S}-sample predictive vs ONE forward:")
         for k, v in r.items():
             print(f"  {k:18s} {v:8.3f} ms  x{v / r['torch x 1']:.2f}")
         title = f"Recommended recipe ({name}): {S}-sample predictive against one torch forward"

@@ -5,8 +5,8 @@ predicts a batch of ``--batch`` images in each configuration; every ratio is aga
 deterministic forward pass (``net(x)`` under ``no_grad``) of the same architecture, timed in the
 same rounds (interleaved, median over rounds, fixed thread count):
 
-* ``recommended S=…``: :meth:`AttentionConfig.recommended` through :func:`bayesattn.uncertainty.predict`
-  (the trunk is computed once, the last layer's CLS row draws the ``S`` samples);
+* ``recommended S=…``: :meth:`AttentionConfig.last_layer` (the row keeps the name of the stored
+  results) through :func:`bayesattn.uncertainty.predict` (the trunk is computed once, the last layer's CLS row draws the ``S`` samples);
 * ``dirichlet, every layer S=…``: the former default (Dirichlet attention in every layer: the
   first layer's projections and scores are computed once, every sample runs the rest);
 * ``MC dropout S=…`` and ``ensemble ×M``: the baselines (:func:`~bayesattn.uncertainty.predict_mc_dropout`,
@@ -52,7 +52,7 @@ def configs(d_model: int, ensemble: int) -> dict:
     torch.manual_seed(0)
     pyro.clear_param_store()
     det = vit(None, d_model)
-    rec = vit(AttentionConfig.recommended(), d_model)
+    rec = vit(AttentionConfig.last_layer(), d_model)
     old = vit(AttentionConfig(family="dirichlet"), d_model)
     members = [vit(None, d_model) for _ in range(ensemble)]
 

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bayesattn.study.legacy import upgrade_results
 from bayesattn.study.metrics import get, primary_score
 from bayesattn.study.stats import paired_interval
 
@@ -82,7 +83,7 @@ def main() -> None:
     ap.add_argument("results", type=Path)
     ap.add_argument("--methods", nargs="+", default=None)
     args = ap.parse_args()
-    res = json.loads(args.results.read_text())
+    res = upgrade_results(json.loads(args.results.read_text()))  # old names read as current
     for ds, block in res["datasets"].items():
         methods = args.methods or list(block["runs"][0]["methods"])
         print(f"\n**{ds}** ({len(block['runs'])} runs; * = resolved, the 95% interval excludes 0)\n")

@@ -42,9 +42,9 @@ NUM_DATA = 100 * B
 
 
 def bayes_net(family: str | None = "dirichlet", pooling: str = "mean") -> TransformerClassifier:
-    """``family="recommended"``: :meth:`AttentionConfig.recommended` (use with CLS pooling)."""
+    """``family="recommended"``: :meth:`AttentionConfig.last_layer` (use with CLS pooling)."""
     att = (
-        AttentionConfig.recommended() if family == "recommended" else AttentionConfig(family=family)
+        AttentionConfig.last_layer() if family == "recommended" else AttentionConfig(family=family)
     )
     return TransformerClassifier(
         CLASSES,
@@ -134,7 +134,8 @@ def make_steppers(families: list[str], particles: bool) -> dict:
         "hybrid, attention=None": trainer_stepper("hybrid", family=None),
         "svi, attention=None": trainer_stepper("svi", family=None),
     }
-    # the recommended recipe (AttentionConfig.recommended) against the same CLS-pooled network
+    # the last-layer recipe (AttentionConfig.last_layer; the row keeps its stored name) against
+    # the same CLS-pooled network
     steppers["plain (attention=None), cls pooling"] = plain_stepper(bayes_net(None, "cls"))
     steppers["hybrid P=1 recommended, cls pooling"] = trainer_stepper(
         "hybrid", family="recommended", pooling="cls"

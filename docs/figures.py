@@ -10,6 +10,7 @@ Usage: python docs/figures.py [out.png]   (draws it to a file, to look at)
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import sys
@@ -22,7 +23,7 @@ STUDIES = ROOT / "studies"
 #: (method in the study, label on the figure), top to bottom
 HERO_METHODS = [
     ("deterministic", "softmax\nnetwork"),
-    ("recommended", "Bayesian\nattention"),
+    ("last_layer", "Bayesian\nattention"),
     ("ensemble", "ensemble\nof 5"),
     ("density", "softmax +\ndensity read"),
 ]
@@ -30,19 +31,32 @@ DATASET_ORDER = ["digits", "mnist1d", "fortunes"]
 DATASET_LABELS = {"digits": "images", "mnist1d": "signals", "fortunes": "words"}
 
 
+def _upgrade(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` with current method names (``bayesattn/study/legacy.py``, standard library
+    only, loaded by path: the figure draws without importing the library)."""
+    spec = importlib.util.spec_from_file_location(
+        "_docs_figures_legacy", ROOT / "bayesattn" / "study" / "legacy.py"
+    )
+    assert spec is not None and spec.loader is not None
+    legacy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(legacy)
+    return legacy.upgrade_results(results)
+
+
 def newest_full_study(root: Path = STUDIES) -> Path:
     """``results.json`` of the newest ``*full-protocol*`` study that ran every hero method."""
     for d in sorted(root.glob("*full-protocol*"), reverse=True):
         f = d / "results.json"
         if f.is_file():
-            methods = json.loads(f.read_text(encoding="utf-8")).get("methods", [])
+            methods = _upgrade(json.loads(f.read_text(encoding="utf-8"))).get("methods", [])
             if all(m in methods for m, _ in HERO_METHODS):
                 return f
     raise FileNotFoundError(f"no full-protocol study with {[m for m, _ in HERO_METHODS]} in {root}")
 
 
 def hero_data(results: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """``{dataset: {method: mean held-out AUROC by its primary score}}``."""
+    """``{dataset: {method: mean held-out AUROC by its primary score}}`` (current method names)."""
+    results = _upgrade(results)
     return {
         name: {m: float(block["pooled"][m]["auroc_primary"]["mean"]) for m, _ in HERO_METHODS}
         for name, block in results["datasets"].items()

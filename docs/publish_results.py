@@ -28,6 +28,9 @@ def settings_kind(config: dict[str, Any]) -> str:
     """``"default"``, ``"quick"`` or ``"custom"``: how a run's config compares with the presets of
     :class:`bayesattn.study.StudyConfig` (the output folder and progress bar do not count)."""
     from bayesattn.study import StudyConfig
+    from bayesattn.study.legacy import upgrade_config
+
+    config = upgrade_config(config)  # a run from before a method's rename: current names
 
     def same(preset: Any) -> bool:
         for f in dataclasses.fields(preset):

@@ -20,6 +20,7 @@ current (the tests run it).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import re
@@ -31,6 +32,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ROOT / "studies"
 README_MARKER = "<!-- studies-index -->"
+
+
+def _legacy() -> Any:
+    """``bayesattn/study/legacy.py`` (the method renames; standard library only), loaded by path:
+    the pages build without importing the library."""
+    path = ROOT / "bayesattn" / "study" / "legacy.py"
+    spec = importlib.util.spec_from_file_location("_docs_study_legacy", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+#: a ``results.json`` with its method names current (an old study's ``recommended`` is shown as
+#: ``last_layer``, the name the method has now)
+upgrade_results = _legacy().upgrade_results
 
 _DATE = re.compile(r"^(\d{4}-\d{2}-\d{2})-")
 _BASH = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
@@ -148,7 +165,7 @@ def load_studies(root: Path = STUDIES) -> list[Study]:
         files = sorted(d.glob("results.json")) or sorted(d.glob("*/results.json"))
         if not files:
             raise ValueError(f"studies/{d.name}: no results.json (in it or one folder down)")
-        results = [json.loads(f.read_text(encoding="utf-8")) for f in files]
+        results = [upgrade_results(json.loads(f.read_text(encoding="utf-8"))) for f in files]
         for f, r in zip(files, results, strict=True):
             r["_dir"] = f.parent.relative_to(d).as_posix()
         studies.append(Study(d.name, title, summary, command, results, root))

@@ -2,8 +2,8 @@
 
 The task is synthetic: sequences of 8 tokens drawn from ids 1..12, label 1 if token 3 occurs, with
 10 % of the labels flipped (so a calibrated model is at most 90 % sure). A
-``bayesattn.TransformerClassifier`` with the recommended Bayesian attention
-(``AttentionConfig.recommended()``: logistic-normal weights in the last layer, the plain ELBO;
+``bayesattn.TransformerClassifier`` with the cheap Bayesian attention
+(``AttentionConfig.last_layer()``: logistic-normal weights in the last layer, the plain ELBO;
 ``--family NAME`` puts that family in every layer instead, on a tempered ELBO, ``kl_weight=1e-3``)
 is trained with ``bayesattn.training.fit`` (the one-pass "hybrid" ELBO, with KL annealing), then
 
@@ -18,6 +18,10 @@ is trained with ``bayesattn.training.fit`` (the one-pass "hybrid" ELBO, with KL 
   finds them: the posterior draws disagree on inputs unlike the training data.
 
 Writes ``training_history.png``, ``reliability_diagram.png`` and ``ood_entropy.png``.
+
+This example shows Bayesian attention at work; the recipe we recommend for uncertainty (a plain
+softmax network, ``AttentionConfig.recommended()``, read by ``bayesattn.posthoc.DensityRead``
+after training) is ``examples/08_class_density.py``.
 
 Run: ``python examples/03_train_classifier.py [--quick] [--out DIR] [--family NAME]``
 
@@ -74,16 +78,16 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--family",
-        default="recommended",
-        choices=["recommended", "dirichlet", "logistic_normal", "weibull", "concrete"],
-        help="AttentionConfig.recommended(), or this family in every layer",
+        default="last_layer",
+        choices=["last_layer", "dirichlet", "logistic_normal", "weibull", "concrete"],
+        help="AttentionConfig.last_layer(), or this family in every layer",
     )
     p.add_argument("--epochs", type=int, default=None, help="default: 15 (--quick: 10)")
     p.add_argument(
         "--kl-weight",
         type=float,
         default=None,
-        help="final KL weight (default: 1, the ELBO, for recommended; 1e-3 for a family in "
+        help="final KL weight (default: 1, the ELBO, for last_layer; 1e-3 for a family in "
         "every layer)",
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads (tiny models: 1 is best)")
@@ -99,7 +103,7 @@ def main() -> None:
     n_train, n_eval = (512, 128) if args.quick else (2000, 500)
     batch = 32 if args.quick else 64
     epochs = args.epochs or (10 if args.quick else 15)
-    every_layer = args.family != "recommended"
+    every_layer = args.family != "last_layer"
     kl_weight = args.kl_weight or (1e-3 if every_layer else 1.0)
     d_model, samples = (16, 8) if args.quick else (32, 32)
 
@@ -118,7 +122,7 @@ def main() -> None:
         dim_feedforward=2 * d_model,
         attention=AttentionConfig(family=args.family)
         if every_layer
-        else AttentionConfig.recommended(),
+        else AttentionConfig.last_layer(),
     )
     print(f"Bayesian attention layers: {net.bayesian_layers}")
     steps_per_epoch = -(-n_train // batch)

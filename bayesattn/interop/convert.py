@@ -162,7 +162,7 @@ def convert(
             attention modules (in ``named_modules`` order), or a predicate ``(path, module) -> bool``.
         config: an :class:`~bayesattn.nn.config.AttentionConfig` as the recipe instead of
             ``family``/``prior``/``layers`` (:mod:`bayesattn.interop.recipe`), e.g.
-            ``AttentionConfig.recommended()``: logistic-normal weights in the last attention
+            ``AttentionConfig.last_layer()``: logistic-normal weights in the last attention
             module, guide and weight model centred on the softmax. Arguments that conflict with
             it are a ``ValueError``.
 

@@ -356,7 +356,7 @@ def convert_hf(
             before 0.3 (families under ``bayesattn_posterior.*``) load.
         layers: ``"all"``, ``"last"`` or module paths / indices into :func:`hf_attention_modules`.
         config: an :class:`~bayesattn.nn.config.AttentionConfig` as the recipe (uniform prior
-            only; :mod:`bayesattn.interop.recipe`), e.g. ``AttentionConfig.recommended()``.
+            only; :mod:`bayesattn.interop.recipe`), e.g. ``AttentionConfig.last_layer()``.
         family_kwargs: passed to :func:`~bayesattn.families.get_family`.
 
     Without ``config``: ``family="dirichlet"``, ``layers="all"`` by default.

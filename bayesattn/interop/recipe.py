@@ -1,14 +1,17 @@
 r"""An :class:`~bayesattn.nn.config.AttentionConfig` as the recipe of a conversion:
-``convert(model, config=AttentionConfig.recommended())`` and ``convert_hf(model, config=...)``.
+``convert(model, config=AttentionConfig.last_layer())`` and ``convert_hf(model, config=...)``.
 
 The config says which attention modules get a family (``layers``: ``"all"``, ``"last"`` or
 indices into the model's attention modules in ``named_modules`` order, among the roles in
 ``which``: a torch ``TransformerDecoderLayer``'s ``multihead_attn`` or a transformers module
 with ``is_cross_attention`` is ``"cross"``, every other one ``"self"``), which family with which
-options (``family``, ``family_kwargs``: the guide's settings, e.g. the recommended
-``input_dependent=True, model_location="attention"``) and which prior (``prior``,
+options (``family``, ``family_kwargs``: the guide's settings, e.g.
+:meth:`~bayesattn.nn.config.AttentionConfig.last_layer`'s ``input_dependent=True,
+model_location="attention"``) and which prior (``prior``,
 ``prior_kwargs``; transformers models take the uniform prior only). ``support`` and ``read``
-are for networks built from the config; a conversion refuses them.
+are for networks built from the config; a conversion refuses them, and a config that selects no
+family (``AttentionConfig()``, :meth:`AttentionConfig.recommended`: plain softmax) is a
+``ValueError``: it would convert nothing into Bayesian attention.
 
 The config replaces the arguments ``family``/``prior``/``layers`` (and ``convert_hf``'s family
 options): giving both with different values is a ``ValueError`` naming them.
@@ -54,6 +57,14 @@ def _check(config: Any, where: str) -> AttentionConfig:
             f"{where}: AttentionConfig(support={config.support!r}, read={config.read!r}) is for "
             "networks built from the config; a conversion keeps the model's dense softmax "
             "attention (support=None, read='softmax')"
+        )
+    if config.family is None:
+        raise ValueError(
+            f"{where}: config selects no Bayesian attention (AttentionConfig(family=None), as "
+            "AttentionConfig() and AttentionConfig.recommended() are); use "
+            "AttentionConfig.last_layer() (or a family, e.g. AttentionConfig('dirichlet')) for "
+            "Bayesian attention, or keep the model as it is and read it with "
+            "bayesattn.posthoc.DensityRead(model) for the recommended uncertainty"
         )
     return config
 

@@ -5,7 +5,7 @@ A **run** is a data set (the 8×8 digits, MNIST-1D sequences, the fortunes' toke
 out-of-distribution classes; ``holdout_rotation=K`` rotates over ``K`` disjoint pairs) and a
 seed (its own split, initialisation and sampling). Every registered method (:mod:`.methods`:
 the deterministic network, temperature scaling, MC dropout, deep ensembles and their size
-curve, kNN and relative-Mahalanobis feature scores, last-layer Laplace, the recommended and the
+curve, kNN and relative-Mahalanobis feature scores, last-layer Laplace, the last-layer and the
 every-layer Bayesian attentions, Bayesian projection weights) is fitted and scored on every run
 (:mod:`.metrics`); numbers are pooled over runs with 95% t-intervals and paired differences
 (:mod:`.stats`, :mod:`.protocol`) and written as ``results.json`` (every run's numbers and the

@@ -13,6 +13,7 @@ from .._study_io import validate_study_config
 from ..data.holdout import check_holdout_classes, rotation_pairs
 from . import density_methods, mixture_methods  # noqa: F401 - they register their methods
 from .datasets import DATASETS, FULL_DATASETS, MODEL_DEFAULTS, MODEL_KEYS, get_dataset
+from .legacy import LEGACY_METHOD_NAMES
 from .methods import DEFAULT_METHODS, FULL_METHODS, METHODS
 
 __all__ = [
@@ -136,8 +137,13 @@ class StudyConfig:
                 raise ValueError(f"dataset must be one of {tuple(DATASETS)}; got {d!r}")
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
+            renamed = "".join(
+                f" ({m!r} is now called {LEGACY_METHOD_NAMES[m]!r})"
+                for m in bad if m in LEGACY_METHOD_NAMES
+            )  # fmt: skip
             raise ValueError(
-                f"methods must be a non-empty subset of {tuple(METHODS)}; got {list(self.methods)}"
+                f"methods must be a non-empty subset of {tuple(METHODS)}; got "
+                f"{list(self.methods)}{renamed}"
             )
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"methods must not repeat a method; got {list(self.methods)}")

@@ -28,7 +28,7 @@ class ClassDensity(Method):
 
     name = "density"
     description = ("class-conditional NIW density of the CLS output + token states (DDU-style, "
-                   "conjugate); density-aware temperature")  # fmt: skip
+                   "conjugate); density-aware temperature (the recommended recipe)")  # fmt: skip
     own_score = "class density"
     views = ("cls", "tokens")  # the Features the density reads (Run.views: one pass)
 

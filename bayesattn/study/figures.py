@@ -19,7 +19,7 @@ from .runs import Run
 __all__ = ["run_figures", "dataset_figures", "prefix"]
 
 #: methods whose attention geometry the study reports (first run of a data set with ``geometry``)
-GEOMETRY = ("deterministic", "recommended", "dirichlet")
+GEOMETRY = ("deterministic", "last_layer", "dirichlet")
 
 
 def prefix(dataset: str) -> str:

@@ -22,6 +22,7 @@ from .._study_io import (
     register_output,
     study_status,
 )
+from .legacy import upgrade_results
 from .pooling import pool
 from .provenance import check_same_code
 from .results import DatasetBlock, RunResult, StudyResults
@@ -85,7 +86,7 @@ def _load(src: str | Path) -> StudyResults:
             f"source {src} is not a complete study: files its {RESULTS} lists are missing "
             f"{missing[:8]}{' ...' if len(missing) > 8 else ''}; rerun or restore it"
         )
-    return cast(StudyResults, out)
+    return cast(StudyResults, upgrade_results(out))  # a study from before a rename: current names
 
 
 def _check_folders(sources: Sequence[str | Path], out: str | Path) -> None:

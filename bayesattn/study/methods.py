@@ -346,7 +346,7 @@ def _laplace_grid(la: Any, val: Any) -> dict[str, float]:
 
 class BayesianAttention(Method):
     """A network with Bayesian attention (``attention()`` is called at fit time, so a change of
-    :meth:`AttentionConfig.recommended` is picked up), trained on the (tempered) ELBO and
+    :meth:`AttentionConfig.last_layer` is picked up), trained on the (tempered) ELBO and
     predicted through :func:`bayesattn.uncertainty.predict`."""
 
     attention_outputs = True
@@ -385,8 +385,8 @@ for _m in (Deterministic(), TemperatureScaled(), McDropout(), Ensemble(), KNN(),
            RelativeMahalanobis(), LastLayerLaplace()):  # fmt: skip
     register_method(_m, default=True)
 register_method(
-    BayesianAttention("recommended", "AttentionConfig.recommended(), plain ELBO",
-                      AttentionConfig.recommended, tempered=False),
+    BayesianAttention("last_layer", "AttentionConfig.last_layer(): logistic-normal attention in "
+                      "the last layer, plain ELBO", AttentionConfig.last_layer, tempered=False),
     default=True,
 )  # fmt: skip
 register_method(  # the full protocol's, not the main job's (issue 28: room for the post-hoc reads)

@@ -24,6 +24,7 @@ from typing import Any, cast
 
 from .._study_io import RESULTS, is_study_folder, prepare_out_dir
 from .._validation import atomic_write_text
+from .legacy import upgrade_config, upgrade_run
 from .provenance import check_same_code, versions
 from .results import RunResult
 
@@ -77,6 +78,20 @@ def _differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return sorted(k for k in set(a) | set(b) if k not in FREE and a.get(k) != b.get(k))
 
 
+def _same_study(info: Mapping[str, Any], h: str) -> bool:
+    """Whether ``study.json`` (``info``) records a study of the configuration hashed ``h``: the
+    same hash, or a study from before a method's rename whose configuration, with current
+    method names (:mod:`.legacy`), hashes to ``h`` (it goes on under its recorded hash)."""
+    if info.get("config_hash") == h:
+        return True
+    config = info.get("config")
+    return (
+        isinstance(config, dict)
+        and info.get("config_hash") == config_hash(config)
+        and config_hash(upgrade_config(config)) == h
+    )
+
+
 def plan_study(
     config: Mapping[str, Any], *, force: bool = False, any_version: bool = False
 ) -> StudyPlan:
@@ -89,16 +104,20 @@ def plan_study(
     info = _read_json(out / STUDY_FILE)
     if not isinstance(info, dict) or not is_study_folder(out):
         info = None
-    if info is not None and info.get("config_hash") == h and not force:
+    if info is not None and _same_study(info, h) and not force:
         check_same_code(info.get("versions"), f"the study in {out}", any_version=any_version)
-        return StudyPlan(out, h, resume=True)
+        return StudyPlan(out, str(info["config_hash"]), resume=True)
     finished = (out / RESULTS).is_file()
     if not force and (info is not None or finished):
         theirs = info.get("config") if info is not None else None
         if theirs is None:
             old = _read_json(out / RESULTS)
             theirs = old.get("config") if isinstance(old, dict) else None
-        diff = _differences(theirs, config) if isinstance(theirs, dict) else ["(not recorded)"]
+        diff = (
+            _differences(upgrade_config(theirs), config)
+            if isinstance(theirs, dict)
+            else ["(not recorded)"]
+        )
         raise ValueError(
             f"output folder {str(out)!r} holds a study of another configuration (it differs in "
             f"{diff}); rerun with its settings to resume it, pass --force (force=True) to "
@@ -140,4 +159,4 @@ def read_run_file(out: Path, name: str, h: str, *, any_version: bool) -> RunResu
             "replace the study"
         )
     check_same_code(payload.get("versions"), f"run file {path}", any_version=any_version)
-    return cast(RunResult, payload["run"])
+    return cast(RunResult, upgrade_run(payload["run"]))  # a run from before a rename: current names

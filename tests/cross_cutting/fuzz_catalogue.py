@@ -1258,8 +1258,8 @@ def _round4_surfaces(add, tmpdir) -> None:  # noqa: C901 - a flat list of cases
     xt = torch.randint(1, 6, (4, 5))
     r4("posterior_kl/ok", lambda: kl_net.posterior_kl(xt), "ok",
        lambda o: bool((o[0] >= 0).all()) and o[1] >= 0)
-    r4("posterior_kl/recommended >= 0", lambda: TC(2, vocab_size=6,
-       attention=ba.AttentionConfig.recommended(), **small).posterior_kl(xt), "ok",
+    r4("posterior_kl/last_layer >= 0", lambda: TC(2, vocab_size=6,
+       attention=ba.AttentionConfig.last_layer(), **small).posterior_kl(xt), "ok",
        lambda o: bool((o[0] >= 0).all()) and o[1] >= 0)
     r4("posterior_kl/empty", lambda: kl_net.posterior_kl(xt[:0]))
     r4("posterior_kl/T=1", lambda: kl_net.posterior_kl(xt[:, :1]), "ok",

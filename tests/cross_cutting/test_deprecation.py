@@ -216,7 +216,7 @@ def test_attention_config_posterior_fields_are_gone(old):
     with pytest.raises(TypeError, match=f"'{old}'"):
         AttentionConfig(**{old: value})
     with pytest.raises(TypeError, match=f"'{old}'"):
-        AttentionConfig.recommended(**{old: value})
+        AttentionConfig.last_layer(**{old: value})
     with pytest.raises(AttributeError, match=old):
         getattr(AttentionConfig(family="dirichlet"), old)
 
@@ -333,7 +333,7 @@ def test_library_code_uses_no_deprecated_name():
     new names (the whole suite also runs with ``error::DeprecationWarning``, pyproject.toml)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
-        net = _clf(AttentionConfig.recommended())
+        net = _clf(AttentionConfig.last_layer())
         bayesattn.training.fit(
             net, (_tokens(8), torch.randint(0, 3, (8,))), epochs=1, batch_size=4, progress=False
         )

@@ -182,13 +182,13 @@ def _networks() -> dict[str, tuple[nn.Module, tuple[torch.Tensor, ...]]]:
         "vit": (VisionTransformer(3, image_size=4, patch_size=2, **kw), (_x(B, 1, 4, 4),)),
         "seq2seq": (Seq2Seq(11, 11, max_len=T, **kw), (tok, tok)),
         "causal_lm": (CausalLM(11, max_len=T, **kw), (tok,)),
-        "recommended": (
+        "last_layer": (
             TransformerClassifier(
                 3,
                 vocab_size=11,
                 max_len=T,
                 pooling="cls",
-                **{**kw, "attention": AttentionConfig.recommended()},
+                **{**kw, "attention": AttentionConfig.last_layer()},
             ),
             (tok,),
         ),  # fmt: skip

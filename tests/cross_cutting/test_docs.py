@@ -515,6 +515,9 @@ def test_study_run_is_published_with_its_provenance(tmp_path: Path):
     cfg_default = {k: v for k, v in vars(StudyConfig()).items()}
     assert publish.settings_kind(json.loads(json.dumps(cfg_default, default=list))) == "default"
     assert publish.settings_kind({**cfg_default, "epochs": 3}) == "custom"
+    old = json.loads(json.dumps(cfg_default, default=list))  # a run from before the rename
+    old["methods"] = ["recommended" if m == "last_layer" else m for m in old["methods"]]
+    assert "recommended" in old["methods"] and publish.settings_kind(old) == "default"
     (run / "results.json").unlink()
     with pytest.raises(FileNotFoundError, match="results.json"):
         publish.publish(run, studies)

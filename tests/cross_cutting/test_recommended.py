@@ -1,5 +1,7 @@
-"""The recommended recipe (issue 8): attention-centred priors, the shared trunk / CLS-only last
-layer, the plain ELBO learning, and the one posterior-predictive path with its baselines."""
+"""The recommended configuration (plain softmax, read by the density read) and the last-layer
+Bayesian attention (``AttentionConfig.last_layer()``): attention-centred priors, the shared trunk
+/ CLS-only last layer, the plain ELBO learning, and the one posterior-predictive path with its
+baselines."""
 
 import pyro
 import pytest
@@ -12,6 +14,7 @@ from bayesattn.nn.blocks import AttentionConfig
 from bayesattn.nn.modes import attention_mode
 from bayesattn.nn.networks import CausalLM, Seq2Seq, TransformerClassifier, VisionTransformer
 from bayesattn.nn.weights import bayesian_projections
+from bayesattn.posthoc import DensityRead
 from bayesattn.training import fit
 from bayesattn.uncertainty import predict, predict_ensemble, predict_mc_dropout
 
@@ -23,6 +26,32 @@ def _vit(attention=None, num_layers=2, **kw):
     return VisionTransformer(
         4, image_size=4, patch_size=2, num_layers=num_layers, attention=attention, **kw
     )
+
+
+# ---- what is recommended -------------------------------------------------------------------------
+
+
+def test_recommended_is_the_plain_softmax_configuration_and_last_layer_the_old_preset():
+    assert AttentionConfig.recommended() == AttentionConfig()
+    assert AttentionConfig.recommended(layers="last") == AttentionConfig(layers="last")
+    assert _vit(AttentionConfig.recommended()).bayesian_layers == []
+    cfg = AttentionConfig.last_layer()
+    assert (cfg.family, cfg.layers) == ("logistic_normal", "last")
+    assert cfg.family_kwargs == {"input_dependent": True, "model_location": "attention"}
+    assert _vit(cfg).bayesian_layers == ["encoder.layers.1.self_attn"]
+
+
+def test_the_documented_call_reads_a_network_built_from_recommended():
+    """recommended()'s docstring: one DensityRead call after training gives the predictive and
+    the OOD score (an untrained network here: the call, shapes and normalisation)."""
+    torch.manual_seed(0)
+    net = _vit(AttentionConfig.recommended()).eval()
+    x, y = torch.rand(48, 4, 4), torch.arange(48) % 4
+    read = DensityRead(net).fit(x[:32], y[:32], val=(x[32:], y[32:]))
+    res, score = read.predict_and_score(torch.rand(6, 4, 4))
+    assert res.probs.shape == (1, 6, 4) and score.shape == (6,)
+    torch.testing.assert_close(res.probs.sum(-1), torch.ones(1, 6))
+    assert torch.isfinite(score).all()
 
 
 # ---- priors centred on the attention ----------------------------------------------------------
@@ -70,7 +99,7 @@ def test_dirichlet_attention_centred_kl_is_zero_at_the_prior_concentration():
 def test_prior_location_is_validated():
     with pytest.raises(ValueError, match="model_location"):
         DirichletWeights(2, model_location="keys")
-    cfg = AttentionConfig.recommended(layers="all")
+    cfg = AttentionConfig.last_layer(layers="all")
     assert cfg.layers == "all" and cfg.family == "logistic_normal"
     assert cfg.family_kwargs["model_location"] == "attention"
 
@@ -79,7 +108,7 @@ def test_prior_location_is_validated():
 
 
 def test_cls_only_last_layer_equals_the_full_computation():
-    net = _vit(AttentionConfig.recommended()).eval()
+    net = _vit(AttentionConfig.last_layer()).eval()
     x = torch.rand(5, 4, 4)
     fast = net(x)  # last layer computes the CLS row only
     last = net.encoder.layers[-1].self_attn
@@ -90,7 +119,7 @@ def test_cls_only_last_layer_equals_the_full_computation():
 
 
 def test_samples_share_the_trunk_and_equal_the_unshared_computation(monkeypatch):
-    net = _vit(AttentionConfig.recommended()).eval()
+    net = _vit(AttentionConfig.last_layer()).eval()
     x = torch.rand(3, 4, 4)
     with attention_mode("mean"):
         assert net.first_stochastic_layer() == 2
@@ -109,10 +138,10 @@ def test_samples_share_the_trunk_and_equal_the_unshared_computation(monkeypatch)
     assert net.first_stochastic_layer() == 0  # active dropout: nothing can be shared
 
 
-def test_recommended_one_pass_elbo_matches_pyro_trace_elbo():
+def test_last_layer_one_pass_elbo_matches_pyro_trace_elbo():
     """Only the CLS rows of the last layer are latent: our analytic one-pass ELBO and Pyro's
     Trace_ELBO on model/guide (a second implementation) agree in expectation."""
-    net = _vit(AttentionConfig.recommended())
+    net = _vit(AttentionConfig.last_layer())
     x, y = torch.rand(4, 4, 4), torch.randint(0, 4, (4,))
     torch.manual_seed(1)
     reps, P = 10, 100
@@ -130,7 +159,7 @@ def test_recommended_one_pass_elbo_matches_pyro_trace_elbo():
 
 @pytest.mark.slow
 def test_the_plain_elbo_learns_well_above_chance():
-    """KL weight 1 (no tempering): the recommended recipe learns a token task."""
+    """KL weight 1 (no tempering): the last-layer recipe learns a token task."""
     g = torch.Generator().manual_seed(0)
     x = torch.randint(1, 10, (600, 10), generator=g)
     y = (x == 3).any(1).long()
@@ -143,7 +172,7 @@ def test_the_plain_elbo_learns_well_above_chance():
         dim_feedforward=32,
         dropout=0.0,
         pooling="cls",
-        attention=AttentionConfig.recommended(),
+        attention=AttentionConfig.last_layer(),
     )
     fit(
         net,
@@ -190,7 +219,7 @@ def test_predict_every_network_type():
     clf = TransformerClassifier(3, vocab_size=7, attention=cfg, **SMALL)
     x = torch.randint(1, 7, (4, 5))
     _check_result(predict(clf, x, 6), (6, 4, 3))
-    vit = _vit(AttentionConfig.recommended())
+    vit = _vit(AttentionConfig.last_layer())
     _check_result(predict(vit, torch.rand(4, 4, 4), 6, keep_attention=False), (6, 4, 4))
     s2s = Seq2Seq(9, 9, num_encoder_layers=1, num_decoder_layers=1, attention=cfg, **SMALL)
     src, tgt = torch.randint(3, 9, (4, 5)), torch.randint(3, 9, (4, 6))
@@ -215,7 +244,7 @@ def test_predict_every_network_type():
 
 
 def test_predict_mean_mode_equals_forward_and_target_rules():
-    net = _vit(AttentionConfig.recommended()).eval()
+    net = _vit(AttentionConfig.last_layer()).eval()
     x = torch.rand(3, 4, 4)
     r = predict(net, x, 4, mode="mean")
     with torch.no_grad():
@@ -273,7 +302,7 @@ def test_predictive_to_arviz_reads_any_predictor_and_loo_runs():
     for res in (
         predict_mc_dropout(members[0], x, 30 if v1 else 6),
         predict_ensemble(members, x),
-        predict(_vit(AttentionConfig.recommended()), x, 6),
+        predict(_vit(AttentionConfig.last_layer()), x, 6),
     ):
         ll = res.log_likelihood(y)  # (S, B), checked against a plain gather
         manual = torch.stack([res.probs[s, torch.arange(5), y].log() for s in range(len(ll))])

@@ -39,7 +39,7 @@ def _numbers(block, keys=("accuracy", "nll", "ece", "nll_ts")):
 def test_rotated_study_writes_everything_and_is_reproducible(tmp_path):
     laplace = ("laplace",) if importlib.util.find_spec("laplace") else ()  # the study extra
     methods = ("deterministic", "temp_scaled", "ensemble", "knn", "mahalanobis", *laplace,
-               "recommended")  # fmt: skip
+               "last_layer")  # fmt: skip
     r1 = run_study(StudyConfig(out=str(tmp_path / "a"), methods=methods, holdout_rotation=2,
                                **TINY))  # fmt: skip
     block = r1["datasets"]["digits"]
@@ -72,10 +72,10 @@ def test_rotated_study_writes_everything_and_is_reproducible(tmp_path):
         for k in ("infer_ms_batch1", "infer_ms_batch512", "train_seconds", "nll_ts", "ece_ts"):
             assert isinstance(row[k], float)
     pooled = block["pooled"]
-    acc = [run["methods"]["recommended"]["accuracy"] for run in block["runs"]]
-    assert pooled["recommended"]["accuracy"]["mean"] == pytest.approx(sum(acc) / 2)
-    d = block["paired"]["deterministic"]["recommended"]["nll"]
-    diffs = [run["methods"]["recommended"]["nll"] - run["methods"]["deterministic"]["nll"]
+    acc = [run["methods"]["last_layer"]["accuracy"] for run in block["runs"]]
+    assert pooled["last_layer"]["accuracy"]["mean"] == pytest.approx(sum(acc) / 2)
+    d = block["paired"]["deterministic"]["last_layer"]["nll"]
+    diffs = [run["methods"]["last_layer"]["nll"] - run["methods"]["deterministic"]["nll"]
              for run in block["runs"]]  # fmt: skip
     assert d["mean"] == pytest.approx(sum(diffs) / 2) and isinstance(d["resolved"], bool)
     assert "ensemble" in block["paired"] and "auroc_own" not in pooled["deterministic"]

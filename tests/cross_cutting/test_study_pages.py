@@ -97,3 +97,16 @@ def test_hero_figure_reads_the_newest_full_study():
         == raw["datasets"]["digits"]["pooled"]["density"]["auroc_primary"]["mean"]
     )
     assert figures.hero_png()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_studies_from_before_a_rename_show_the_current_method_names():
+    """The stored 0.6 study ran ``recommended``; its page and the landing figure read it as
+    ``last_layer`` (the file itself is not rewritten)."""
+    s = next(x for x in pages.load_studies() if x.folder == "2026-12-04-full-protocol-0.6")
+    raw = json.loads((ROOT / "studies" / s.folder / "results.json").read_text())
+    assert "recommended" in raw["methods"]
+    page = pages.study_page(s)
+    assert "| last_layer |" in page and "| recommended |" not in page
+    data = figures.hero_data(raw)
+    want = raw["datasets"]["digits"]["pooled"]["recommended"]["auroc_primary"]["mean"]
+    assert data["digits"]["last_layer"] == want

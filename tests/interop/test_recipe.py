@@ -19,8 +19,8 @@ def _encoder(layers: int = 3) -> nn.TransformerEncoder:
     return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
 
 
-def test_the_recommended_recipe_on_a_torch_encoder():
-    model = bayesattn.convert(_encoder(), config=AttentionConfig.recommended())
+def test_the_last_layer_recipe_on_a_torch_encoder():
+    model = bayesattn.convert(_encoder(), config=AttentionConfig.last_layer())
     layers = bayesian_attention_modules(model)
     assert list(layers) == ["layers.2.self_attn"]  # the last layer only
     fam = layers["layers.2.self_attn"].family
@@ -29,9 +29,30 @@ def test_the_recommended_recipe_on_a_torch_encoder():
     assert type(model.layers[0].self_attn) is nn.MultiheadAttention  # the others untouched
     # the same as the arguments it stands for (agreeing arguments are allowed)
     same = bayesattn.convert(
-        _encoder(), "logistic_normal", layers="last", config=AttentionConfig.recommended()
+        _encoder(), "logistic_normal", layers="last", config=AttentionConfig.last_layer()
     )
     assert list(bayesian_attention_modules(same)) == ["layers.2.self_attn"]
+
+
+@pytest.mark.parametrize(
+    "config", [AttentionConfig(), AttentionConfig.recommended(), AttentionConfig(layers="last")]
+)
+def test_a_config_without_a_family_is_refused_with_the_way_out(config):
+    """A config that selects no family (the recommended, plain softmax one) would convert
+    nothing into Bayesian attention: a ValueError naming last_layer() and the density read,
+    and the model is left as it was."""
+    model = _encoder()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(
+        ValueError, match=r"selects no Bayesian attention.*last_layer\(\).*DensityRead\(model\)"
+    ):
+        bayesattn.convert(model, config=config)
+    assert all(type(m.self_attn) is nn.MultiheadAttention for m in model.layers)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    # without a config, family=None still means deterministic drop-ins
+    plain = bayesattn.convert(_encoder(), family=None)
+    assert all(type(m.self_attn).__name__ == "BayesianMultiheadAttention" for m in plain.layers)
+    assert not bayesian_attention_modules(plain)
 
 
 def test_config_layers_prior_and_roles():
@@ -54,7 +75,7 @@ def test_arguments_that_conflict_with_the_config_are_refused(kwargs, match):
     model = _encoder()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ValueError, match=f"{match}.*conflict"):
-        bayesattn.convert(model, config=AttentionConfig.recommended(), **kwargs)
+        bayesattn.convert(model, config=AttentionConfig.last_layer(), **kwargs)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     assert not bayesian_attention_modules(model)
     with pytest.raises(ValueError, match="support"):
@@ -71,7 +92,7 @@ def test_convert_hf_takes_the_recipe():
         hidden_size=16, num_hidden_layers=3, num_attention_heads=4, intermediate_size=32,
         vocab_size=20, max_position_embeddings=16, attn_implementation="eager",
     )  # fmt: skip
-    model = convert_hf(transformers.BertModel(cfg).eval(), config=AttentionConfig.recommended())
+    model = convert_hf(transformers.BertModel(cfg).eval(), config=AttentionConfig.last_layer())
     fams = {
         n: m.bayesattn_family for n, m in model.named_modules() if hasattr(m, "bayesattn_family")
     }
@@ -81,6 +102,10 @@ def test_convert_hf_takes_the_recipe():
     bad = [{"family": "dirichlet"}, {"layers": [0]}, {"input_dependent": False}]
     for kw in bad:
         with pytest.raises(ValueError, match="conflict"):
-            convert_hf(transformers.BertModel(cfg), config=AttentionConfig.recommended(), **kw)
+            convert_hf(transformers.BertModel(cfg), config=AttentionConfig.last_layer(), **kw)
     with pytest.raises(ValueError, match="uniform"):
         convert_hf(transformers.BertModel(cfg), config=AttentionConfig("dirichlet", prior="causal"))
+    bert = transformers.BertModel(cfg)
+    with pytest.raises(ValueError, match=r"convert_hf: config selects no Bayesian attention"):
+        convert_hf(bert, config=AttentionConfig.recommended())
+    assert not any(hasattr(m, "bayesattn_family") for m in bert.modules())  # left as it was

@@ -282,7 +282,7 @@ def test_posterior_kl_is_what_the_elbo_charges_per_example_and_once_globally():
     ELBO's own charge, example by example, against posterior_kl's per-example and global parts."""
     x = torch.rand(5, 4, 4, dtype=torch.float64)
     y = torch.tensor([0, 1, 2, 0, 1])
-    for attention in (AttentionConfig.recommended(),
+    for attention in (AttentionConfig.last_layer(),
                       AttentionConfig(read="sparse_gp", layers="last")):  # fmt: skip
         net = _kl_vit(attention).eval()
         for m in net.global_latents():

@@ -134,11 +134,11 @@ def test_every_layer_vit_predict_equals_the_per_sample_path(per_sample_layers):
 @pytest.mark.parametrize(
     "cfg",
     [
-        AttentionConfig.recommended(),
+        AttentionConfig.last_layer(),
         AttentionConfig("dirichlet"),
         AttentionConfig("weibull", layers=[1]),
     ],
-    ids=["recommended", "dirichlet", "weibull_layer1"],
+    ids=["last_layer", "dirichlet", "weibull_layer1"],
 )
 def test_causal_lm_shares_the_trunk_and_equals_the_per_sample_path(cfg, monkeypatch):
     torch.manual_seed(0)

@@ -55,7 +55,7 @@ def _dim0(args, kwargs) -> int:
 @pytest.mark.parametrize("batch_first", [True, False])
 @pytest.mark.parametrize(
     "recipe",
-    [{"config": AttentionConfig.recommended()}, {"family": "dirichlet"},
+    [{"config": AttentionConfig.last_layer()}, {"family": "dirichlet"},
      {"family": "logistic_normal", "layers": [1]}],
 )  # fmt: skip
 def test_torch_folded_samples_equal_full_repetition_and_the_prefix_runs_once(batch_first, recipe):
@@ -89,7 +89,7 @@ def test_the_fold_layer_sees_b_rows_later_layers_s_times_b_rows_and_masks_follow
 
 def test_models_the_fold_cannot_follow_fall_back_to_full_repetition_with_a_warning():
     torch.manual_seed(0)
-    nested = bayesattn.convert(Classifier(nested=True), config=AttentionConfig.recommended())
+    nested = bayesattn.convert(Classifier(nested=True), config=AttentionConfig.last_layer())
     x = {"x": torch.randn(5, 7, E), "pad": torch.zeros(5, 7, dtype=torch.bool)}
     x["pad"][2:, 4:] = True  # a nested tensor reaches the fold layer
 
@@ -110,7 +110,7 @@ def test_models_the_fold_cannot_follow_fall_back_to_full_repetition_with_a_warni
 
 def test_mean_mode_and_predict_are_unchanged():
     torch.manual_seed(0)
-    model = bayesattn.convert(Classifier().eval(), config=AttentionConfig.recommended())
+    model = bayesattn.convert(Classifier().eval(), config=AttentionConfig.last_layer())
     x = torch.randn(5, 7, E)
     with torch.no_grad():
         want = torch.softmax(model(x), -1)
@@ -141,7 +141,7 @@ def _ids(n=5):
 
 
 @pytest.mark.parametrize(
-    "recipe", [{"config": AttentionConfig.recommended()}, {"family": "dirichlet", "layers": [1]}]
+    "recipe", [{"config": AttentionConfig.last_layer()}, {"family": "dirichlet", "layers": [1]}]
 )
 def test_hf_folded_samples_equal_full_repetition_and_the_prefix_runs_once(recipe):
     from bayesattn.interop.hf import convert_hf

@@ -253,7 +253,7 @@ def _without_times(o):
 def test_parallel_runs_give_the_numbers_of_one_process(tmp_path):
     from bayesattn.study import run_study
 
-    kw = dict(methods=("deterministic", "mc_dropout", "recommended", "posthoc_gp"), seeds=2,
+    kw = dict(methods=("deterministic", "mc_dropout", "last_layer", "posthoc_gp"), seeds=2,
               epochs=1, figures=False, progress=False, holdout_rotation=1)  # fmt: skip
     one = run_study(StudyConfig.quick(out=str(tmp_path / "one"), **kw))
     two = run_study(StudyConfig.quick(out=str(tmp_path / "two"), jobs=2, **kw))
@@ -387,16 +387,16 @@ def test_merging_studies_equals_one_study_with_every_method(tmp_path):
 
 
 def test_the_study_records_the_kl_of_a_variational_posterior_and_none_elsewhere():
-    """recommended/sgpa: the network's posterior_kl over the training inputs (mean per example,
+    """last_layer/sgpa: the network's posterior_kl over the training inputs (mean per example,
     global); methods without a variational posterior: None (shown as —)."""
     import torch
 
     from bayesattn.study.metrics import SCALARS, get
     from bayesattn.study.runs import Run
 
-    cfg = StudyConfig.quick(epochs=1, methods=("deterministic", "recommended"), progress=False)
+    cfg = StudyConfig.quick(epochs=1, methods=("deterministic", "last_layer"), progress=False)
     run = Run.load(cfg, "digits", (8, 9), 0)
-    rec = get_method("recommended")
+    rec = get_method("last_layer")
     f = rec.fit(run)
     local, glob = rec.posterior_kl(f, run)
     want_local, want_glob = f.nets[0].posterior_kl(run.data.x_train)

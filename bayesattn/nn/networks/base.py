@@ -363,7 +363,7 @@ class BayesianNetwork(GlobalSites):
         globals; each layer's KL is analytic where its family registers one, but with latents in
         several layers a later layer's KL depends on the earlier layers' draws, so ``local`` is
         then a Monte Carlo estimate averaged over ``num_samples`` draws (exact for latents in
-        one layer, such as :meth:`AttentionConfig.recommended`).
+        one layer, such as :meth:`AttentionConfig.last_layer`).
         """
         self.check_batch(x, y)
         check_int("batch_size", batch_size, 1)
