@@ -152,6 +152,18 @@ RANGES: dict[str, list[tuple[str, Callable[..., bool], str]]] = {
             "the network is more unsure off the data",
         ),
     ],
+    "your-model.md": [
+        (
+            r"accuracy ([\d.]+) -> ([\d.]+)",
+            lambda plain, read: plain == read and plain >= 0.85,
+            "the read keeps the network's predictions, and the networks learn their task",
+        ),
+        (
+            r"AUROC by entropy ([\d.]+) -> by the read's score ([\d.]+)",
+            lambda ent, read: read > ent and read >= 0.75,
+            "the read's score finds unseen kinds better than the softmax entropy",
+        ),
+    ],
     "uncertainty.md": [
         (r"acc ([\d.]+)", lambda a: a >= 0.8, "well above chance (10% of the labels are flipped)"),
         (r"AUROC MI +([\d.]+)", lambda a: a >= 0.75, "mutual information finds unseen tokens"),
