@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..functional.alignment import categorical_kl
-from .arviz_io import arviz_is_v1, to_arviz
+from .arviz_io import to_arviz, with_coords
 
 if TYPE_CHECKING:
     from ..predictive.alignment import AlignmentPosterior
@@ -80,8 +80,4 @@ def alignment_to_arviz(
         "target_token": (("example", "target"), tgt_lab),
         "source_token": (("example", "source"), src_lab),
     }
-    if arviz_is_v1():  # pragma: no cover - the CI venv has arviz 0.x; 1.x: a DataTree
-        idata["posterior"] = idata["posterior"].assign_coords(extra)
-        return idata
-    idata.posterior = idata.posterior.assign_coords(extra)
-    return idata
+    return with_coords(idata, "posterior", extra, index=False)

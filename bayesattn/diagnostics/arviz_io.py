@@ -4,8 +4,11 @@ r"""ArviZ export for both API generations: posterior draws (torch or numpy) → 
 :func:`to_arviz_dict` is the version-independent part (the nested ``{group: {var: array}}`` dict
 with ``dims``/``coords``); :func:`to_arviz` passes it to the installed ArviZ. Attention-weight
 variables (``"<path>.weights"``/``"<path>.latent"``, shape ``(..., B, H, Tq, Tk)``) get the dims
-``("example", "head", "query", "key")`` (plus ``"layer"`` when stacked) and, with ``tokens``, token
-coordinates on ``query``/``key``. ArviZ is imported lazily inside the functions.
+``("example", "head", "query", "key")`` (plus ``"layer"`` when stacked). Positions and tokens are
+separate coordinates: ``query``/``key`` are indexed by position (integers), and with ``tokens``
+the non-dimension coordinates ``query_token``/``key_token`` hold the words (indexed, so
+``w.sel(query_token="cat")`` selects every position of that word). ArviZ is imported lazily
+inside the functions.
 
 Dimension glossary: ``S`` draws, ``C`` chains, ``D`` draws per chain, ``B`` examples, ``H`` heads,
 ``Tq``/``Tk`` queries/keys, ``L`` stacked layers.
@@ -85,7 +88,7 @@ class _DimNamer:
 
 
 def _token_coords(tokens: Sequence[str] | None) -> tuple[str, ...] | None:
-    """Token labels as coordinate values; repeated tokens are made unique as ``"i:token"``."""
+    """The checked token labels (repeats allowed: positions are a coordinate of their own)."""
     if tokens is None:
         return None
     if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
@@ -93,9 +96,41 @@ def _token_coords(tokens: Sequence[str] | None) -> tuple[str, ...] | None:
     toks = tuple(tokens)
     if not toks:
         raise ValueError("tokens must not be empty")
-    if len(set(toks)) < len(toks):
-        toks = tuple(f"{i}:{t}" for i, t in enumerate(toks))
     return toks
+
+
+_TOKEN_DIM = re.compile(r"^(query|key)(_\d+)?$")
+
+
+def token_dims(
+    dims: Mapping[str, Sequence[str]], shapes: Mapping[str, tuple[int, ...]], size: int
+) -> list[str]:
+    """The ``query``/``key`` dims (``query_1``, ... included) of length ``size``, in order."""
+    out: list[str] = []
+    for name, ds in dims.items():
+        for d, n in zip(ds, shapes[name], strict=True):
+            if _TOKEN_DIM.match(d) and n == size and d not in out:
+                out.append(d)
+    return out
+
+
+def with_coords(
+    idata: Any, group: str, extra: Mapping[str, tuple[tuple[str, ...], Any]], index: bool = True
+) -> Any:
+    """``idata`` (arviz 0.x ``InferenceData`` or a 1.x ``DataTree``) with the non-dimension
+    coordinates ``extra`` (``{name: (dims, values)}``) added to ``group``; ``index``: the 1-D ones
+    get an xarray index, so ``.sel(name=value)`` works on the group's variables."""
+    v1 = arviz_is_v1()
+    ds = idata[group].to_dataset() if v1 else getattr(idata, group)
+    ds = ds.assign_coords({k: (tuple(d), np.asarray(v)) for k, (d, v) in extra.items()})
+    for k, (d, _) in extra.items():
+        if index and len(d) == 1:
+            ds = ds.set_xindex(k)
+    if v1:
+        idata[group] = ds
+    else:
+        setattr(idata, group, ds)
+    return idata
 
 
 def _split_samples(
@@ -330,10 +365,9 @@ def _attention_auto_dims(
     core: tuple[int, ...],
     namer: _DimNamer,
     layer_idx: Mapping[str, list[int]],
-    toks: tuple[str, ...] | None,
 ) -> list[str]:
-    """``[layer,] example, head, query, key`` for a ``([L,] B, H, Tq, Tk)`` attention variable
-    (token coordinates on ``query``/``key`` of matching length); ``[]`` for other shapes."""
+    """``[layer,] example, head, query, key`` for a ``([L,] B, H, Tq, Tk)`` attention variable;
+    ``[]`` for other shapes."""
     if len(core) not in (4, 5):
         return []
     auto: list[str] = []
@@ -341,8 +375,7 @@ def _attention_auto_dims(
         idx = layer_idx.get(name, list(range(core[0])))
         auto.append(namer("layer", core[0], idx))
     for base, size in zip(ATTENTION_DIMS, core[-4:], strict=True):
-        labels = toks if base in ("query", "key") and toks else None
-        auto.append(namer(base, size, labels if labels and len(labels) == size else None))
+        auto.append(namer(base, size))
     return auto
 
 
@@ -357,7 +390,6 @@ def _auto_dims(
 ) -> tuple[dict[str, list[str]], _DimNamer]:
     """Dims per variable: the user's first, then automatic ones (attention dims, ``example``
     for observed sites, ``<name>_dim_<i>`` for the rest)."""
-    toks = _token_coords(tokens)
     namer = _DimNamer()
     out_dims: dict[str, list[str]] = {}
     for group in _GROUPS:
@@ -370,14 +402,13 @@ def _auto_dims(
             core = shapes[name]
             auto: list[str] = []
             if attention_dims and group == "posterior" and _is_attention_name(name):
-                auto = _attention_auto_dims(name, core, namer, layer_idx, toks)
+                auto = _attention_auto_dims(name, core, namer, layer_idx)
             elif attention_dims and name in predictive_names and len(core) >= 1:
                 auto.append(namer(ATTENTION_DIMS[0], core[0]))
             auto += [f"{name}_dim_{i}" for i in range(len(core) - len(auto))]
             out_dims[name] = auto
-    if toks is not None and not any(
-        n in namer.coords for n in namer.names("query") + namer.names("key")
-    ):
+    toks = _token_coords(tokens)
+    if toks is not None and not token_dims(out_dims, shapes, len(toks)):
         raise ValueError(
             f"tokens has length {len(toks)} but no attention variable (with attention_dims=True) "
             "has that many queries or keys"
@@ -511,8 +542,10 @@ def to_arviz(
             ``(..., B, H, Tq, Tk)``) ``("example", "head", "query", "key")`` and the first dim of
             ``predictive_names`` variables ``"example"``. Variables whose sizes disagree (e.g.
             self- vs cross-attention) get numbered dims ``query_1``, ``key_1``, ...
-        tokens: token strings labelling ``query``/``key`` dims of that length (same for every
-            example); repeated tokens become ``"i:token"``. Default: integer coordinates.
+        tokens: the words at the positions of ``query``/``key`` dims of that length (same for
+            every example; repeats allowed): the coordinates ``query_token``/``key_token``
+            (``<dim>_token`` for a numbered dim) beside the positions, selectable with
+            ``.sel(query_token=...)``.
         stack_layers: stack ``<pre>.layers.<i>.<post>`` attention variables of equal shape into
             one ``<pre>.<post>`` variable with a leading ``"layer"`` dim (coords = layer indices).
         squeeze: drop ``Predictive``'s singleton dims right after the sample dims of non-attention
@@ -552,4 +585,11 @@ def to_arviz(
         predictive_names=predictive_names,
         num_chains=num_chains,
     )
-    return _from_dict(data, out_dims, out_coords)
+    idata = _from_dict(data, out_dims, out_coords)
+    toks = _token_coords(tokens)
+    if toks is None:
+        return idata
+    post = data.get("posterior", {})
+    shapes = {n: post[n].shape[2:] for n in out_dims if n in post}
+    tdims = token_dims({n: d for n, d in out_dims.items() if n in shapes}, shapes, len(toks))
+    return with_coords(idata, "posterior", {f"{d}_token": ((d,), list(toks)) for d in tdims})
