@@ -632,3 +632,15 @@ def test_changelog_page_includes_the_changelog():
     import bayesattn
 
     assert not text.startswith("# Changelog") and f"## {bayesattn.__version__}" in text
+
+
+#: the longest a user page may be (lines of Markdown); longer: split it by topic
+MAX_PAGE_LINES = 300
+
+
+def test_user_pages_stay_short():
+    """Every page of the user guide fits in ``MAX_PAGE_LINES`` lines (the API reference and the
+    generated pages excepted): a longer one is two topics."""
+    long = {p.name: n for p in DOCS.glob("*.md")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_PAGE_LINES}  # fmt: skip
+    assert not long, f"split these pages by topic: {long}"
