@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..functional.alignment import categorical_kl
-from .arviz_io import to_arviz, with_coords
+from .arviz_io import arviz_is_v1, to_arviz
+from .token_coords import with_coords
 
 if TYPE_CHECKING:
     from ..predictive.alignment import AlignmentPosterior
@@ -80,4 +81,4 @@ def alignment_to_arviz(
         "target_token": (("example", "target"), tgt_lab),
         "source_token": (("example", "source"), src_lab),
     }
-    return with_coords(idata, "posterior", extra, index=False)
+    return with_coords(idata, "posterior", extra, v1=arviz_is_v1(), index=False)

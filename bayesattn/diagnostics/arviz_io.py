@@ -24,6 +24,7 @@ import numpy as np
 from torch import Tensor
 
 from .._validation import check_int
+from .token_coords import check_tokens, token_dims, with_tokens
 
 __all__ = ["arviz_major_version", "to_arviz_dict", "to_arviz"]
 
@@ -85,52 +86,6 @@ class _DimNamer:
 
     def names(self, base: str) -> list[str]:
         return [n for n, _, _ in self._entries.get(base, [])]
-
-
-def _token_coords(tokens: Sequence[str] | None) -> tuple[str, ...] | None:
-    """The checked token labels (repeats allowed: positions are a coordinate of their own)."""
-    if tokens is None:
-        return None
-    if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
-        raise TypeError(f"tokens must be a list of str; got {tokens!r}")
-    toks = tuple(tokens)
-    if not toks:
-        raise ValueError("tokens must not be empty")
-    return toks
-
-
-_TOKEN_DIM = re.compile(r"^(query|key)(_\d+)?$")
-
-
-def token_dims(
-    dims: Mapping[str, Sequence[str]], shapes: Mapping[str, tuple[int, ...]], size: int
-) -> list[str]:
-    """The ``query``/``key`` dims (``query_1``, ... included) of length ``size``, in order."""
-    out: list[str] = []
-    for name, ds in dims.items():
-        for d, n in zip(ds, shapes[name], strict=True):
-            if _TOKEN_DIM.match(d) and n == size and d not in out:
-                out.append(d)
-    return out
-
-
-def with_coords(
-    idata: Any, group: str, extra: Mapping[str, tuple[tuple[str, ...], Any]], index: bool = True
-) -> Any:
-    """``idata`` (arviz 0.x ``InferenceData`` or a 1.x ``DataTree``) with the non-dimension
-    coordinates ``extra`` (``{name: (dims, values)}``) added to ``group``; ``index``: the 1-D ones
-    get an xarray index, so ``.sel(name=value)`` works on the group's variables."""
-    v1 = arviz_is_v1()
-    ds = idata[group].to_dataset() if v1 else getattr(idata, group)
-    ds = ds.assign_coords({k: (tuple(d), np.asarray(v)) for k, (d, v) in extra.items()})
-    for k, (d, _) in extra.items():
-        if index and len(d) == 1:
-            ds = ds.set_xindex(k)
-    if v1:
-        idata[group] = ds
-    else:
-        setattr(idata, group, ds)
-    return idata
 
 
 def _split_samples(
@@ -407,7 +362,7 @@ def _auto_dims(
                 auto.append(namer(ATTENTION_DIMS[0], core[0]))
             auto += [f"{name}_dim_{i}" for i in range(len(core) - len(auto))]
             out_dims[name] = auto
-    toks = _token_coords(tokens)
+    toks = check_tokens(tokens)
     if toks is not None and not token_dims(out_dims, shapes, len(toks)):
         raise ValueError(
             f"tokens has length {len(toks)} but no attention variable (with attention_dims=True) "
@@ -542,10 +497,7 @@ def to_arviz(
             ``(..., B, H, Tq, Tk)``) ``("example", "head", "query", "key")`` and the first dim of
             ``predictive_names`` variables ``"example"``. Variables whose sizes disagree (e.g.
             self- vs cross-attention) get numbered dims ``query_1``, ``key_1``, ...
-        tokens: the words at the positions of ``query``/``key`` dims of that length (same for
-            every example; repeats allowed): the coordinates ``query_token``/``key_token``
-            (``<dim>_token`` for a numbered dim) beside the positions, selectable with
-            ``.sel(query_token=...)``.
+        tokens: words at the ``query``/``key`` positions: coordinates ``query_token``/``key_token``.
         stack_layers: stack ``<pre>.layers.<i>.<post>`` attention variables of equal shape into
             one ``<pre>.<post>`` variable with a leading ``"layer"`` dim (coords = layer indices).
         squeeze: drop ``Predictive``'s singleton dims right after the sample dims of non-attention
@@ -586,10 +538,4 @@ def to_arviz(
         num_chains=num_chains,
     )
     idata = _from_dict(data, out_dims, out_coords)
-    toks = _token_coords(tokens)
-    if toks is None:
-        return idata
-    post = data.get("posterior", {})
-    shapes = {n: post[n].shape[2:] for n in out_dims if n in post}
-    tdims = token_dims({n: d for n, d in out_dims.items() if n in shapes}, shapes, len(toks))
-    return with_coords(idata, "posterior", {f"{d}_token": ((d,), list(toks)) for d in tdims})
+    return with_tokens(idata, data, out_dims, tokens, v1=arviz_is_v1())
