@@ -644,3 +644,24 @@ def test_user_pages_stay_short():
     long = {p.name: n for p in DOCS.glob("*.md")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_PAGE_LINES}  # fmt: skip
     assert not long, f"split these pages by topic: {long}"
+
+
+def test_readme_and_landing_page_open_with_the_recipe_for_your_model():
+    """README and the landing page show the density read on the user's own model (at most ten
+    lines of code) before the Bayesian-attention story, and link both guide pages; the nav
+    puts them right after Getting started."""
+    for page, prefix in ((ROOT / "README.md", "docs/"), (DOCS / "index.md", "")):
+        text = page.read_text(encoding="utf-8")
+        first = python_blocks(page)[0]
+        assert "DensityRead(model).fit(" in first.code and "predict_and_score" in first.code
+        assert len(first.code.strip().splitlines()) <= 10, f"{page.name}: the recipe is long"
+        story = text.index("## Bayesian attention")
+        assert text.index("DensityRead(model)") < story, page.name
+        for target in ("your-model.md", "train-your-own-model.md"):
+            assert f"]({prefix}{target})" in text, f"{page.name} does not link {target}"
+    started = (DOCS / "getting-started.md").read_text(encoding="utf-8")
+    assert "](your-model.md)" in started and "](train-your-own-model.md)" in started
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    order = [nav.index(f": {p}") for p in
+             ("getting-started.md", "train-your-own-model.md", "your-model.md")]  # fmt: skip
+    assert order == sorted(order)
