@@ -80,7 +80,7 @@ def moved_names(module: str, table: dict[str, tuple[str, str, str]]) -> Callable
         where, attr, instead = table[name]
         warnings.warn(
             f"{module}.{name} is deprecated and will be removed in the next release; use "
-            f"{instead} (see the migration table in docs/interop.md)",
+            f"{instead} (see the migration table in docs/posthoc-reads.md)",
             DeprecationWarning,
             stacklevel=2,
         )
@@ -93,7 +93,7 @@ def deprecated(name: str, instead: str) -> None:
     """Warn that ``name`` (a function or class kept one release) is deprecated."""
     warnings.warn(
         f"{name} is deprecated and will be removed in the next release; use {instead} (see "
-        "the migration table in docs/interop.md)",
+        "the migration table in docs/posthoc-reads.md)",
         DeprecationWarning,
         stacklevel=3,
     )

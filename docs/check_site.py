@@ -56,6 +56,8 @@ PAGES: list[tuple[str, dict[str, Any]]] = [
     ),
     ("notebooks/04_arviz_diagnostics/", {"maths": True, "images": 2}),
     ("notebooks/07_mixture_posterior/", {"images": 2}),
+    ("notebooks/09_your_model/", {"images": 2}),
+    ("your-model/", {}),
     ("which-attention/", {"images": 1, "screenshot": "which-attention.png"}),
     ("gallery/", {"images": 7}),
     ("results/2026-12-04-full-protocol-0.6/", {"images": 9}),
@@ -206,11 +208,13 @@ SHOTS = {
     (390, "results/"): "results-390.png",
     (390, "results/2026-12-04-full-protocol-0.6/"): "study-390.png",
     (390, "gallery/"): "gallery-390.png",
+    (390, "your-model/"): "your-model-390.png",
     (390, "notebooks/07_mixture_posterior/"): "notebook-07-390.png",
     (1366, "which-attention/"): "which-attention-1366.png",
     (1366, "results/"): "results-1366.png",
     (1366, "results/2026-12-04-full-protocol-0.6/"): "study-1366.png",
     (1366, "gallery/"): "gallery-1366.png",
+    (1366, "your-model/"): "your-model-1366.png",
     (1366, "study-protocol/"): "study-protocol-1366.png",
 }
 

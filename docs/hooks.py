@@ -15,6 +15,9 @@
   in the nav under "Results"; ``docs/results/index.md`` holds the marker
   ``<!-- studies-index -->``, replaced by the list of studies. The landing page's figure
   (``img/hero.png``, ``docs/figures.py``) is drawn from the newest full-protocol study.
+* A page may hold ``<!-- study-summary: METHOD ... -->``: replaced by those methods' accuracy,
+  NLL and held-out AUROC on every dataset of the newest full-protocol study that ran them
+  (``study_pages.summary_section``), so a page quotes study numbers without typing them.
 * ``docs/changelog.md`` holds the marker ``<!-- changelog -->``; it is replaced by the repository's
   ``CHANGELOG.md`` (its title dropped), so the version history lives on one page of the site.
 """
@@ -291,6 +294,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
             + "\n"
             + pages.index_details(_studies(), link=True),
         )
+    if "<!-- study-summary:" in markdown:
+        markdown = _docs_module("study_pages").render_summaries(markdown, _studies())
     if CHANGELOG_MARKER in markdown:
         markdown = markdown.replace(CHANGELOG_MARKER, changelog_markdown())
     if MARKER in markdown:

@@ -9,6 +9,9 @@ per dataset, when a study ran in parts). From them, with no number typed by hand
   time it took, and per dataset short tables (mean and 95% t-interval over runs; paired
   differences against the deterministic network and the ensemble, **bold** when they resolve
   after Holm's correction) and the summary figures the study kept;
+* :func:`summary_section`: a few methods' accuracy, NLL and held-out AUROC on every dataset of
+  the newest full-protocol study that ran them, for a page that quotes them (the marker
+  ``<!-- study-summary: METHOD ... -->`` of a top-level docs page);
 * :func:`index_table`: the list of studies (date, what it measured, runs, time, command), on the
   site's Results page and in ``studies/README.md``.
 
@@ -395,6 +398,46 @@ def study_page(study: Study) -> str:
     for name, block, r in study.datasets():
         out += dataset_section(name, block, r, study)
     return "\n".join(out).rstrip() + "\n"
+
+
+SUMMARY_MARKER = re.compile(r"<!-- study-summary: (?P<methods>[\w ]+?) -->")
+SUMMARY = [("accuracy", "acc", 3), ("nll", "NLL", 3), ("auroc_primary", "AUROC", 3)]
+
+
+def newest_full_study(studies: list[Study], methods: list[str]) -> Study:
+    """The newest ``*full-protocol*`` study whose every dataset ran ``methods`` (of one date,
+    the one with the most runs)."""
+    for s in sorted(studies, key=lambda s: (s.date, s.runs()), reverse=True):
+        sets = s.datasets()
+        if "full-protocol" in s.folder and sets and all(
+            m in block["pooled"] for _, block, _ in sets for m in methods
+        ):
+            return s
+    raise ValueError(f"no full-protocol study in studies/ ran every one of {methods}")
+
+
+def summary_section(studies: list[Study], methods: list[str]) -> str:
+    """One narrow table (dataset, method, accuracy, NLL, held-out AUROC by the method's primary
+    score) from the newest full-protocol study that ran ``methods``, and a link to its page
+    (relative to a top-level docs page)."""
+    study = newest_full_study(studies, methods)
+    lines = ["| data | method | " + " | ".join(c[1] for c in SUMMARY) + " |",
+             "|---" * (len(SUMMARY) + 2) + "|"]  # fmt: skip
+    for name, block, _ in study.datasets():
+        for i, m in enumerate(methods):
+            cells = [stat_cell(block["pooled"][m].get(k), d) for k, _, d in SUMMARY]
+            label = DATASET_NAMES.get(name, name).removesuffix(" (tokens)") if i == 0 else ""
+            lines.append(f"| {label} | {m} | " + " | ".join(cells) + " |")
+    runs = {len(block.get("runs", [])) for _, block, _ in study.datasets()}
+    n = "/".join(str(r) for r in sorted(runs))
+    lines += ["", f"*{n} runs a dataset; from [{study.title}](results/{study.slug}.md), "
+              f"run {study.date}.*"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def render_summaries(markdown: str, studies: list[Study]) -> str:
+    """``markdown`` with every ``<!-- study-summary: METHOD ... -->`` replaced by its table."""
+    return SUMMARY_MARKER.sub(lambda m: summary_section(studies, m["methods"].split()), markdown)
 
 
 def index_table(studies: list[Study], link: bool) -> str:

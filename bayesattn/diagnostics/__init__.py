@@ -6,8 +6,8 @@ into an ``arviz.InferenceData`` (arviz 0.x) or an ``xarray.DataTree`` (arviz >= 
 ``arviz_base.from_dict``); :func:`to_arviz_dict` is the version-independent part (the nested
 ``{group: {var: array}}`` dict with ``dims``/``coords``). Attention-weight variables
 (``"<path>.weights"``/``"<path>.latent"``, shape ``(..., B, H, Tq, Tk)``) get the dims
-``("example", "head", "query", "key")`` (plus ``"layer"`` when stacked) and, with ``tokens``,
-token coordinates on ``query``/``key``. :func:`predictive_to_arviz`, the one ArviZ export of
+``("example", "head", "query", "key")`` (plus ``"layer"`` when stacked), ``query``/``key``
+indexed by position and, with ``tokens``, the words as the coordinates ``query_token``/``key_token``. :func:`predictive_to_arviz`, the one ArviZ export of
 predictions, draws from a network's guide through the predictive engine
 (:meth:`bayesattn.predictive.Predictive.trace`), replays its model and exports posterior attention
 weights, the posterior predictive, the observed labels and the pointwise log-likelihood

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..functional.alignment import categorical_kl
 from .arviz_io import arviz_is_v1, to_arviz
+from .token_coords import with_coords
 
 if TYPE_CHECKING:
     from ..predictive.alignment import AlignmentPosterior
@@ -80,8 +81,4 @@ def alignment_to_arviz(
         "target_token": (("example", "target"), tgt_lab),
         "source_token": (("example", "source"), src_lab),
     }
-    if arviz_is_v1():  # pragma: no cover - the CI venv has arviz 0.x; 1.x: a DataTree
-        idata["posterior"] = idata["posterior"].assign_coords(extra)
-        return idata
-    idata.posterior = idata.posterior.assign_coords(extra)
-    return idata
+    return with_coords(idata, "posterior", extra, v1=arviz_is_v1(), index=False)

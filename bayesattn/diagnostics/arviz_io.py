@@ -4,8 +4,11 @@ r"""ArviZ export for both API generations: posterior draws (torch or numpy) → 
 :func:`to_arviz_dict` is the version-independent part (the nested ``{group: {var: array}}`` dict
 with ``dims``/``coords``); :func:`to_arviz` passes it to the installed ArviZ. Attention-weight
 variables (``"<path>.weights"``/``"<path>.latent"``, shape ``(..., B, H, Tq, Tk)``) get the dims
-``("example", "head", "query", "key")`` (plus ``"layer"`` when stacked) and, with ``tokens``, token
-coordinates on ``query``/``key``. ArviZ is imported lazily inside the functions.
+``("example", "head", "query", "key")`` (plus ``"layer"`` when stacked). Positions and tokens are
+separate coordinates: ``query``/``key`` are indexed by position (integers), and with ``tokens``
+the non-dimension coordinates ``query_token``/``key_token`` hold the words (indexed, so
+``w.sel(query_token="cat")`` selects every position of that word). ArviZ is imported lazily
+inside the functions.
 
 Dimension glossary: ``S`` draws, ``C`` chains, ``D`` draws per chain, ``B`` examples, ``H`` heads,
 ``Tq``/``Tk`` queries/keys, ``L`` stacked layers.
@@ -21,6 +24,7 @@ import numpy as np
 from torch import Tensor
 
 from .._validation import check_int
+from .token_coords import check_tokens, token_dims, with_tokens
 
 __all__ = ["arviz_major_version", "to_arviz_dict", "to_arviz"]
 
@@ -82,20 +86,6 @@ class _DimNamer:
 
     def names(self, base: str) -> list[str]:
         return [n for n, _, _ in self._entries.get(base, [])]
-
-
-def _token_coords(tokens: Sequence[str] | None) -> tuple[str, ...] | None:
-    """Token labels as coordinate values; repeated tokens are made unique as ``"i:token"``."""
-    if tokens is None:
-        return None
-    if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
-        raise TypeError(f"tokens must be a list of str; got {tokens!r}")
-    toks = tuple(tokens)
-    if not toks:
-        raise ValueError("tokens must not be empty")
-    if len(set(toks)) < len(toks):
-        toks = tuple(f"{i}:{t}" for i, t in enumerate(toks))
-    return toks
 
 
 def _split_samples(
@@ -330,10 +320,9 @@ def _attention_auto_dims(
     core: tuple[int, ...],
     namer: _DimNamer,
     layer_idx: Mapping[str, list[int]],
-    toks: tuple[str, ...] | None,
 ) -> list[str]:
-    """``[layer,] example, head, query, key`` for a ``([L,] B, H, Tq, Tk)`` attention variable
-    (token coordinates on ``query``/``key`` of matching length); ``[]`` for other shapes."""
+    """``[layer,] example, head, query, key`` for a ``([L,] B, H, Tq, Tk)`` attention variable;
+    ``[]`` for other shapes."""
     if len(core) not in (4, 5):
         return []
     auto: list[str] = []
@@ -341,8 +330,7 @@ def _attention_auto_dims(
         idx = layer_idx.get(name, list(range(core[0])))
         auto.append(namer("layer", core[0], idx))
     for base, size in zip(ATTENTION_DIMS, core[-4:], strict=True):
-        labels = toks if base in ("query", "key") and toks else None
-        auto.append(namer(base, size, labels if labels and len(labels) == size else None))
+        auto.append(namer(base, size))
     return auto
 
 
@@ -357,7 +345,6 @@ def _auto_dims(
 ) -> tuple[dict[str, list[str]], _DimNamer]:
     """Dims per variable: the user's first, then automatic ones (attention dims, ``example``
     for observed sites, ``<name>_dim_<i>`` for the rest)."""
-    toks = _token_coords(tokens)
     namer = _DimNamer()
     out_dims: dict[str, list[str]] = {}
     for group in _GROUPS:
@@ -370,14 +357,13 @@ def _auto_dims(
             core = shapes[name]
             auto: list[str] = []
             if attention_dims and group == "posterior" and _is_attention_name(name):
-                auto = _attention_auto_dims(name, core, namer, layer_idx, toks)
+                auto = _attention_auto_dims(name, core, namer, layer_idx)
             elif attention_dims and name in predictive_names and len(core) >= 1:
                 auto.append(namer(ATTENTION_DIMS[0], core[0]))
             auto += [f"{name}_dim_{i}" for i in range(len(core) - len(auto))]
             out_dims[name] = auto
-    if toks is not None and not any(
-        n in namer.coords for n in namer.names("query") + namer.names("key")
-    ):
+    toks = check_tokens(tokens)
+    if toks is not None and not token_dims(out_dims, shapes, len(toks)):
         raise ValueError(
             f"tokens has length {len(toks)} but no attention variable (with attention_dims=True) "
             "has that many queries or keys"
@@ -511,8 +497,7 @@ def to_arviz(
             ``(..., B, H, Tq, Tk)``) ``("example", "head", "query", "key")`` and the first dim of
             ``predictive_names`` variables ``"example"``. Variables whose sizes disagree (e.g.
             self- vs cross-attention) get numbered dims ``query_1``, ``key_1``, ...
-        tokens: token strings labelling ``query``/``key`` dims of that length (same for every
-            example); repeated tokens become ``"i:token"``. Default: integer coordinates.
+        tokens: words at the ``query``/``key`` positions: coordinates ``query_token``/``key_token``.
         stack_layers: stack ``<pre>.layers.<i>.<post>`` attention variables of equal shape into
             one ``<pre>.<post>`` variable with a leading ``"layer"`` dim (coords = layer indices).
         squeeze: drop ``Predictive``'s singleton dims right after the sample dims of non-attention
@@ -552,4 +537,5 @@ def to_arviz(
         predictive_names=predictive_names,
         num_chains=num_chains,
     )
-    return _from_dict(data, out_dims, out_coords)
+    idata = _from_dict(data, out_dims, out_coords)
+    return with_tokens(idata, data, out_dims, tokens, v1=arviz_is_v1())

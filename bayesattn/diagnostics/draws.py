@@ -101,12 +101,10 @@ def _mixture_result_to_arviz(
         kw["log_likelihood"] = {"obs": ll.reshape(lead + ll.shape[1:])}
         kw["observed_data"] = {"obs": y}
     coords: dict[str, list] = {"component": list(range(K))}
-    if tokens is not None:  # token labels on query/key, repeated tokens made unique as to_arviz
-        toks = list(tokens)
-        toks = toks if len(set(toks)) == len(toks) else [f"{i}:{t}" for i, t in enumerate(toks)]
-        if any(a.shape[-1] == a.shape[-2] == len(toks) for a in att.values()):
-            coords["query"] = coords["key"] = toks
-    return to_arviz(posterior, dims=dims, coords=coords, **kw)
+    if tokens is not None and not any(a.shape[-1] == a.shape[-2] == len(tokens)
+                                      for a in att.values()):  # fmt: skip
+        tokens = None  # as before: labels only where the attention is over these tokens
+    return to_arviz(posterior, dims=dims, coords=coords, tokens=tokens, **kw)
 
 
 def _result_to_arviz(

@@ -1,6 +1,6 @@
 """Deprecated: the class-conditional density read moved to :mod:`bayesattn.posthoc`
 (:class:`~bayesattn.posthoc.DensityRead`); these names keep working for one release with a
-``DeprecationWarning`` (migration table in ``docs/interop.md``)."""
+``DeprecationWarning`` (migration table in ``docs/posthoc-reads.md``)."""
 
 from __future__ import annotations
 
@@ -57,10 +57,17 @@ def fit_network_density(
     net: TransformerClassifier,
     train: tuple[Tensor, Tensor],
     val: tuple[Tensor, Tensor],
-    views: Sequence[str] = ("cls", "tokens"),
+    views: Sequence[str] | None = None,
 ) -> NetworkDensityRead:
-    """Deprecated: use ``DensityRead(net, views=views).fit(*train, val=val)``."""
+    """Deprecated: use ``DensityRead(net, views=views).fit(*train, val=val)`` (``views=None``:
+    ``cls`` and ``tokens`` where the network has a token view, ``cls`` alone on a mean-pooled
+    one)."""
     deprecated("fit_network_density", "bayesattn.posthoc.DensityRead(net).fit(x, y, val=...)")
     if not isinstance(net, TransformerClassifier):
-        raise TypeError(f"net must be a TransformerClassifier; got {type(net).__name__}")
+        raise TypeError(
+            f"net must be a TransformerClassifier; got {type(net).__name__}: for any other "
+            "model (plain torch, converted, Hugging Face) use bayesattn.posthoc.DensityRead("
+            "model).fit(x, y, val=(x_val, y_val)), with head= / tokens_layer= where the head "
+            "and the last block are not found by name"
+        )
     return NetworkDensityRead(DensityRead(net, views=views).fit(*train, val=val))

@@ -1,6 +1,6 @@
 """Deprecated: post-hoc SVI calibration of a converted model moved to :mod:`bayesattn.posthoc`
 (:class:`~bayesattn.posthoc.AttentionRead`); these names keep working for one release with a
-``DeprecationWarning`` (migration table in ``docs/interop.md``)."""
+``DeprecationWarning`` (migration table in ``docs/posthoc-reads.md``)."""
 
 from __future__ import annotations
 

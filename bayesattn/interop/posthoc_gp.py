@@ -1,6 +1,6 @@
 """Deprecated: the post-hoc GP read moved to :mod:`bayesattn.posthoc`
 (:class:`~bayesattn.posthoc.GPRead`); these names keep working for one release with a
-``DeprecationWarning`` (migration table in ``docs/interop.md``)."""
+``DeprecationWarning`` (migration table in ``docs/posthoc-reads.md``)."""
 
 from __future__ import annotations
 

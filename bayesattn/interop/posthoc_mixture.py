@@ -1,6 +1,6 @@
 """Deprecated: the post-hoc rank-1 mixture moved to :mod:`bayesattn.posthoc`
 (:class:`~bayesattn.posthoc.MixtureRead`); these names keep working for one release with a
-``DeprecationWarning`` (migration table in ``docs/interop.md``)."""
+``DeprecationWarning`` (migration table in ``docs/posthoc-reads.md``)."""
 
 from __future__ import annotations
 

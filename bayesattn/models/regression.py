@@ -78,8 +78,9 @@ def attention_regression_model(
     The score :math:`q^\top M k` is the bilinear form :math:`q^\top W_Q^\top W_K k`: the data
     identify only :math:`M = W_Q^\top W_K` (a prior on :math:`W_Q, W_K` separately gives a
     posterior with sign/rotation symmetries that no sampler mixes over), so ``M`` is the
-    parameter. The key-relevance log-prior :math:`\log\pi` is pinned at key 1 because softmax is
-    shift invariant (a free shift would be a direction the data never inform).
+    parameter. The key-relevance log-prior :math:`\log\pi` is pinned at 0 on the first key
+    (position 0) because softmax is shift invariant (a free shift would be a direction the data
+    never inform).
 
     Sites: ``"M"`` ``(d, d)``, ``"log_pi"`` ``(T-1,)``, ``"y"`` in plate ``"data"`` (dim -1).
     Broadcasts over leading draw dims (vectorised particles, ``Predictive(parallel=True)``).

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from .._validation import check_reals
 from ..functional.niw import NIW
+from ..nn.networks import TransformerClassifier
 from ..predictive import PredictionResult
 from ._checks import check_labels
 from ._density_core import DEFAULT_STRENGTHS, ClassDensityRead, fit_class_density
@@ -36,6 +37,12 @@ from .base import PosthocRead
 from .features import Features
 
 __all__ = ["DensityRead"]
+
+_NO_TOKENS = (
+    "the read reads the token view, but the model gave none (Features.tokens is None): name the "
+    "layer whose output (B, T, E) holds the token states, DensityRead(model, tokens_layer=...), "
+    "or read views=('cls',)"
+)
 
 
 class DensityRead(PosthocRead):
@@ -73,15 +80,18 @@ class DensityRead(PosthocRead):
     def _views(self, f: Features) -> list[Tensor]:
         assert self.views is not None
         if "tokens" in self.views and f.tokens is None:
-            raise ValueError(
-                "this read reads the token view, but the features have none (Features.tokens "
-                "is None): pass tokens, or name the model's tokens_layer"
-            )
+            raise ValueError(_NO_TOKENS if not isinstance(self.model, TransformerClassifier) else
+                             "a network with pooling='mean' has no separate token view (its "
+                             "pooled state is the token mean): read it with views=('cls',) or "
+                             "views=None")  # fmt: skip
         return [f.cls if v == "cls" else f.tokens for v in self.views]  # type: ignore[misc]
 
     def _fit(self, x: Features, y: Tensor, val: tuple[Any, Tensor] | None) -> None:
         if val is None:
-            raise ValueError("DensityRead.fit needs val=(features, y) (score scale, temperature)")
+            raise ValueError(
+                "DensityRead.fit needs a validation split of the known classes (it sets the "
+                "score's scale and the temperature): fit(x, y, val=(x_val, y_val)); got val=None"
+            )
         fv, yv = val
         C = x.logits.shape[1]
         check_labels("y", y, len(x.logits), C)

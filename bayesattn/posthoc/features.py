@@ -79,7 +79,9 @@ def find_head(model: nn.Module) -> nn.Module:
     if not found:
         raise ValueError(
             f"no classification head found in {type(model).__name__} (no module named "
-            f"{'/'.join(_HEAD_NAMES)}): pass head= (the module that maps features to logits)"
+            f"{'/'.join(_HEAD_NAMES)}): pass head=, the module that maps features to logits, "
+            "as a module or its dotted name (e.g. DensityRead(model, head=model[-1]) or "
+            "head=\"out\")"
         )
     return found[-1]
 

@@ -152,6 +152,18 @@ RANGES: dict[str, list[tuple[str, Callable[..., bool], str]]] = {
             "the network is more unsure off the data",
         ),
     ],
+    "your-model.md": [
+        (
+            r"accuracy ([\d.]+) -> ([\d.]+)",
+            lambda plain, read: plain == read and plain >= 0.85,
+            "the read keeps the network's predictions, and the networks learn their task",
+        ),
+        (
+            r"AUROC by entropy ([\d.]+) -> by the read's score ([\d.]+)",
+            lambda ent, read: read > ent and read >= 0.75,
+            "the read's score finds unseen kinds better than the softmax entropy",
+        ),
+    ],
     "uncertainty.md": [
         (r"acc ([\d.]+)", lambda a: a >= 0.8, "well above chance (10% of the labels are flipped)"),
         (r"AUROC MI +([\d.]+)", lambda a: a >= 0.75, "mutual information finds unseen tokens"),
@@ -623,3 +635,36 @@ def test_changelog_page_includes_the_changelog():
     import bayesattn
 
     assert not text.startswith("# Changelog") and f"## {bayesattn.__version__}" in text
+
+
+#: the longest a user page may be (lines of Markdown); longer: split it by topic
+MAX_PAGE_LINES = 300
+
+
+def test_user_pages_stay_short():
+    """Every page of the user guide fits in ``MAX_PAGE_LINES`` lines (the API reference and the
+    generated pages excepted): a longer one is two topics."""
+    long = {p.name: n for p in DOCS.glob("*.md")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_PAGE_LINES}  # fmt: skip
+    assert not long, f"split these pages by topic: {long}"
+
+
+def test_readme_and_landing_page_open_with_the_recipe_for_your_model():
+    """README and the landing page show the density read on the user's own model (at most ten
+    lines of code) before the Bayesian-attention story, and link both guide pages; the nav
+    puts them right after Getting started."""
+    for page, prefix in ((ROOT / "README.md", "docs/"), (DOCS / "index.md", "")):
+        text = page.read_text(encoding="utf-8")
+        first = python_blocks(page)[0]
+        assert "DensityRead(model).fit(" in first.code and "predict_and_score" in first.code
+        assert len(first.code.strip().splitlines()) <= 10, f"{page.name}: the recipe is long"
+        story = text.index("## Bayesian attention")
+        assert text.index("DensityRead(model)") < story, page.name
+        for target in ("your-model.md", "train-your-own-model.md"):
+            assert f"]({prefix}{target})" in text, f"{page.name} does not link {target}"
+    started = (DOCS / "getting-started.md").read_text(encoding="utf-8")
+    assert "](your-model.md)" in started and "](train-your-own-model.md)" in started
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    order = [nav.index(f": {p}") for p in
+             ("getting-started.md", "train-your-own-model.md", "your-model.md")]  # fmt: skip
+    assert order == sorted(order)

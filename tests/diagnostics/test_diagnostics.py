@@ -104,7 +104,7 @@ def test_flat_draws_become_one_chain_with_attention_dims_and_tokens():
     assert dims["encoder.layers.0.self_attn.weights"] == ["example", "head", "query", "key"]
     assert dims["obs"] == ["example"]
     assert dims["w.in_proj_weight"] == ["w.in_proj_weight_dim_0", "w.in_proj_weight_dim_1"]
-    assert coords == {"query": ["a", "b", "c"], "key": ["a", "b", "c"]}
+    assert coords == {}  # positions: arviz's integer coordinates; the words come with to_arviz
 
 
 def test_chain_draw_input_repeated_tokens_and_user_dims_coords():
@@ -114,8 +114,29 @@ def test_chain_draw_input_repeated_tokens_and_user_dims_coords():
     )
     assert data["posterior"]["weights"].shape == (2, 4, 1, 1, 3, 3)
     assert data["posterior"]["sigma"].shape == (2, 4)
-    assert coords["query"] == ["0:x", "1:y", "2:x"]  # unique labels for repeated tokens
-    assert coords["head"] == ["h0"]
+    assert "query" not in coords and coords["head"] == ["h0"]  # repeated words: no dim labels
+
+
+@needs_arviz0
+def test_tokens_are_a_coordinate_beside_the_positions():
+    """Positions index ``query``/``key``; the words are ``query_token``/``key_token``, repeats
+    included, and select by word; ``az.summary`` labels are positions, never ``"i:word"``."""
+    import arviz as az
+
+    w = np.random.default_rng(0).dirichlet(np.ones(3), size=(2, 4, 1, 1, 3))  # (C, D, B, H, Tq, Tk)
+    idata = D.to_arviz({"weights": w}, tokens=["x", "y", "x"])
+    post = idata.posterior["weights"]
+    assert list(post["query"].values) == [0, 1, 2] and list(post["key"].values) == [0, 1, 2]
+    assert list(post["query_token"].values) == ["x", "y", "x"]
+    assert post["query_token"].dims == ("query",) and post["key_token"].dims == ("key",)
+    np.testing.assert_array_equal(post.sel(query_token="x").values, w[:, :, :, :, [0, 2]])
+    np.testing.assert_array_equal(post.sel(query_token="y", key_token="x").values,
+                                  w[:, :, :, :, 1][..., [0, 2]])  # fmt: skip
+    labels = az.summary(idata, var_names=["weights"], kind="stats").index
+    assert "weights[0, 0, 2, 1]" in labels and not any(":" in label for label in labels)
+    cross = {"dec.cross.weights": np.random.rand(1, 3, 1, 1, 2, 3)}  # 2 queries, 3 keys
+    only_keys = D.to_arviz(cross, tokens=["a", "b", "c"]).posterior
+    assert "key_token" in only_keys.coords and "query_token" not in only_keys.coords
 
 
 def test_stack_layers_and_conflicting_sizes_get_numbered_dims():
@@ -201,7 +222,9 @@ def test_v1_adapter_passes_the_datatree_contract(monkeypatch):
     assert isinstance(tree, xr.DataTree)
     post = tree["posterior"].to_dataset()
     assert post["weights"].dims == ("chain", "draw", "example", "head", "query", "key")
-    assert list(post["query"].values) == ["a", "b", "c"]
+    assert list(post["query"].values) == [0, 1, 2]
+    assert list(post["query_token"].values) == ["a", "b", "c"]
+    assert tree["posterior"]["weights"].sel(key_token="b").dims[-1] == "query"
     assert tree["log_likelihood"].to_dataset()["obs"].dims == ("chain", "draw", "example")
 
 
@@ -233,14 +256,15 @@ def test_predictive_output_to_inferencedata_and_netcdf_round_trip(tmp_path):
     w = idata.posterior["encoder.layers.1.self_attn.weights"]
     assert w.dims == ("chain", "draw", "example", "head", "query", "key")
     assert w.shape == (1, 20, 3, 2, 4, 4)
-    assert list(w["key"].values) == ["the", "cat", "sat", "down"]
+    assert list(w["key"].values) == [0, 1, 2, 3]
+    assert list(w["key_token"].values) == ["the", "cat", "sat", "down"]
     assert idata.posterior["encoder.layers.0.self_attn.out_proj.weight"].shape == (1, 20, 16, 16)
     assert idata.posterior_predictive["obs"].dims == ("chain", "draw", "example")
     path = tmp_path / "attention.nc"
     idata.to_netcdf(str(path))
     back = az.from_netcdf(str(path))
     np.testing.assert_array_equal(back.posterior[w.name].values, w.values)
-    assert list(back.posterior[w.name]["query"].values) == ["the", "cat", "sat", "down"]
+    assert list(back.posterior[w.name]["query_token"].values) == ["the", "cat", "sat", "down"]
 
 
 @needs_arviz0
@@ -318,7 +342,7 @@ def test_arviz_summary_ess_rhat_and_plots_on_attention_weights():
     )
     summ = az.summary(idata, var_names=["layer.weights"])
     assert len(summ) == 4
-    assert any("cls, tok" in label for label in summ.index)
+    assert "layer.weights[0, 0, 0, 1]" in summ.index  # positions: (example, head, query, key)
     np.testing.assert_allclose(summ["mean"].values, [0.8, 0.2, 0.5, 0.5], atol=0.05)
     ess = az.ess(idata)["layer.weights"].values
     rhat = az.rhat(idata)["layer.weights"].values
@@ -326,7 +350,7 @@ def test_arviz_summary_ess_rhat_and_plots_on_attention_weights():
     assert np.all(np.abs(rhat - 1) < 0.02)
     axes = az.plot_forest(idata, var_names=["layer.weights"], combined=True)
     assert len(np.ravel(axes)) >= 1
-    axes = az.plot_posterior(idata, var_names=["layer.weights"], coords={"query": ["cls"]})
+    axes = az.plot_posterior(idata, var_names=["layer.weights"], coords={"query_token": ["cls"]})
     assert np.ravel(axes).size == 2
     plt.close("all")
 

@@ -55,6 +55,7 @@ def test_mixture_export_splits_chains_and_refuses_a_bad_split():
 def test_mixture_export_labels_tokens():
     net, x, _ = _fitted()
     r = predict(net, x, 2, keep_attention=True)
-    labels = ["cls", "a", "b", "c", "a"]  # a repeated token becomes "i:token"
+    labels = ["cls", "a", "b", "c", "a"]  # a repeated token: positions tell them apart
     post = _posterior(predictive_to_arviz(r, tokens=labels))
-    assert list(post["query"].values) == ["0:cls", "1:a", "2:b", "3:c", "4:a"]
+    assert list(post["query"].values) == [0, 1, 2, 3, 4]
+    assert list(post["query_token"].values) == labels

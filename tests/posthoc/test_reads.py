@@ -361,3 +361,43 @@ def test_the_old_names_warn_and_still_work():
         logits, cls, tok = state_views(net, xs)
     f = extract_features(net, xs)
     assert torch.equal(logits, f.logits) and torch.equal(tok, f.tokens)
+
+
+def test_wrong_input_errors_name_the_right_call():
+    """Each mistake a user makes on their own model is answered with the call that works."""
+    torch.manual_seed(0)
+    x, y = _data()
+    model = Encoder().eval()
+    with pytest.raises(ValueError, match=r"val=\(x_val, y_val\)"):
+        DensityRead(model).fit(x, y)
+    headless = nn.Sequential(nn.Embedding(20, 4), nn.Flatten(), nn.Linear(24, 3))
+    with pytest.raises(ValueError, match=r"head=model\[-1\]"):
+        DensityRead(headless).fit(x[:90], y[:90], val=(x[90:], y[90:]))
+    read = DensityRead(headless, head=headless[-1], views=("cls", "tokens"))
+    with pytest.raises(ValueError, match="tokens_layer=") as e:  # no numbered block to find
+        read.fit(x[:90], y[:90], val=(x[90:], y[90:]))
+    assert "views=('cls',)" in str(e.value)
+    ok = DensityRead(headless, head=headless[-1]).fit(x[:90], y[:90], val=(x[90:], y[90:]))
+    assert ok.views == ("cls",)
+    mean_net = TransformerClassifier(3, vocab_size=20, d_model=16, nhead=2, num_layers=1,
+                                     dim_feedforward=16).eval()  # pooling="mean" (default)
+    with pytest.raises(ValueError, match="pooling='mean'.*views=\\('cls',\\)"):
+        DensityRead(mean_net, views=("cls", "tokens")).fit(x[:90], y[:90], val=(x[90:], y[90:]))
+
+
+def test_fit_network_density_points_foreign_models_to_density_read_and_reads_mean_pooling():
+    from bayesattn.interop.class_density import fit_network_density
+
+    torch.manual_seed(0)
+    x, y = _data()
+    with pytest.warns(DeprecationWarning), pytest.raises(
+        TypeError, match=r"got Encoder: .*bayesattn\.posthoc\.DensityRead\(model\)\.fit"
+    ):
+        fit_network_density(Encoder().eval(), (x[:90], y[:90]), (x[90:], y[90:]))
+    mean_net = TransformerClassifier(3, vocab_size=20, d_model=16, nhead=2, num_layers=1,
+                                     dim_feedforward=16).eval()
+    with pytest.warns(DeprecationWarning):
+        r = fit_network_density(mean_net, (x[:90], y[:90]), (x[90:], y[90:]))
+    assert r.read.views == ("cls",)
+    f = extract_features(mean_net, x[:5])
+    torch.testing.assert_close(r(x[:5])[1], r.read.core_.score([f.cls]))
