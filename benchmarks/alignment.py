@@ -167,6 +167,10 @@ def side_metrics(
     probs = ap.prior if which == "prior" else ap.posterior  # (B, T, Ts)
     links = argmax_links(probs, rows)
     aer = alignment_error_rate(links, gold.bool() & rows[..., None])
+    content = rows & ~article  # the gold-linked words that are not articles
+    aer_content = alignment_error_rate(
+        argmax_links(probs, content), gold.bool() & content[..., None]
+    )
     prec, rec = link_precision_recall(links, gold.bool() & rows[..., None])
     p_rows, g_rows = probs[rows].double(), gold[rows].argmax(-1)  # (N, Ts), (N,)
     p_rows = p_rows / p_rows.sum(-1, keepdim=True)
@@ -177,7 +181,7 @@ def side_metrics(
     dis = ap.disagreement(which)[rows]
     conf = 1 - p_rows.max(-1).values
     out = {
-        "aer": aer, "precision": prec, "recall": rec, "ece": ece,
+        "aer": aer, "aer_no_articles": aer_content, "precision": prec, "recall": rec, "ece": ece,
         "auroc_entropy": _auroc(ent[~wrong], ent[wrong]),
         "auroc_max": _auroc(conf[~wrong], conf[wrong]),
         "auroc_disagreement": (
@@ -313,7 +317,8 @@ def interval(xs: list[float]) -> tuple[float, float, float]:
 
 
 METRICS = (
-    ("posterior", "aer"), ("prior", "aer"), ("posterior", "precision"), ("posterior", "recall"),
+    ("posterior", "aer"), ("prior", "aer"), ("posterior", "aer_no_articles"),
+    ("prior", "aer_no_articles"), ("posterior", "precision"), ("posterior", "recall"),
     ("posterior", "ece"), ("prior", "ece"),
     ("posterior", "auroc_entropy"), ("posterior", "auroc_disagreement"),
     ("prior", "auroc_entropy"), ("prior", "auroc_disagreement"),
