@@ -15,6 +15,7 @@ from bayesattn.functional.alignment import (
     mixture_log_probs,
 )
 from bayesattn.nn.alignment import enumerated_alignment_guide, enumerated_alignment_model
+from bayesattn.nn.alignment_inference import AlignmentInference
 from bayesattn.nn.networks import Seq2Seq
 from bayesattn.predictive import alignment_posterior
 
@@ -186,3 +187,15 @@ def test_bad_input_errors() -> None:
         latent.inference_log_posterior(src, tgt)
     with pytest.raises(ValueError, match="needs targets"):
         _net().elbo_loss(src, None)
+
+
+def test_inference_network_validates_its_inputs() -> None:
+    inf = AlignmentInference(8, 2, 11, max_len=4, dim_feedforward=16)
+    mem = torch.zeros(2, 3, 8)
+    assert inf(torch.ones(2, 4, dtype=torch.long), mem).shape == (2, 4, 3)
+    with pytest.raises(ValueError, match="max_len 4"):
+        inf(torch.ones(2, 5, dtype=torch.long), mem)
+    with pytest.raises(ValueError, match="same batch size"):
+        inf(torch.ones(3, 4, dtype=torch.long), mem)
+    with pytest.raises(ValueError, match="vocab_size"):
+        AlignmentInference(8, 2, 0, max_len=4, dim_feedforward=16)

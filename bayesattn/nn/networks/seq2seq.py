@@ -49,7 +49,8 @@ class Seq2Seq(GenerativeNetwork):
     :math:`(1-\lambda)\sum_t \big[\sum_j q_{tj}\log p(y_t\mid z_t=j) -
     \mathrm{KL}(q_t\,\|\,\pi_t)\big] + \lambda \log p(y\mid x)` with
     :math:`\lambda` = ``marginal_weight`` (Deng et al. 2018 add the marginal likelihood too).
-    :meth:`inference_log_posterior` gives :math:`\log q`.
+    :meth:`inference_log_posterior` gives :math:`\log q`. Pyro's :meth:`model` (SVI training)
+    scores the exact marginal likelihood; only :meth:`elbo_loss` reads ``q``.
 
     Shape:
         src ``(B, Ts)``, tgt ``(B, Tt)`` (BOS … EOS PAD…) → logits ``(*S, B, Tt-1, V_tgt)``.
