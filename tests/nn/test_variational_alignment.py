@@ -116,6 +116,12 @@ def test_network_elbo_loss_is_the_closed_form_and_pyro_number() -> None:
         net.marginal_weight = 0.25
         mixed = float(net.elbo_loss(src, tgt)[0])
     assert mixed == pytest.approx(0.75 * float(loss) + 0.25 * nll, rel=1e-5)
+    # particles travel as a leading sample dim; a deterministic network's particles agree
+    net.marginal_weight = 0.0
+    with torch.no_grad():
+        loss2, logits2 = net.elbo_loss(src, tgt, num_particles=2)
+    assert logits2.shape == (2, *logits.shape)
+    assert float(loss2) == pytest.approx(float(loss), rel=1e-5)
 
 
 def test_inference_network_masks_padding_and_reads_the_future() -> None:
