@@ -9,7 +9,12 @@ only in their decoder's attention:
 * ``dirichlet``, ``logistic_normal``, ``weibull``, ``concrete``: a variational family on the
   cross-attention (``AttentionConfig(family=..., which=("cross",))``, tempered ELBO, KL weight
   ``--kl-weight``);
-* ``latent``: ``alignment="latent"``, the categorical alignment summed out exactly.
+* ``latent``: ``alignment="latent"``, the categorical alignment summed out exactly;
+* ``variational``: ``alignment="variational"``, the same model trained by the exact ELBO with an
+  inference network :math:`q(z_t\\mid x, y)` over the whole target (marginal-likelihood weight
+  ``--marginal-weight``; with several, each seed picks the one with the lowest posterior AER on
+  its validation split). It is scored twice: with the exact posterior (``variational``) and with
+  ``q`` itself (``variational_q``).
 
 For each it reads, on the test split, the prior attention :math:`p(z_t\\mid x, y_{<t})` and the
 posterior :math:`p(z_t\\mid x, y_{\\le t})` (``bayesattn.predictive.alignment_posterior``; the
@@ -18,8 +23,8 @@ with a gold link: AER, precision and recall of the arg-max link, ECE of the max 
 probability that the arg-max link is gold (15 equal-width bins), AUROC of the uncertainty
 (entropy; Jensen-Shannon disagreement of draws or members) for finding wrong links; the token
 accuracy (teacher forcing, every real target token) and the posterior's KL from its prior
-(nats per target token). The training step of ``latent`` is timed against ``soft`` in the same
-process (median of interleaved repeats) and printed as a ratio.
+(nats per target token). The training steps of ``latent`` and ``variational`` are timed against
+``soft`` in the same process (median of interleaved repeats) and printed as ratios.
 
 Writes ``benchmarks/results/alignment.json`` (``--results``) and a study folder
 ``studies/<date>-alignments/`` (``--study``): ``results.json`` (every seed), ``report.md``
@@ -76,6 +81,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--members", type=int, default=3, help="soft decoders in the ensemble")
     p.add_argument("--samples", type=int, default=16, help="attention draws of a family")
     p.add_argument("--kl-weight", type=float, default=0.01)
+    p.add_argument(
+        "--marginal-weight",
+        default="0",
+        help="variational: weight(s) of the marginal likelihood in the objective, comma-separated "
+        "(several: chosen per seed on the validation split's posterior AER)",
+    )
     p.add_argument("--kinds", default="soft,ensemble," + ",".join(FAMILIES) + ",latent")
     p.add_argument(
         "--front-adverb",
@@ -99,8 +110,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ---- models ------------------------------------------------------------------------------------
 
 
-def build(kind: str, task: SequenceTask, d_model: int) -> Seq2Seq:
+def build(kind: str, task: SequenceTask, d_model: int, marginal_weight: float = 0.0) -> Seq2Seq:
     attention = AttentionConfig(family=kind, which=("cross",)) if kind in FAMILIES else None
+    alignment = kind if kind in ("latent", "variational") else "soft"
     return Seq2Seq(
         task.src_vocab_size,
         task.tgt_vocab_size,
@@ -112,13 +124,16 @@ def build(kind: str, task: SequenceTask, d_model: int) -> Seq2Seq:
         dropout=0.0,
         max_len=task.tgt.shape[1],
         attention=attention,
-        alignment="latent" if kind == "latent" else "soft",
+        alignment=alignment,
+        marginal_weight=marginal_weight if kind == "variational" else 0.0,
     )
 
 
-def train(kind: str, seed: int, train_data: SequenceTask, val: SequenceTask, args) -> Seq2Seq:
+def train(
+    kind: str, seed: int, train_data: SequenceTask, val: SequenceTask, args, lam: float = 0.0
+) -> Seq2Seq:
     torch.manual_seed(seed)
-    net = build(kind, train_data, args.d_model)
+    net = build(kind, train_data, args.d_model, lam)
     steps = -(-len(train_data) // 32)
     kw = dict(batch_size=32, lr=3e-3, kl_weight=args.kl_weight, progress=False)
     if net.latent is not None and args.warmup > 0:  # IBM-Model-1 start: uniform prior
@@ -152,6 +167,10 @@ def side_metrics(
     probs = ap.prior if which == "prior" else ap.posterior  # (B, T, Ts)
     links = argmax_links(probs, rows)
     aer = alignment_error_rate(links, gold.bool() & rows[..., None])
+    content = rows & ~article  # the gold-linked words that are not articles
+    aer_content = alignment_error_rate(
+        argmax_links(probs, content), gold.bool() & content[..., None]
+    )
     prec, rec = link_precision_recall(links, gold.bool() & rows[..., None])
     p_rows, g_rows = probs[rows].double(), gold[rows].argmax(-1)  # (N, Ts), (N,)
     p_rows = p_rows / p_rows.sum(-1, keepdim=True)
@@ -162,7 +181,7 @@ def side_metrics(
     dis = ap.disagreement(which)[rows]
     conf = 1 - p_rows.max(-1).values
     out = {
-        "aer": aer, "precision": prec, "recall": rec, "ece": ece,
+        "aer": aer, "aer_no_articles": aer_content, "precision": prec, "recall": rec, "ece": ece,
         "auroc_entropy": _auroc(ent[~wrong], ent[wrong]),
         "auroc_max": _auroc(conf[~wrong], conf[wrong]),
         "auroc_disagreement": (
@@ -179,8 +198,13 @@ def side_metrics(
     return out
 
 
-def evaluate(models: list[Seq2Seq], test: SequenceTask, samples: int) -> dict[str, Any]:
-    ap = alignment_posterior(models if len(models) > 1 else models[0], test.src, test.tgt, samples)
+def evaluate(
+    models: list[Seq2Seq], test: SequenceTask, samples: int, posterior: str = "exact"
+) -> dict[str, Any]:
+    ap = alignment_posterior(
+        models if len(models) > 1 else models[0], test.src, test.tgt, samples,
+        posterior=posterior,  # type: ignore[arg-type]
+    )  # fmt: skip
     gold = test.alignment_matrix()  # (B, T, Ts)
     rows = gold.sum(-1) > 0  # target words with a gold link (not the comma, EOS or pad)
     tgt_out, mask = test.tgt[:, 1:], ap.tgt_mask
@@ -197,7 +221,8 @@ def evaluate(models: list[Seq2Seq], test: SequenceTask, samples: int) -> dict[st
 
 
 def step_cost(task: SequenceTask, args, repeats: int) -> dict[str, float]:
-    """Median ms of one training step (loss, backward, Adam) of soft and latent, interleaved."""
+    """Median ms of one training step (loss, backward, Adam) of soft, latent and variational,
+    interleaved."""
     xb, yb = task.src[:32], task.tgt[:32]
 
     def stepper(kind: str):
@@ -213,8 +238,13 @@ def step_cost(task: SequenceTask, args, repeats: int) -> dict[str, float]:
 
         return step
 
-    ms = interleaved({"soft": stepper("soft"), "latent": stepper("latent")}, repeats)
-    return {"soft_ms": ms["soft"], "latent_ms": ms["latent"], "ratio": ms["latent"] / ms["soft"]}
+    kinds = ("soft", "latent", "variational")
+    ms = interleaved({k: stepper(k) for k in kinds}, repeats)
+    return {
+        "soft_ms": ms["soft"], "latent_ms": ms["latent"], "ratio": ms["latent"] / ms["soft"],
+        "variational_ms": ms["variational"],
+        "variational_ratio": ms["variational"] / ms["soft"],
+    }  # fmt: skip
 
 
 # ---- driver ------------------------------------------------------------------------------------
@@ -226,7 +256,7 @@ def run_seed(seed: int, kinds: list[str], args, bar) -> dict[str, Any]:
     out: dict[str, Any] = {}
     soft_members: list[Seq2Seq] = []
     for kind in kinds:
-        if kind == "ensemble":
+        if kind in ("ensemble", "variational_q"):
             continue
         t0 = time.perf_counter()
         if kind == "soft":
@@ -234,16 +264,40 @@ def run_seed(seed: int, kinds: list[str], args, bar) -> dict[str, Any]:
                 soft_members.append(train("soft", 1000 * seed + m, tr, val, args))
                 bar.update(1)
             net = soft_members[0]
+        elif kind == "variational":
+            net, lam, val_aer = train_variational(seed, tr, val, args, bar)
+            out["variational_q"] = evaluate([net], test, args.samples, posterior="inference")
+            out["variational_q"]["marginal_weight"] = lam
         else:
             net = train(kind, 1000 * seed, tr, val, args)
             bar.update(1)
         res = evaluate([net], test, args.samples)
         res["train_s"] = time.perf_counter() - t0
+        if kind == "variational":
+            res["marginal_weight"], res["val_posterior_aer"] = lam, val_aer
         out[kind] = res
     if "ensemble" in kinds:
         out["ensemble"] = evaluate(soft_members, test, 1)
     out["_test"] = test
     return out
+
+
+def marginal_weights(args) -> list[float]:
+    return [float(w) for w in str(args.marginal_weight).split(",") if w.strip()]
+
+
+def train_variational(
+    seed: int, tr: SequenceTask, val: SequenceTask, args, bar
+) -> tuple[Seq2Seq, float, dict[float, float]]:
+    """The variational decoder of each marginal-likelihood weight; with several, the one whose
+    exact posterior has the lowest AER on the validation split (the test split is not read)."""
+    nets, val_aer = {}, {}
+    for lam in marginal_weights(args):
+        nets[lam] = train("variational", 1000 * seed, tr, val, args, lam)
+        bar.update(1)
+        val_aer[lam] = evaluate([nets[lam]], val, 1)["posterior"]["aer"]
+    best = min(val_aer, key=val_aer.__getitem__)
+    return nets[best], best, val_aer
 
 
 def interval(xs: list[float]) -> tuple[float, float, float]:
@@ -263,7 +317,8 @@ def interval(xs: list[float]) -> tuple[float, float, float]:
 
 
 METRICS = (
-    ("posterior", "aer"), ("prior", "aer"), ("posterior", "precision"), ("posterior", "recall"),
+    ("posterior", "aer"), ("prior", "aer"), ("posterior", "aer_no_articles"),
+    ("prior", "aer_no_articles"), ("posterior", "precision"), ("posterior", "recall"),
     ("posterior", "ece"), ("prior", "ece"),
     ("posterior", "auroc_entropy"), ("posterior", "auroc_disagreement"),
     ("prior", "auroc_entropy"), ("prior", "auroc_disagreement"),
@@ -289,8 +344,11 @@ def main(argv: list[str] | None = None) -> None:
     from tqdm import tqdm
 
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    n_train = sum(args.members if k == "soft" and "ensemble" in kinds else 1
-                  for k in kinds if k != "ensemble")  # fmt: skip
+    if "variational" in kinds and "variational_q" not in kinds:
+        kinds.insert(kinds.index("variational") + 1, "variational_q")
+    per_kind = {"soft": args.members if "ensemble" in kinds else 1, "ensemble": 0,
+                "variational": len(marginal_weights(args)), "variational_q": 0}  # fmt: skip
+    n_train = sum(per_kind.get(k, 1) for k in kinds)
     per_seed: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     with tqdm(total=args.seeds * n_train, desc="training", disable=args.no_progress) as bar:
@@ -331,7 +389,8 @@ def print_table(summary: dict[str, Any], kinds: list[str], cost: dict[str, float
         print(" | ".join(f"{c}: {v}" for c, v in zip(cols, row, strict=True)))
     print(
         f"training step: soft {cost['soft_ms']:.2f} ms, latent {cost['latent_ms']:.2f} ms, "
-        f"ratio latent/soft {cost['ratio']:.2f}"
+        f"ratio latent/soft {cost['ratio']:.2f}; variational {cost['variational_ms']:.2f} ms, "
+        f"ratio variational/soft {cost['variational_ratio']:.2f}"
     )
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "alignment_log_prior",
     "mixture_log_probs",
     "alignment_log_posterior",
+    "alignment_elbo",
     "categorical_kl",
     "categorical_entropy",
     "jensen_shannon",
@@ -62,6 +63,33 @@ def alignment_log_posterior(log_prior: Tensor, log_lik: Tensor) -> Tensor:
     """
     joint = log_prior + log_lik  # (…, Tt, Ts)
     return joint - torch.logsumexp(joint, dim=-1, keepdim=True)
+
+
+def alignment_elbo(log_q: Tensor, log_prior: Tensor, log_lik: Tensor) -> Tensor:
+    r"""The evidence lower bound of one target position under an alignment posterior
+    :math:`q(z_t)`, with the sum over source positions enumerated (no sampling):
+
+    .. math::
+        \mathcal L_t = \sum_j q_{tj} \log p(y_t \mid z_t = j, \dots)
+                      - \mathrm{KL}\big(q_t \,\|\, \pi_t\big)
+                    = \log p(y_t \mid x, y_{<t}) - \mathrm{KL}\big(q_t \,\|\,
+                      p(z_t \mid x, y_{\le t})\big) \le \log p(y_t \mid x, y_{<t}),
+
+    with equality when ``q`` is the exact posterior (:func:`alignment_log_posterior`). Positions
+    where :math:`q_{tj} = 0` (padding) contribute nothing.
+
+    Shape:
+        log_q, log_prior, log_lik ``(…, Tt, Ts)`` (``log_lik``: the emission at the observed
+        token) → ``(…, Tt)``.
+    """
+    if not (log_q.shape == log_prior.shape == log_lik.shape):
+        raise ValueError(
+            "log_q, log_prior and log_lik must have the same shape (…, Tt, Ts); got "
+            f"{tuple(log_q.shape)}, {tuple(log_prior.shape)}, {tuple(log_lik.shape)}"
+        )
+    q = log_q.exp()
+    expected = torch.where(q > 0, q * log_lik, torch.zeros_like(q)).sum(-1)  # (…, Tt)
+    return expected - categorical_kl(log_q, log_prior)
 
 
 def _plogp_ratio(p: Tensor, log_p: Tensor, log_q: Tensor) -> Tensor:

@@ -41,6 +41,7 @@ from .linear import linear
 __all__ = [
     "LatentAlignment",
     "enumerated_alignment_model",
+    "enumerated_alignment_guide",
     "hard_read",
     "layer_alignment",
     "decoder_alignment",
@@ -119,7 +120,11 @@ class LatentAlignment(nn.Module):
 
 
 def enumerated_alignment_model(
-    log_prior: Tensor, log_emission: Tensor, tgt: Tensor, mask: Tensor | None = None
+    log_prior: Tensor,
+    log_emission: Tensor,
+    tgt: Tensor,
+    mask: Tensor | None = None,
+    guided: bool = False,
 ) -> None:
     r"""The latent-alignment likelihood as a Pyro model: ``z[b, t] ~ Categorical(π_bt)``
     enumerated in parallel (``infer={"enumerate": "parallel"}``) over source positions,
@@ -130,6 +135,10 @@ def enumerated_alignment_model(
     Shape:
         log_prior ``(B, Tt, Ts)``, log_emission ``(B, Tt, Ts, V)``, tgt ``(B, Tt)``,
         mask ``(B, Tt)`` (``True`` = scored).
+
+    ``guided=True``: ``z`` comes from a guide (:func:`enumerated_alignment_guide`), so the
+    unscored positions' ``z`` is masked out too (with ``z`` summed out in the model, masking it
+    would add :math:`\log T_s` per unscored position instead).
     """
     B, T = tgt.shape
     if log_prior.shape[:2] != (B, T) or log_emission.shape[:3] != log_prior.shape:
@@ -138,9 +147,10 @@ def enumerated_alignment_model(
             f"{tuple(log_prior.shape)}, {tuple(log_emission.shape)}, {tuple(tgt.shape)}"
         )
     with pyro.plate("tokens", T, dim=-1), pyro.plate("batch", B, dim=-2):
-        z = pyro.sample(
-            "z", dist.Categorical(logits=log_prior), infer={"enumerate": "parallel"}
-        )  # (B, T) or (Ts, 1, 1) when enumerated
+        prior = dist.Categorical(logits=log_prior)
+        if guided and mask is not None:
+            prior = prior.mask(mask)
+        z = pyro.sample("z", prior, infer={"enumerate": "parallel"})  # (B, T) or (Ts, 1, 1)
         # emission rows of the chosen position: log_emission[b, t, z] (enumerated z broadcasts)
         b = torch.arange(B, device=tgt.device)[:, None]  # (B, 1)
         t = torch.arange(T, device=tgt.device)[None, :]  # (1, T)
@@ -148,6 +158,37 @@ def enumerated_alignment_model(
         if mask is not None:
             d = d.mask(mask)
         pyro.sample("y", d, obs=tgt)
+
+
+def enumerated_alignment_guide(
+    log_q: Tensor,
+    log_emission: Tensor,
+    tgt: Tensor,
+    mask: Tensor | None = None,
+    guided: bool = True,
+) -> None:
+    r"""The inference network's posterior as a Pyro guide of :func:`enumerated_alignment_model`
+    (called with the same arguments, ``log_q`` in place of ``log_prior``):
+    ``z[b, t] ~ Categorical(q_bt)`` enumerated in parallel, so ``TraceEnum_ELBO`` computes the
+    expectation over ``q`` exactly. Its loss is :math:`-\sum_{b,t}ig[\sum_j q_{btj}\log
+    p(y_{bt}\mid j) - \mathrm{KL}(q_{bt}\,\|\,\pi_{bt})ig]`, the closed form of
+    :func:`~bayesattn.functional.alignment.alignment_elbo` (tested equal). ``log_emission`` and
+    ``guided`` are unused (the model's signature).
+
+    Shape:
+        log_q ``(B, Tt, Ts)``, tgt ``(B, Tt)``, mask ``(B, Tt)`` (``True`` = scored).
+    """
+    B, T = tgt.shape
+    if log_q.shape[:2] != (B, T):
+        raise ValueError(
+            f"log_q (B, Tt, Ts) and tgt (B, Tt) must agree; got {tuple(log_q.shape)}, "
+            f"{tuple(tgt.shape)}"
+        )
+    with pyro.plate("tokens", T, dim=-1), pyro.plate("batch", B, dim=-2):
+        q = dist.Categorical(logits=log_q)
+        if mask is not None:
+            q = q.mask(mask)
+        pyro.sample("z", q, infer={"enumerate": "parallel"})
 
 
 # ---- soft attention's hard reads (the posterior attention of Shankar & Sarawagi 2019) ----------

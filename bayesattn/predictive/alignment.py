@@ -11,12 +11,17 @@ each observed target word.
 prior is the last layer's cross-attention and the posterior is the posterior attention of
 Shankar & Sarawagi (2019). Draws (a family's attention samples) or a list of ensemble members
 travel as a leading dim; their disagreement is one measure of how far to trust a link.
+A variational decoder (``alignment="variational"``) has two readings of the posterior: the
+exact one above (``posterior="exact"``) and its inference network's amortised
+:math:`q(z_t \mid x, y)`, which also sees the target words after :math:`y_t`
+(``posterior="inference"``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -31,7 +36,11 @@ from ..functional.alignment import (
 from ..nn.modes import AttentionMode, attention_mode, check_mode
 from ..nn.networks import Seq2Seq
 
-__all__ = ["AlignmentPosterior", "alignment_posterior"]
+__all__ = ["AlignmentPosterior", "PosteriorKind", "alignment_posterior"]
+
+#: which posterior: Bayes' rule on the model (``"exact"``) or a variational decoder's inference
+#: network :math:`q(z_t \mid x, y)` (``"inference"``)
+PosteriorKind = Literal["exact", "inference"]
 
 
 @dataclass
@@ -110,13 +119,16 @@ def alignment_posterior(
     tgt: Tensor,
     num_samples: int = 1,
     mode: AttentionMode = "guide",
+    posterior: PosteriorKind = "exact",
 ) -> AlignmentPosterior:
-    """Prior and posterior alignments of ``tgt`` given ``src`` (teacher forcing), in eval mode.
+    r"""Prior and posterior alignments of ``tgt`` given ``src`` (teacher forcing), in eval mode.
 
     ``model``: one :class:`~bayesattn.nn.networks.Seq2Seq` of either decoder kind, or a list of
     them (an ensemble: one draw per member). A network with Bayesian attention draws
     ``num_samples`` attention samples per member in ``mode`` (``"mean"``: its posterior mean,
-    one draw); a deterministic network gives one draw.
+    one draw); a deterministic network gives one draw. ``posterior="inference"`` (variational
+    decoders only) puts the inference network's :math:`q(z_t \mid x, y)` in ``log_posterior``
+    instead of Bayes' rule.
 
     Shape:
         src ``(B, Ts)``, tgt ``(B, Tt)`` → :class:`AlignmentPosterior` with
@@ -125,6 +137,14 @@ def alignment_posterior(
     members = _members(model)
     check_int("num_samples", num_samples, 1)
     mode = check_mode(mode)
+    if posterior not in get_args(PosteriorKind):
+        raise ValueError(f"posterior must be one of {get_args(PosteriorKind)}; got {posterior!r}")
+    if posterior == "inference" and any(m.inference is None for m in members):
+        kinds = sorted({m.alignment for m in members})
+        raise ValueError(
+            "posterior='inference' needs Seq2Seq(alignment='variational') models; got "
+            f"alignment {', '.join(map(repr, kinds))}"
+        )
     priors, posts, probs = [], [], []
     for net in members:
         net.check_batch(src, tgt)
@@ -134,12 +154,16 @@ def alignment_posterior(
         try:
             with attention_mode(mode), net.pyro_context:
                 log_prior, log_lik, logits = net.alignment_terms(src, tgt, S)
+                log_q = (
+                    net.inference_log_posterior(src, tgt, S) if posterior == "inference" else None
+                )
         finally:
             net.train(was_training)
+        log_post = alignment_log_posterior(log_prior, log_lik) if log_q is None else log_q
         if log_prior.dim() == 3:  # no sample dim: one draw
-            log_prior, log_lik, logits = log_prior[None], log_lik[None], logits[None]
+            log_prior, log_post, logits = log_prior[None], log_post[None], logits[None]
         priors.append(log_prior)
-        posts.append(alignment_log_posterior(log_prior, log_lik))
+        posts.append(log_post)
         probs.append(torch.softmax(logits, -1))
     ref = members[0]
     return AlignmentPosterior(

@@ -130,7 +130,7 @@ def test_latent_trains_by_its_marginal_likelihood() -> None:
 
 
 def test_validation() -> None:
-    with pytest.raises(ValueError, match="alignment must be one of .*'soft', 'latent'.*got 'hard'"):
+    with pytest.raises(ValueError, match="alignment must be one of .*'soft', 'latent', 'variational'.*got 'hard'"):
         Seq2Seq(9, 11, alignment="hard", **SMALL)
     net = _net()
     src, tgt = _batch()
