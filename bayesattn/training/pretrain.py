@@ -75,9 +75,9 @@ class MaskedLMHead(nn.Module):
     r"""The words' logits of token states: dense, GELU, LayerNorm, then the token embedding's
     matrix (tied) plus a bias. ``(..., E) -> (..., V)``.
 
-    With the embedding's initial rows :math:`\mathcal N(0, (0.1/\sqrt E)^2)`
+    With the embedding's initial rows :math:`\mathcal N(0, 1/E)`
     (:data:`~bayesattn.nn.networks.base.TOKEN_INIT_STD`), the LayerNorm'd states give initial
-    logits of standard deviation about 0.1: the head starts near the uniform distribution."""
+    logits of standard deviation about 1."""
 
     def __init__(self, embedding: nn.Embedding) -> None:
         super().__init__()
