@@ -53,7 +53,7 @@ def _add_study_parser(sub: Any) -> None:
         "means with 95% intervals, paired differences (Holm-corrected marks), AUROCs by each "
         "method's primary score near / far / shift, selective prediction, corruption curves, "
         "costs, with figures and ArviZ files. Default: the digits, "
-        f"{len(d.pairs())} held-out pairs × {d.seeds} seeds (about 7 minutes on an idle 2-core "
+        f"{len(d.pairs())} held-out pairs × {d.seeds} seeds (about 4 minutes with --jobs 2, 7 with one job, on an idle 2-core "
         "machine); --protocol full: the digits, MNIST-1D and the fortunes tokens (Debian's "
         "fortunes package), 5 pairs × 5 seeds (about 2 h 45 min on 2 cores; split it by --seed/--seeds "
         "and --merge); --quick: a smoke run that checks "
