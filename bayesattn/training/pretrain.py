@@ -133,6 +133,19 @@ def _check_net(net: TransformerClassifier, mask_id: int) -> int:
     return V
 
 
+def _check_texts(x: Tensor, val: Tensor | None, V: int) -> None:
+    for name, t in (("x", x), ("val", val)):
+        if t is None:
+            continue
+        if not isinstance(t, Tensor) or t.dim() != 2 or t.is_floating_point() or len(t) == 0:
+            raise ValueError(f"{name} must be integer token ids (N, T), N > 0; got "
+                             f"{getattr(t, 'dtype', type(t).__name__)} "
+                             f"{tuple(getattr(t, 'shape', ()))}")  # fmt: skip
+        if int(t.min()) < 0 or int(t.max()) >= V:
+            raise ValueError(f"{name} ids must be in [0, vocab_size={V}); got "
+                             f"[{int(t.min())}, {int(t.max())}]")  # fmt: skip
+
+
 def pretrain_masked_lm(
     net: TransformerClassifier,
     x: Tensor,
@@ -167,16 +180,7 @@ def pretrain_masked_lm(
         :class:`PretrainResult`; ``net`` is left in eval mode.
     """
     V = _check_net(net, mask_id)
-    for name, t in (("x", x), ("val", val)):
-        if t is None:
-            continue
-        if not isinstance(t, Tensor) or t.dim() != 2 or t.is_floating_point() or len(t) == 0:
-            raise ValueError(f"{name} must be integer token ids (N, T), N > 0; got "
-                             f"{getattr(t, 'dtype', type(t).__name__)} "
-                             f"{tuple(getattr(t, 'shape', ()))}")  # fmt: skip
-        if int(t.min()) < 0 or int(t.max()) >= V:
-            raise ValueError(f"{name} ids must be in [0, vocab_size={V}); got "
-                             f"[{int(t.min())}, {int(t.max())}]")  # fmt: skip
+    _check_texts(x, val, V)
     epochs, batch_size = check_int("epochs", epochs, 1), check_int("batch_size", batch_size, 1)
     check_real("lr", lr, gt=0.0)
     check_real("warmup_fraction", warmup_fraction, ge=0.0, lt=1.0)
@@ -206,13 +210,8 @@ def pretrain_masked_lm(
         for i in range(0, len(x), batch_size):
             inputs, targets = mask_tokens(x[order[i : i + batch_size]], mask_id, V, prob=prob,
                                           pad_id=pad, generator=gen)  # fmt: skip
-            loss, _ = masked_lm_loss(net, head, inputs, targets)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(params, clip_norm)
-            opt.step()
+            total_loss += _step(net, head, inputs, targets, opt, params, clip_norm) * len(inputs)
             sched.step()
-            total_loss += loss.item() * len(inputs)
             bar.update(1)
         out.train_loss.append(total_loss / len(x))
         if val_batch is not None:
@@ -224,6 +223,17 @@ def pretrain_masked_lm(
     out.seconds = time.perf_counter() - t0
     net.eval()
     return out
+
+
+def _step(net: TransformerClassifier, head: MaskedLMHead, inputs: Tensor, targets: Tensor,
+          opt: torch.optim.Optimizer, params: list[nn.Parameter], clip_norm: float) -> float:  # fmt: skip
+    """One optimiser step on a corrupted batch; its loss."""
+    loss, _ = masked_lm_loss(net, head, inputs, targets)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(params, clip_norm)
+    opt.step()
+    return loss.item()
 
 
 @torch.no_grad()

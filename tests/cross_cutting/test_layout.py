@@ -28,7 +28,7 @@ INFERENCE_ALL = [
 ]  # fmt: skip
 TRAINING_ALL = [
     *INFERENCE_ALL, "sync_param_store", "METHODS", "ELBOS", "VAL_LOSSES", "LR_DECAYS",
-    "as_train_data", "iter_eval_batches", "fork_rng",
+    "as_train_data", "iter_eval_batches", "fork_rng", "pretrain_masked_lm", "transfer_trunk",
 ]  # fmt: skip
 
 
