@@ -2,9 +2,11 @@
 
 An attention variable's ``query``/``key`` dims are indexed by position (integers); the words go
 in the non-dimension coordinates ``query_token``/``key_token`` (``<dim>_token`` for a numbered
-dim such as ``key_1``), each with an xarray index, so ``w.sel(query_token="cat")`` selects every
-position holding that word and ``az.summary`` labels stay positions (``w[0, 0, 2, 1]``), never
-a word glued to its position.
+dim such as ``key_1``), each with an xarray index under arviz 0.x, so ``w.sel(query_token="cat")``
+selects every position holding that word, and ``az.summary`` labels stay positions
+(``w[0, 0, 2, 1]``), never a word glued to its position. Under arviz 1.x, whose ``summary``
+refuses a second index on a dim, the words are not indexed: ``w.set_xindex("query_token")``
+first.
 """
 
 from __future__ import annotations
@@ -86,4 +88,6 @@ def with_tokens(
     shapes = {n: tuple(post[n].shape[2:]) for n in dims if n in post}  # after (chain, draw)
     tdims = token_dims({n: d for n, d in dims.items() if n in shapes}, shapes, len(toks))
     extra = {f"{d}_token": ((d,), list(toks)) for d in tdims}
-    return with_coords(idata, "posterior", extra, v1=v1)
+    # arviz 1.x's summary stacks the dims and refuses a dim with two indexes: there the words
+    # stay unindexed (select after ``.set_xindex("query_token")``)
+    return with_coords(idata, "posterior", extra, v1=v1, index=not v1)
