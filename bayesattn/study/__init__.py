@@ -22,6 +22,7 @@ from __future__ import annotations
 from . import (
     density_methods,  # noqa: F401 - registers the density read (issue 30)
     mixture_methods,  # noqa: F401 - registers mixture* (issue 30)
+    word_methods,  # noqa: F401 - registers the methods for words
 )
 from ._compat import _train, _vit  # noqa: F401 - the 0.3 names benchmark scripts import
 from .config import DATASETS, DEFAULT_ROTATION, MODEL_DEFAULTS, StudyConfig

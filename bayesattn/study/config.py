@@ -11,10 +11,10 @@ from typing import Any
 
 from .._study_io import validate_study_config
 from ..data.holdout import check_holdout_classes, rotation_pairs
-from . import density_methods, mixture_methods  # noqa: F401 - they register their methods
+from . import density_methods, mixture_methods, word_methods  # noqa: F401 - they register
 from .datasets import DATASETS, FULL_DATASETS, MODEL_DEFAULTS, MODEL_KEYS, get_dataset
 from .legacy import LEGACY_METHOD_NAMES
-from .methods import DEFAULT_METHODS, FULL_METHODS, METHODS
+from .methods import DEFAULT_METHODS, FULL_METHODS, METHODS, get_method
 
 __all__ = [
     "StudyConfig",
@@ -147,6 +147,13 @@ class StudyConfig:
             )
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"methods must not repeat a method; got {list(self.methods)}")
+        specs = [get_dataset(d) for d in self.dataset_list]
+        idle = [m for m in self.methods if not any(get_method(m).applies_to(s) for s in specs)]
+        if idle:
+            raise ValueError(
+                f"methods {idle} apply to none of the datasets {list(self.dataset_list)} (methods "
+                "for words need a word-token data set; pretrained ones one with pretraining texts)"
+            )
         for name in ("seeds", "num_samples", "ensemble_size", "jobs"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -221,6 +221,8 @@ def _merge_dataset(dataset: str, loaded: list[StudyResults], methods: list[str])
             mine["first_run"] = {**run.get("first_run", {}), **mine.get("first_run", {})}
     pair_order = {tuple(p): i for i, p in enumerate(base["pairs"])}
     ordered = [runs[k] for k in sorted(runs, key=lambda k: (pair_order.get(k[0], 1 << 30), k))]
+    # a method that applies to none of this data set's runs (a method for words on images)
+    methods = [m for m in methods if any(m in run["methods"] for run in ordered)]
     for run in ordered:
         missing = [m for m in methods if m not in run["methods"]]
         if missing:

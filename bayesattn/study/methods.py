@@ -25,6 +25,7 @@ from ..nn.networks import BayesianNetwork
 from ..nn.weights import bayesian_projections
 from ..registry import Registry
 from ..uncertainty import PredictionResult, predict, predict_ensemble, predict_mc_dropout
+from .datasets import StudyDataset
 from .laplace_evidence import laplace_evidence
 from .runs import Run
 from .scores import choose_k, fit_mahalanobis, knn_distance
@@ -37,6 +38,7 @@ __all__ = [
     "FULL_METHODS",
     "register_method",
     "get_method",
+    "methods_for",
     "ensemble_of",
 ]
 
@@ -68,6 +70,12 @@ class Method:
     def check_available(self) -> None:
         """Raise ``ImportError`` (saying what to install) if the method cannot run here; called
         before a study starts."""
+
+    def applies_to(self, dataset: StudyDataset) -> bool:
+        """Whether the method runs on ``dataset`` (every data set by default; a method for
+        words only on word tokens): a study skips it on the others, and its report leaves it
+        out of their tables."""
+        return True
 
     def fit(self, run: Run) -> Fitted:
         raise NotImplementedError
@@ -151,6 +159,11 @@ def register_method(method: Method, default: bool = False, *, override: bool = F
 def get_method(name: str) -> Method:
     """The registered method called ``name`` (an unknown name: ``ValueError`` listing them)."""
     return _REGISTRY.get(name)
+
+
+def methods_for(dataset: StudyDataset, methods: Sequence[str]) -> list[str]:
+    """The names of ``methods`` that apply to ``dataset`` (:meth:`Method.applies_to`), in order."""
+    return [m for m in methods if get_method(m).applies_to(dataset)]
 
 
 # ---------------------------------------------------------------------------------------------

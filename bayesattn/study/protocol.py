@@ -30,7 +30,7 @@ from .._study_io import (
 )
 from .config import StudyConfig
 from .datasets import get_dataset
-from .methods import ensemble_of, get_method
+from .methods import ensemble_of, get_method, methods_for
 from .metrics import evaluate
 from .pooling import pool
 from .provenance import versions
@@ -156,7 +156,8 @@ def _run_study(
                 bar.set_postfix_str(f"{dataset} {tuple(run['pair'])} seed {run['seed']} done")
                 bar.update()
             runs = [stored(dataset, k) for k in keys]  # every run from its file
-            block = pool([r for r in runs if r is not None], list(cfg.methods))
+            applied = methods_for(get_dataset(dataset), cfg.methods)
+            block = pool([r for r in runs if r is not None], applied)
             block["model"] = {k: _jsonable(v) for k, v in cfg.model(dataset).items()}
             block["seconds"] = time.perf_counter() - t_ds
             block["figures"] = figures.dataset_figures(out, dataset, block)
@@ -232,7 +233,7 @@ def _one_run(
 
     rows: dict[str, MethodRow] = {}
     extras: dict[str, Any] = {}
-    for name in cfg.methods:
+    for name in methods_for(run.spec, cfg.methods):
         say(f"{run.dataset} {run.pair} seed {run.seed}: {name}")
         method = get_method(name)
         t0 = time.perf_counter()

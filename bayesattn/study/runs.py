@@ -18,7 +18,9 @@ from ..data.holdout import HoldoutData
 from ..nn.blocks import AttentionConfig
 from ..nn.networks import BayesianNetwork, TransformerClassifier
 from ..posthoc.features import Features, extract_features
+from ..posthoc.token_views import TokenViews, token_views
 from ..training import fit
+from ..training.pretrain import transfer_trunk
 from .datasets import StudyDataset, get_dataset
 
 __all__ = ["Run", "RunSettings"]
@@ -40,6 +42,13 @@ class RunSettings(Protocol):
     severities: Sequence[int]
     arviz_examples: int
     geometry: bool
+    seeds: int
+    smoke: bool
+    out: Any
+
+    def pairs(self) -> list[tuple[int, ...]]:
+        """The held-out class sets of the study (a run's share of shared costs)."""
+        ...
 
     def model(self, dataset: str) -> dict[str, Any]:
         """Architecture and training settings on ``dataset``."""
@@ -117,6 +126,32 @@ class Run:
             nets.append(net.eval())
         return nets[:n], secs[:n]
 
+    def pretrained_members(self, n: int) -> tuple[list[BayesianNetwork], list[float]]:
+        """As :meth:`members` (same seeds, same training), each network's trunk first copied
+        from the data set's masked-LM trunk (:func:`~bayesattn.study.pretrained.
+        pretrained_trunk`, word by word into this split's vocabulary); the seconds are the
+        fine-tuning's plus this run's share of the pretraining (its seconds over the study's
+        runs on the data set, since one trunk serves them all)."""
+        from .pretrained import pretrained_trunk
+
+        nets, secs = self.cache.setdefault("pretrained_members", ([], []))
+        if len(nets) >= n:
+            return nets[:n], secs[:n]
+        length = self.data.x_train.shape[1]
+        trunk, vocab, info = pretrained_trunk(self.spec, self.model, length, self.cfg.out,
+                                              smoke=self.cfg.smoke)  # fmt: skip
+        share = float(info["seconds"]) / (len(self.cfg.pairs()) * self.cfg.seeds)
+        self.cache["pretrained_info"] = {**info, "seconds_per_run": share}
+        while len(nets) < n:
+            s = self.seed + 1000 * len(nets)
+            torch.manual_seed(s)
+            net = self.network(None)
+            found = transfer_trunk(trunk, vocab, net, self.data.vocab)  # type: ignore[attr-defined]
+            self.cache["pretrained_info"]["vocabulary_found"] = found
+            secs.append(share + self.train(net, s, bayes=False))
+            nets.append(net.eval())
+        return nets[:n], secs[:n]
+
     def views(self, split: str, x: Tensor | None = None) -> Features:
         """:class:`~bayesattn.posthoc.Features` ``(logits, cls, tokens)`` of the deterministic
         network (member 0) on a named split (cached) or on ``x`` (the last ``x`` is remembered
@@ -135,17 +170,27 @@ class Run:
         as a user's would)."""
         return self.passes(split, x).cls
 
+    def token_views(
+        self, split: str, x: Tensor | None = None, pretrained: bool = False
+    ) -> TokenViews:
+        """:class:`~bayesattn.posthoc.token_views.TokenViews` ``(logits, every layer's CLS,
+        token states)`` of member 0 (``pretrained``: of :meth:`pretrained_members`' first),
+        cached as :meth:`views`."""
+        kind = "pretrained_token_views" if pretrained else "token_views"
+        return self._member0(kind, token_views, split, x, pretrained)
+
     def _member0(
         self,
         kind: str,
         read: Callable[[TransformerClassifier, Tensor], Any],
         split: str,
         x: Tensor | None,
+        pretrained: bool = False,
     ) -> Any:
         """``read(member 0, inputs)``, cached per named split under ``kind/split``; for explicit
         ``x`` only the last one is kept (by identity), so a prediction and an own score on the
         same inputs share one pass."""
-        net = self.members(1)[0][0]
+        net = (self.pretrained_members if pretrained else self.members)(1)[0][0]
         assert isinstance(net, TransformerClassifier)
         if x is not None:
             last = self.cache.get(f"{kind}/last")

@@ -59,6 +59,19 @@ class StudyDataset(ABC):
     geometry: ClassVar[bool] = False
 
     @property
+    def words(self) -> bool:
+        """Whether the inputs are word-token ids (``token_unit == "word"``: padding 0, the
+        unknown word 1), which the bag-of-words baseline and the unknown-word rate read."""
+        return self.token_unit == "word"
+
+    def pretraining_texts(self) -> Sequence[str] | None:
+        """Unlabeled texts a trunk may be pretrained on (a masked language model), none of them
+        from a class of the data set (so from no held-out class of any run); ``None`` (the
+        default): the data set has none, and the methods that fine-tune a pretrained trunk do
+        not apply to it."""
+        return None
+
+    @property
     def figure_prefix(self) -> str:
         """File-name prefix of this data set's figures (``"<name>_"``)."""
         return f"{self.name}_"

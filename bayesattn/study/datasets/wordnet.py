@@ -6,12 +6,21 @@ the word tokens with CLS pooling, 10 epochs; the study's fortunes network chosen
 WordNet's validation split (``benchmarks/wordnet_tokens.py --select-only``, 1,000 glosses a class:
 64 wide .728, 128 wide .729 at 2.5x the time, dropout 0.3 .699, all with the token rows of
 ``nn.Embedding``'s N(0, 1); with today's N(0, 1/E) rows the 64-wide network reaches .80, level
-with a TF-IDF bag of words)."""
+with a TF-IDF bag of words).
+
+The vocabulary is the words seen twice in the training split and the pretraining texts
+(:func:`~bayesattn.data.wordnet.unlabeled_glosses`: verb, adjective, adverb and other-noun
+glosses, none of the ten classes), fixed before any result: every method reads the same token
+ids, and a network fine-tuned from the masked-LM trunk pretrained on those texts
+(:mod:`bayesattn.study.pretrained`) has a pretrained row for each of its words."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import lru_cache
+
 from ...data.holdout import HoldoutData
-from ...data.wordnet import load_wordnet_data, read_glosses
+from ...data.wordnet import load_wordnet_data, read_glosses, unlabeled_glosses
 from .base import register_dataset
 from .fortunes import Fortunes
 
@@ -25,7 +34,8 @@ class WordNet(Fortunes):
     description = (
         "WordNet noun glosses by lexicographer file (word tokens; apt-get install wordnet-base)"
     )
-    full_protocol = False  # joins the full protocol once it has been measured there
+    model_defaults = dict(Fortunes.model_defaults, pretrain_epochs=10)
+    full_protocol = True
     order = 3
 
     def check_available(self) -> None:
@@ -35,7 +45,17 @@ class WordNet(Fortunes):
             raise ImportError(str(e)) from e
 
     def load(self, seed: int, holdout_classes: tuple[int, ...]) -> HoldoutData:
-        return load_wordnet_data(seed=seed, holdout_classes=holdout_classes)
+        texts = list(_pretraining_texts())
+        return load_wordnet_data(seed=seed, holdout_classes=holdout_classes, unlabeled=texts)
+
+    def pretraining_texts(self) -> Sequence[str]:
+        return _pretraining_texts()
+
+
+@lru_cache(maxsize=1)
+def _pretraining_texts() -> tuple[str, ...]:
+    """The unlabeled glosses, read once per process (56,408 texts)."""
+    return tuple(unlabeled_glosses())
 
 
 register_dataset(WordNet())
