@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="variational: weight(s) of the marginal likelihood in the objective, comma-separated "
         "(several: chosen per seed on the validation split's posterior AER)",
     )
-    p.add_argument("--kinds", default="soft,ensemble," + ",".join(FAMILIES) + ",latent")
+    p.add_argument("--kinds", default="soft,ensemble," + ",".join(FAMILIES) + ",latent,context")
     p.add_argument(
         "--front-adverb",
         type=float,
