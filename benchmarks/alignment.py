@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="variational: weight(s) of the marginal likelihood in the objective, comma-separated "
         "(several: chosen per seed on the validation split's posterior AER)",
     )
-    p.add_argument("--kinds", default="soft,ensemble," + ",".join(FAMILIES) + ",latent")
+    p.add_argument("--kinds", default="soft,ensemble," + ",".join(FAMILIES) + ",latent,context")
     p.add_argument(
         "--front-adverb",
         type=float,
@@ -113,6 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build(kind: str, task: SequenceTask, d_model: int, marginal_weight: float = 0.0) -> Seq2Seq:
     attention = AttentionConfig(family=kind, which=("cross",)) if kind in FAMILIES else None
     alignment = kind if kind in ("latent", "variational") else "soft"
+    if kind == "context":
+        alignment = "latent"
     return Seq2Seq(
         task.src_vocab_size,
         task.tgt_vocab_size,
@@ -126,6 +128,7 @@ def build(kind: str, task: SequenceTask, d_model: int, marginal_weight: float = 
         attention=attention,
         alignment=alignment,
         marginal_weight=marginal_weight if kind == "variational" else 0.0,
+        emission="context" if kind == "context" else "word",
     )
 
 
@@ -221,8 +224,8 @@ def evaluate(
 
 
 def step_cost(task: SequenceTask, args, repeats: int) -> dict[str, float]:
-    """Median ms of one training step (loss, backward, Adam) of soft, latent and variational,
-    interleaved."""
+    """Median ms of one training step (loss, backward, Adam) of soft, latent, variational and
+    context, interleaved."""
     xb, yb = task.src[:32], task.tgt[:32]
 
     def stepper(kind: str):
@@ -238,12 +241,13 @@ def step_cost(task: SequenceTask, args, repeats: int) -> dict[str, float]:
 
         return step
 
-    kinds = ("soft", "latent", "variational")
+    kinds = ("soft", "latent", "variational", "context")
     ms = interleaved({k: stepper(k) for k in kinds}, repeats)
     return {
         "soft_ms": ms["soft"], "latent_ms": ms["latent"], "ratio": ms["latent"] / ms["soft"],
         "variational_ms": ms["variational"],
         "variational_ratio": ms["variational"] / ms["soft"],
+        "context_ms": ms["context"], "context_ratio": ms["context"] / ms["soft"],
     }  # fmt: skip
 
 
@@ -390,7 +394,8 @@ def print_table(summary: dict[str, Any], kinds: list[str], cost: dict[str, float
     print(
         f"training step: soft {cost['soft_ms']:.2f} ms, latent {cost['latent_ms']:.2f} ms, "
         f"ratio latent/soft {cost['ratio']:.2f}; variational {cost['variational_ms']:.2f} ms, "
-        f"ratio variational/soft {cost['variational_ratio']:.2f}"
+        f"ratio variational/soft {cost['variational_ratio']:.2f}; context "
+        f"{cost['context_ms']:.2f} ms, ratio context/soft {cost['context_ratio']:.2f}"
     )
 
 

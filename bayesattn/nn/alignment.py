@@ -13,7 +13,24 @@ decoder state of the target prefix, ``m_j`` the encoder memory of source word ``
 reads the whole sentence) and ``e(x_j)`` the embedding of the source word itself: the emission sees
 only the word it is aligned to, so an alignment is a statement about words (with the contextual
 memory in the emission every position could explain every word, and the posterior would stay
-at its prior).
+at its prior). That is ``emission="word"``.
+
+``emission="context"`` reads the aligned word in its sentence, and the prefix only through a
+gate:
+
+.. math::
+    p(y_t \mid z_t = j) = \mathrm{softmax}\big(W_o\,\mathrm{LN}(g_{tj})\big),\quad
+    u_{tj} = e(x_j) + a \odot W_c m_j + b \odot W_h h_t,
+
+with :math:`g_{tj}` as above and gates :math:`a, b` that start at 0: the model starts as a
+one-word emission that does not read the prefix (IBM Model 1's translation table with a neural
+prior). :math:`a` opens as the source context helps (a German article's gender is its noun's),
+:math:`b` as the prefix does (the end of the sentence, the comma before a clause). While
+``uniform_prior`` is on (the IBM Model 1 start) the prefix term is left out: a source word then
+has one output distribution for every target position, so a word that explains two target words
+gives each at most half its mass, and the likelihood itself prefers one target word per source
+word (with the prefix, a noun can explain its article as well as *the* does, by knowing that an
+article comes next, and the word emission links it there).
 
 For soft attention, :func:`decoder_alignment` gives the same two ingredients: the last decoder
 layer's cross-attention weights as the prior and the prediction with that layer reading only
@@ -25,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import cast
+from typing import Literal, cast, get_args
 
 import pyro
 import pyro.distributions as dist
@@ -39,6 +56,7 @@ from .blocks import Decoder, DecoderLayer
 from .linear import linear
 
 __all__ = [
+    "EmissionKind",
     "LatentAlignment",
     "enumerated_alignment_model",
     "enumerated_alignment_guide",
@@ -46,6 +64,11 @@ __all__ = [
     "layer_alignment",
     "decoder_alignment",
 ]
+
+#: what the emission :math:`p(y_t \mid z_t = j)` reads: ``"word"`` the source word and the target
+#: prefix, ``"context"`` the source word plus, through gates that start closed, its contextual
+#: encoder state and the target prefix
+EmissionKind = Literal["word", "context"]
 
 
 class LatentAlignment(nn.Module):
@@ -64,16 +87,31 @@ class LatentAlignment(nn.Module):
         vocab_size: int,
         dim_feedforward: int,
         layer_norm_eps: float = 1e-5,
+        emission: EmissionKind = "word",
     ) -> None:
+        if emission not in get_args(EmissionKind):
+            raise ValueError(f"emission must be one of {get_args(EmissionKind)}; got {emission!r}")
         check_int("d_model", d_model, 1)
         check_int("src_vocab_size", src_vocab_size, 1)
         check_int("vocab_size", vocab_size, 1)
         check_int("dim_feedforward", dim_feedforward, 1)
         super().__init__()
         self.d_model = d_model
+        self.emission: EmissionKind = emission
         self.q_proj = nn.Linear(d_model, d_model)
         self.k_proj = nn.Linear(d_model, d_model)
         self.word = nn.Embedding(src_vocab_size, d_model)
+        #: ``"context"``: projections of the encoder state and of the prefix state, and their
+        #: gates (closed at the start)
+        self.context: nn.Linear | None = None
+        self.prefix: nn.Linear | None = None
+        self.context_gate: nn.Parameter | None = None
+        self.prefix_gate: nn.Parameter | None = None
+        if emission == "context":
+            self.context = nn.Linear(d_model, d_model)
+            self.prefix = nn.Linear(d_model, d_model)
+            self.context_gate = nn.Parameter(torch.zeros(d_model))
+            self.prefix_gate = nn.Parameter(torch.zeros(d_model))
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.linear2 = nn.Linear(dim_feedforward, d_model)
@@ -81,6 +119,7 @@ class LatentAlignment(nn.Module):
         self.head = nn.Linear(d_model, vocab_size)
         #: a uniform prior over the real source positions (IBM Model 1): train a few epochs with
         #: it first so the emissions learn which words translate which before the prior commits
+        #: (``emission="context"`` leaves the prefix out of the emission meanwhile)
         self.uniform_prior = False
 
     def log_prior(
@@ -98,24 +137,47 @@ class LatentAlignment(nn.Module):
             scores = torch.zeros_like(scores)
         return alignment_log_prior(scores, key_padding_mask)
 
-    def log_emissions(self, h: Tensor, src: Tensor) -> Tensor:
-        r""":math:`\log p(y_t = v \mid z_t = j, x_j, y_{<t})` for every position and token.
+    def log_emissions(self, h: Tensor, src: Tensor, memory: Tensor | None = None) -> Tensor:
+        r""":math:`\log p(y_t = v \mid z_t = j, \dots)` for every position and token
+        (``memory``: the encoder states, needed by ``emission="context"``).
 
         Shape:
-            h ``(…, B, Tt, E)``, src ``(B, Ts)`` → ``(…, B, Tt, Ts, V)``.
+            h ``(…, B, Tt, E)``, src ``(B, Ts)``, memory ``(…, B, Ts, E)`` →
+            ``(…, B, Tt, Ts, V)``.
         """
         c = self.word(src)  # (B, Ts, E)
-        u = h.unsqueeze(-2) + c.unsqueeze(-3)  # (…, B, Tt, Ts, E)
+        if self.emission == "word":
+            return self._head_log_probs(h.unsqueeze(-2) + c.unsqueeze(-3))  # (…,B,Tt,Ts,V)
+        assert self.context is not None and self.prefix is not None
+        assert self.context_gate is not None and self.prefix_gate is not None
+        if memory is None:
+            raise ValueError("emission='context' reads the encoder states: pass memory")
+        if memory.shape[-3:-1] != src.shape:
+            raise ValueError(
+                f"memory (…, B, Ts, E) and src (B, Ts) must agree; got {tuple(memory.shape)}, "
+                f"{tuple(src.shape)}"
+            )
+        ctx = linear(memory, self.context.weight, self.context.bias)  # (…, B, Ts, E)
+        u = c + self.context_gate * ctx  # (…, B, Ts, E): the word in its sentence
+        if self.uniform_prior:  # IBM Model 1: the same emission at every target position
+            log_em = self._head_log_probs(u)  # (…, B, Ts, V)
+            return log_em.unsqueeze(-3).expand(*h.shape[:-1], *log_em.shape[-2:])
+        pre = self.prefix_gate * linear(h, self.prefix.weight, self.prefix.bias)  # (…,B,Tt,E)
+        return self._head_log_probs(u.unsqueeze(-3) + pre.unsqueeze(-2))  # (…, B, Tt, Ts, V)
+
+    def _head_log_probs(self, u: Tensor) -> Tensor:
+        """``log_softmax(W_o LN(u + FF(LN(u))))`` over the target vocabulary: ``(…, E)`` →
+        ``(…, V)``."""
         ff = linear(F.relu(linear(self.norm1(u), self.linear1.weight, self.linear1.bias)),
                     self.linear2.weight, self.linear2.bias)  # fmt: skip
-        logits = linear(self.norm2(u + ff), self.head.weight, self.head.bias)  # (…,B,Tt,Ts,V)
+        logits = linear(self.norm2(u + ff), self.head.weight, self.head.bias)
         return torch.log_softmax(logits, dim=-1)
 
     def forward(
         self, h: Tensor, memory: Tensor, src: Tensor, key_padding_mask: Tensor | None = None
     ) -> Tensor:
         return mixture_log_probs(
-            self.log_prior(h, memory, key_padding_mask), self.log_emissions(h, src)
+            self.log_prior(h, memory, key_padding_mask), self.log_emissions(h, src, memory)
         )
 
 

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from ..._validation import check_int, check_real
 from ...functional.alignment import alignment_elbo, mixture_log_probs
-from ..alignment import LatentAlignment, decoder_alignment
+from ..alignment import EmissionKind, LatentAlignment, decoder_alignment
 from ..alignment_inference import AlignmentInference
 from ..attention import linear
 from ..blocks import Decoder, Encoder
@@ -52,6 +52,11 @@ class Seq2Seq(GenerativeNetwork):
     :meth:`inference_log_posterior` gives :math:`\log q`. Pyro's :meth:`model` (SVI training)
     scores the exact marginal likelihood; only :meth:`elbo_loss` reads ``q``.
 
+    ``emission`` (latent and variational decoders): what :math:`p(y_t \mid z_t = j)` reads,
+    ``"word"`` (default) the source word :math:`x_j` and the target prefix, ``"context"`` the
+    source word and, through a gate that starts closed, its contextual encoder state, not the
+    prefix (:class:`~bayesattn.nn.alignment.LatentAlignment`).
+
     Shape:
         src ``(B, Ts)``, tgt ``(B, Tt)`` (BOS … EOS PAD…) → logits ``(*S, B, Tt-1, V_tgt)``.
     """
@@ -75,6 +80,7 @@ class Seq2Seq(GenerativeNetwork):
         attention: AttentionConfig | None = None,
         alignment: AlignmentKind = "soft",
         marginal_weight: float = 0.0,
+        emission: EmissionKind = "word",
     ) -> None:
         super().__init__()
         if alignment not in get_args(AlignmentKind):
@@ -86,6 +92,13 @@ class Seq2Seq(GenerativeNetwork):
             raise ValueError(
                 "marginal_weight mixes the marginal likelihood into a variational decoder's "
                 f"ELBO; it needs alignment='variational', got alignment={alignment!r}"
+            )
+        if emission not in get_args(EmissionKind):
+            raise ValueError(f"emission must be one of {get_args(EmissionKind)}; got {emission!r}")
+        if emission != "word" and alignment == "soft":
+            raise ValueError(
+                "emission chooses a latent-alignment decoder's p(y_t | z_t = j); it needs "
+                f"alignment='latent' or 'variational', got alignment={alignment!r}"
             )
         self.alignment: AlignmentKind = alignment
         #: weight of the exact marginal likelihood in a variational decoder's objective
@@ -111,7 +124,9 @@ class Seq2Seq(GenerativeNetwork):
         )
         self.head: nn.Linear | None = None if latent else nn.Linear(d_model, tgt_vocab_size)
         self.latent: LatentAlignment | None = (
-            LatentAlignment(d_model, src_vocab_size, tgt_vocab_size, dim_feedforward)
+            LatentAlignment(
+                d_model, src_vocab_size, tgt_vocab_size, dim_feedforward, emission=emission
+            )
             if latent
             else None
         )
@@ -215,7 +230,8 @@ class Seq2Seq(GenerativeNetwork):
             raise ValueError("a soft-attention Seq2Seq has no latent alignment")
         mem, pad = self.encode(src, num_samples)
         h = self.decoder(with_samples(self.tgt_embed(tgt[:, :-1]), num_samples))  # target prefix
-        return mem, pad, self.latent.log_prior(h, mem, pad), self.latent.log_emissions(h, src)
+        log_em = self.latent.log_emissions(h, src, mem)  # (*S, B, T, Ts, V)
+        return mem, pad, self.latent.log_prior(h, mem, pad), log_em
 
     def _log_q(self, memory: Tensor, src_pad: Tensor | None, tgt: Tensor) -> Tensor:
         if self.inference is None:
