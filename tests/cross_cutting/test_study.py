@@ -31,9 +31,7 @@ TINY = dict(
 
 
 def _numbers(block, keys=("accuracy", "nll", "ece", "nll_ts")):
-    return [
-        (m, k, r["methods"][m][k]) for r in block["runs"] for m in r["methods"] for k in keys
-    ]
+    return [(m, k, r["methods"][m][k]) for r in block["runs"] for m in r["methods"] for k in keys]
 
 
 def test_rotated_study_writes_everything_and_is_reproducible(tmp_path):
@@ -92,10 +90,14 @@ def test_rotated_study_writes_everything_and_is_reproducible(tmp_path):
         assert (tmp_path / "a" / f).stat().st_size > 0
 
 
-def test_full_protocol_path_runs_the_three_datasets_into_one_report(tmp_path, capsys):
+def test_full_protocol_path_runs_the_four_datasets_into_one_report(tmp_path, capsys):
+    from bayesattn.data.wordnet import WORDNET_DIR
+
     pytest.importorskip("mnist1d")
     if not Path("/usr/share/games/fortunes/art").is_file():
         pytest.skip("Debian's fortunes package (.ci/run installs it)")
+    if not Path(WORDNET_DIR, "data.noun").is_file():
+        pytest.skip("Debian's wordnet-base package (.ci/run installs it)")
     out = tmp_path / "m"
     args = ["study", "--out", str(out), "--protocol", "full", "--methods", "deterministic",
             "--holdout-classes", "3", "4", "--seeds", "1", "--epochs", "1",
@@ -103,9 +105,9 @@ def test_full_protocol_path_runs_the_three_datasets_into_one_report(tmp_path, ca
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "**digits**" in printed and "**mnist1d**" in printed and "| deterministic |" in printed
-    assert "**fortunes**" in printed
+    assert "**fortunes**" in printed and "**wordnet**" in printed
     saved = json.loads((out / "results.json").read_text())
-    assert sorted(saved["datasets"]) == ["digits", "fortunes", "mnist1d"]
+    assert sorted(saved["datasets"]) == ["digits", "fortunes", "mnist1d", "wordnet"]
     report = (out / "report.md").read_text()
     assert "## digits" in report and "## mnist1d" in report and "pareto_mnist1d.png" in report
     assert "## fortunes" in report
@@ -119,7 +121,7 @@ def test_full_protocol_path_runs_the_three_datasets_into_one_report(tmp_path, ca
     assert (out / "mnist1d_reliability_deterministic.png").exists()
     # the same command again resumes the finished study (every run is there: nothing is rerun)
     runs = {p.name: p.stat().st_mtime_ns for p in out.glob("run_*.json")}
-    assert len(runs) == 3 and main(args) == 0
+    assert len(runs) == 4 and main(args) == 0
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("run_*.json")} == runs
     other = [*args[:-1], "--ensemble-size", "2", "--no-progress"]
     assert main(other) == 2  # a study of other settings is there: --force needed

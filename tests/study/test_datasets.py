@@ -30,7 +30,12 @@ ROOT = Path(bayesattn.__file__).parent
 
 
 def test_the_built_in_data_sets_in_order_with_their_defaults():
-    built_in = ("digits", "mnist1d", "fortunes")  # (a page of the docs may register more)
+    built_in = (
+        "digits",
+        "mnist1d",
+        "fortunes",
+        "wordnet",
+    )  # (a page of the docs may register more)
     assert tuple(d for d in DATASETS if d in built_in) == built_in == tuple(FULL_DATASETS)
     for name in DATASETS:
         ds = get_dataset(name)
@@ -169,8 +174,10 @@ def test_wordnet_is_one_file_in_the_registry_and_says_how_to_install_it(monkeypa
 
     ds = get_dataset("wordnet")
     assert isinstance(ds, registered.WordNet) and "wordnet" in DATASETS
-    assert "wordnet" not in FULL_DATASETS  # joins the full protocol once measured there
-    assert ds.model_defaults == get_dataset("fortunes").model_defaults
+    assert "wordnet" in FULL_DATASETS  # the full protocol's data set of words
+    assert ds.model_defaults == {**get_dataset("fortunes").model_defaults, "pretrain_epochs": 10}
+    assert ds.words and get_dataset("fortunes").words and not get_dataset("digits").words
+    assert get_dataset("fortunes").pretraining_texts() is None
 
     def missing(*a, **k):
         raise FileNotFoundError("apt-get install wordnet-base")
@@ -183,7 +190,10 @@ def test_wordnet_is_one_file_in_the_registry_and_says_how_to_install_it(monkeypa
         pytest.skip("Debian's wordnet-base is not installed")
     cfg = StudyConfig.quick(progress=False)
     run = Run.load(cfg, "wordnet", (8, 9), 0)
-    d = W.load_wordnet_data(seed=0, holdout_classes=(8, 9))
+    texts = W.unlabeled_glosses()
+    assert list(ds.pretraining_texts()) == texts  # none of the ten classes' glosses
+    d = W.load_wordnet_data(seed=0, holdout_classes=(8, 9), unlabeled=texts)
     assert torch.equal(run.data.x_train, d.x_train) and torch.equal(run.data.y_test, d.y_test)
+    assert run.data.vocab == d.vocab and len(d.vocab) > len(W.load_wordnet_data().vocab)
     net = ds.network(run.data, cfg.model("wordnet"), 0.0, None)
     assert net(run.data.x_test[:4]).shape == (4, run.data.num_classes)

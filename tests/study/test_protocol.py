@@ -20,7 +20,15 @@ from bayesattn._study_io import (
 from bayesattn.cli import main
 from bayesattn.data import load_digits_data
 from bayesattn.data.holdout import holdout_split_indices, rotation_pairs
-from bayesattn.study import METHODS, Fitted, Method, StudyConfig, get_method, register_method
+from bayesattn.study import (
+    METHODS,
+    Fitted,
+    Method,
+    StudyConfig,
+    get_dataset,
+    get_method,
+    register_method,
+)
 
 
 def _digit_targets():
@@ -65,10 +73,12 @@ def test_config_pairs_presets_and_errors():
     assert StudyConfig.quick().pairs() == [(8, 9)]
     assert StudyConfig.quick(holdout_rotation=3).pairs() == rotation_pairs(3)
     full = StudyConfig.full()
-    assert full.dataset_list == ("digits", "mnist1d", "fortunes")
+    assert full.dataset_list == ("digits", "mnist1d", "fortunes", "wordnet")
     assert full.seeds == 5 and full.jobs == 2
     assert full.methods[: len(StudyConfig().methods) + 2] == (
-        *StudyConfig().methods, "dirichlet", "sgpa"
+        *StudyConfig().methods,
+        "dirichlet",
+        "sgpa",
     )
     # the main job runs the README's lead methods (issue 28)
     assert {"posthoc_gp", "posthoc_gp_mf", "density"} <= set(StudyConfig().methods)
@@ -77,8 +87,10 @@ def test_config_pairs_presets_and_errors():
     # numbers stay in docs/which-attention.md)
     by_name = {"mixture_point", "mixture_k1", "mixture_wide", "mixture_k2", "weights"}
     assert by_name <= set(METHODS) and not by_name & set(full.methods) and len(full.methods) == 16
-    lost = {"density_cls", "density_gda", "spectral", "spectral_density", "spectral_gp"}
+    lost = {"density_gda", "spectral", "spectral_density", "spectral_gp"}
     assert not lost & set(METHODS)
+    # the CLS view lost on images and was removed; it is back as a method for words only
+    assert not get_method("density_cls").applies_to(get_dataset("digits"))
     assert StudyConfig.full(methods=("deterministic",), jobs=1).methods == ("deterministic",)
     assert len(full.pairs()) == 5
     m1d = StudyConfig(dataset="mnist1d").model("mnist1d")
@@ -166,7 +178,10 @@ def test_force_removes_only_what_a_study_wrote(tmp_path):
     assert manifest(out) == {"fig.png", "post.nc"}
     finish_run(out, {"methods": ["a"]}, "# r", foreign)
     assert json.loads((out / "results.json").read_text())["files"] == [
-        "fig.png", "post.nc", "report.md", "results.json"
+        "fig.png",
+        "post.nc",
+        "report.md",
+        "results.json",
     ]
     with pytest.raises(ValueError, match="--force"):
         prepare_out_dir(out, force=False)
