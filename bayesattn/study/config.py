@@ -95,7 +95,7 @@ class StudyConfig:
 
     @classmethod
     def full(cls, **kw: Any) -> StudyConfig:
-        """The whole protocol: the three datasets of :data:`FULL_DATASETS`, 5 disjoint held-out
+        """The whole protocol: the four datasets of :data:`FULL_DATASETS`, 5 disjoint held-out
         pairs × 5 seeds, the methods of :data:`~bayesattn.study.methods.FULL_METHODS`, on 2
         worker processes (``jobs``)."""
         base: dict[str, Any] = dict(

@@ -29,6 +29,7 @@ from bayesattn.study import (
     get_method,
     register_method,
 )
+from bayesattn.study.methods import methods_for
 
 
 def _digit_targets():
@@ -86,7 +87,14 @@ def test_config_pairs_presets_and_errors():
     # the mixture's ablations run by name only; the ablations that lost are gone (their
     # numbers stay in docs/which-attention.md)
     by_name = {"mixture_point", "mixture_k1", "mixture_wide", "mixture_k2", "weights"}
-    assert by_name <= set(METHODS) and not by_name & set(full.methods) and len(full.methods) == 16
+    assert by_name <= set(METHODS) and not by_name & set(full.methods) and len(full.methods) == 19
+    # on images the sixteen; the baseline and the pretrained network on words
+    assert len(methods_for(get_dataset("digits"), full.methods)) == 16
+    assert set(full.methods) - set(methods_for(get_dataset("fortunes"), full.methods)) == {
+        "pretrained",
+        "density_pretrained",
+    }
+    assert set(methods_for(get_dataset("wordnet"), full.methods)) == set(full.methods)
     lost = {"density_gda", "spectral", "spectral_density", "spectral_gp"}
     assert not lost & set(METHODS)
     # the CLS view lost on images and was removed; it is back as a method for words only
