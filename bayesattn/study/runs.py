@@ -22,6 +22,7 @@ from ..posthoc.token_views import TokenViews, token_views
 from ..training import fit
 from ..training.pretrain import transfer_trunk
 from .datasets import StudyDataset, get_dataset
+from .pretrained import pretrained_trunk
 
 __all__ = ["Run", "RunSettings"]
 
@@ -132,8 +133,6 @@ class Run:
         pretrained_trunk`, word by word into this split's vocabulary); the seconds are the
         fine-tuning's plus this run's share of the pretraining (its seconds over the study's
         runs on the data set, since one trunk serves them all)."""
-        from .pretrained import pretrained_trunk
-
         nets, secs = self.cache.setdefault("pretrained_members", ([], []))
         if len(nets) >= n:
             return nets[:n], secs[:n]
