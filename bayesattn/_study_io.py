@@ -67,10 +67,16 @@ _TEMP_GLOBS = (f".{RESULTS}.*.tmp", f".{REPORT}.*.tmp", f".{INCOMPLETE}.*.tmp",
                ".study.json.*.tmp", ".run_*.json.*.tmp")  # fmt: skip
 
 
+#: files a study keeps beside its results without listing them: a pretrained trunk
+#: (``bayesattn.study.pretrained``), which a new study in the folder may reuse
+_CACHE_GLOBS = (".pretrained-*",)
+
+
 def _holds_files(out: Path) -> bool:
     """Whether ``out`` holds anything but the study's own temporary files (a study killed
-    while writing its first file leaves only one: the folder is as good as empty)."""
-    return any(not any(p.match(g) for g in _TEMP_GLOBS) for p in out.iterdir())
+    while writing its first file leaves only one: the folder is as good as empty) and cached
+    trunks (copied in to be reused)."""
+    return any(not any(p.match(g) for g in (*_TEMP_GLOBS, *_CACHE_GLOBS)) for p in out.iterdir())
 
 
 def check_out_path(out: Any) -> Path:

@@ -13,6 +13,8 @@
 - ``pretrained`` / ``density_pretrained``: the deterministic network fine-tuned from the data
   set's masked-LM trunk (:mod:`.pretrained`; no text of any class in its corpus), read by its
   entropy / by the CLS density read.
+- ``density_bow`` / ``density_pretrained_bow``: the CLS density score (of the network from
+  scratch / fine-tuned) + the bag of words' entropy, standardised on validation, summed.
 
 Every one applies only where it can: word-token data sets (:attr:`StudyDataset.words`), and for
 the pretrained two, data sets with pretraining texts."""
@@ -35,7 +37,14 @@ from .datasets import StudyDataset
 from .methods import Deterministic, Fitted, Method, register_method
 from .runs import Run
 
-__all__ = ["BagOfWordsMethod", "UnknownRate", "TokenDensity", "DensitySum", "Pretrained"]
+__all__ = [
+    "BagOfWordsMethod",
+    "UnknownRate",
+    "TokenDensity",
+    "DensitySum",
+    "DensityBagOfWords",
+    "Pretrained",
+]
 
 
 class BagOfWordsMethod(Method):
@@ -153,6 +162,34 @@ class DensitySum(TokenDensity):
         return combine_scores(self._parts(fitted, run, x), fitted.state["val"])
 
 
+class DensityBagOfWords(TokenDensity):
+    """The CLS density read's predictive; own score: its density score + the bag of words'
+    entropy, each standardised on validation, summed (what the network's features say and what
+    the words alone say)."""
+
+    def __init__(self, name: str, description: str, pretrained: bool) -> None:
+        super().__init__(name, "cls", description, pretrained=pretrained)
+
+    def fit(self, run: Run) -> Fitted:
+        f = super().fit(run)
+        t0 = time.perf_counter()
+        d = run.data
+        bow = fit_bag_of_words((d.x_train, d.y_train), (d.x_val, d.y_val),
+                               d.vocab_size)  # type: ignore[attr-defined]  # fmt: skip
+        f.train_seconds += time.perf_counter() - t0
+        f.state["bow"] = bow
+        f.params["C"] = bow.C
+        f.state["val"] = self._parts(f, run, d.x_val)
+        return f
+
+    def _parts(self, fitted: Fitted, run: Run, x: Tensor) -> list[Tensor]:
+        density = fitted.state["read"].score(self._views(run, "", x)[1])
+        return [density, predictive_entropy(fitted.state["bow"].probs(x).double())]
+
+    def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
+        return combine_scores(self._parts(fitted, run, x), fitted.state["val"])
+
+
 class Pretrained(Deterministic):
     """The deterministic network fine-tuned from the masked-LM trunk; its score the entropy."""
 
@@ -184,6 +221,17 @@ for _m in (
     ),  # fmt: skip
     DensitySum(),
     Pretrained(),
+    DensityBagOfWords(
+        "density_bow",
+        "the CLS density score + the bag of words' entropy, each standardised on validation, "
+        "summed; the read's predictive",
+        pretrained=False,
+    ),
+    DensityBagOfWords(
+        "density_pretrained_bow",
+        "density_bow on the network fine-tuned from the masked-LM trunk",
+        pretrained=True,
+    ),
     TokenDensity(
         "density_pretrained",
         "cls",
