@@ -216,3 +216,35 @@ def test_a_study_over_images_and_words_skips_what_does_not_apply(words, tmp_path
     assert words["unknown_rate"]["primary_score"] == "own"
     report = (tmp_path / "s" / "report.md").read_text()
     assert "bag_of_words" in report
+
+
+@pytest.mark.parametrize("name", ["density_bow", "density_pretrained_bow"])
+def test_density_bow_sums_the_density_and_the_bag_of_words_entropy(run, name):
+    m = get_method(name)
+    f = m.fit(run)
+    d = run.data
+    net = f.nets[0]
+    assert (net is run.pretrained_members(1)[0][0]) == (name == "density_pretrained_bow")
+    bow = fit_bag_of_words((d.x_train, d.y_train), (d.x_val, d.y_val), d.vocab_size)
+
+    def parts(x):
+        v = token_views(net, x)
+        return [f.state["read"].score([v.layer_cls[-1]]), predictive_entropy(bow.probs(x).double())]
+
+    torch.testing.assert_close(m.score(f, run, d.x_ood_classes),
+                               combine_scores(parts(d.x_ood_classes), parts(d.x_val)))  # fmt: skip
+    x = d.x_test
+    v = token_views(net, x)
+    torch.testing.assert_close(m.predict(f, x).probs[0],
+                               f.state["read"].probs(v.logits, [v.layer_cls[-1]]).float())  # fmt: skip
+    assert f.params["C"] == bow.C
+
+
+def test_a_folder_holding_only_a_cached_trunk_takes_a_new_study(words, tmp_path):
+    from bayesattn._study_io import prepare_out_dir
+
+    (tmp_path / ".pretrained-test_words-abc.pt").write_bytes(b"x")
+    assert prepare_out_dir(tmp_path, force=False) == tmp_path
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds files no study run wrote"):
+        prepare_out_dir(tmp_path, force=False)
