@@ -11,7 +11,7 @@ per dataset, when a study ran in parts). From them, with no number typed by hand
   after Holm's correction) and the summary figures the study kept;
 * :func:`summary_section`: a few methods' accuracy, NLL and held-out AUROC on every dataset of
   the newest full-protocol study that ran them, for a page that quotes them (the marker
-  ``<!-- study-summary: METHOD ... -->`` of a top-level docs page);
+  ``<!-- study-summary: METHOD ... [from FOLDER] -->`` of a top-level docs page);
 * :func:`index_table`: the list of studies (date, what it measured, runs, time, command), on the
   site's Results page and in ``studies/README.md``.
 
@@ -118,8 +118,7 @@ class Study:
 
     def seconds(self) -> float:
         return sum(
-            float(r.get("seconds", r.get("meta", {}).get("wall_s", 0.0)))
-            for r in self.results
+            float(r.get("seconds", r.get("meta", {}).get("wall_s", 0.0))) for r in self.results
         )
 
     def runs(self) -> int:
@@ -400,7 +399,9 @@ def study_page(study: Study) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-SUMMARY_MARKER = re.compile(r"<!-- study-summary: (?P<methods>[\w ]+?) -->")
+SUMMARY_MARKER = re.compile(
+    r"<!-- study-summary: (?P<methods>[\w ]+?)(?: from (?P<folder>[\w.-]+))? -->"
+)
 SUMMARY = [("accuracy", "acc", 3), ("nll", "NLL", 3), ("auroc_primary", "AUROC", 3)]
 
 
@@ -409,22 +410,33 @@ def newest_full_study(studies: list[Study], methods: list[str]) -> Study:
     the one with the most runs)."""
     for s in sorted(studies, key=lambda s: (s.date, s.runs()), reverse=True):
         sets = s.datasets()
-        if "full-protocol" in s.folder and sets and all(
-            m in block["pooled"] for _, block, _ in sets for m in methods
+        if (
+            "full-protocol" in s.folder
+            and sets
+            and all(m in block["pooled"] for _, block, _ in sets for m in methods)
         ):
             return s
     raise ValueError(f"no full-protocol study in studies/ ran every one of {methods}")
 
 
-def summary_section(studies: list[Study], methods: list[str]) -> str:
+def summary_section(studies: list[Study], methods: list[str], folder: str | None = None) -> str:
     """One narrow table (dataset, method, accuracy, NLL, held-out AUROC by the method's primary
-    score) from the newest full-protocol study that ran ``methods``, and a link to its page
-    (relative to a top-level docs page)."""
-    study = newest_full_study(studies, methods)
+    score) from the newest full-protocol study that ran ``methods`` (or the study in
+    ``studies/<folder>``), and a link to its page (relative to a top-level docs page)."""
+    if folder is None:
+        study = newest_full_study(studies, methods)
+    else:
+        found = [s for s in studies if s.folder == folder]
+        if not found:
+            raise ValueError(f"study-summary: no study folder {folder!r} in studies/")
+        study = found[0]
     lines = ["| data | method | " + " | ".join(c[1] for c in SUMMARY) + " |",
              "|---" * (len(SUMMARY) + 2) + "|"]  # fmt: skip
     for name, block, _ in study.datasets():
-        for i, m in enumerate(methods):
+        shown = [m for m in methods if m in block["pooled"]]  # methods for words: not on images
+        if not shown:
+            raise ValueError(f"study-summary: {study.folder} ran none of {methods} on {name}")
+        for i, m in enumerate(shown):
             cells = [stat_cell(block["pooled"][m].get(k), d) for k, _, d in SUMMARY]
             label = DATASET_NAMES.get(name, name).removesuffix(" (tokens)") if i == 0 else ""
             lines.append(f"| {label} | {m} | " + " | ".join(cells) + " |")
@@ -437,7 +449,9 @@ def summary_section(studies: list[Study], methods: list[str]) -> str:
 
 def render_summaries(markdown: str, studies: list[Study]) -> str:
     """``markdown`` with every ``<!-- study-summary: METHOD ... -->`` replaced by its table."""
-    return SUMMARY_MARKER.sub(lambda m: summary_section(studies, m["methods"].split()), markdown)
+    return SUMMARY_MARKER.sub(
+        lambda m: summary_section(studies, m["methods"].split(), m["folder"]), markdown
+    )
 
 
 def index_table(studies: list[Study], link: bool) -> str:

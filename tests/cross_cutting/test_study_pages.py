@@ -111,6 +111,7 @@ def test_studies_from_before_a_rename_show_the_current_method_names():
     want = raw["datasets"]["digits"]["pooled"]["recommended"]["auroc_primary"]["mean"]
     assert data["digits"]["last_layer"] == want
 
+
 def test_study_summary_quotes_the_newest_full_protocol_study_results_json():
     """The ``<!-- study-summary: ... -->`` table holds the pooled means of the newest (most
     runs of its date) full-protocol study's ``results.json``, read here a second time."""
@@ -118,17 +119,24 @@ def test_study_summary_quotes_the_newest_full_protocol_study_results_json():
     marker = f"<!-- study-summary: {' '.join(methods)} -->"
     md = pages.render_summaries(f"a\n{marker}\nb", pages.load_studies())
     folders = [p for p in (ROOT / "studies").iterdir() if "full-protocol" in p.name]
-    raw = {p.name: json.loads((p / "results.json").read_text()) for p in folders
-           if (p / "results.json").is_file()}
-    usable = {k: r for k, r in raw.items()
-              if all(m in d["pooled"] for d in r["datasets"].values() for m in methods)}
+    raw = {
+        p.name: json.loads((p / "results.json").read_text())
+        for p in folders
+        if (p / "results.json").is_file()
+    }
+    usable = {
+        k: r
+        for k, r in raw.items()
+        if all(m in d["pooled"] for d in r["datasets"].values() for m in methods)
+    }
     runs = lambda r: sum(len(d["runs"]) for d in r["datasets"].values())  # noqa: E731
     newest = max(usable, key=lambda k: (k[:10], runs(usable[k])))
     assert f"(results/{newest}.md)" in md and "<!--" not in md
     rows = [line for line in md.splitlines() if line.startswith("| ") and "<br>" in line]
     assert len(rows) == len(methods) * len(usable[newest]["datasets"])
-    for row, (name, m) in zip(rows, [(d, m) for d in usable[newest]["datasets"] for m in methods],
-                              strict=True):
+    for row, (name, m) in zip(
+        rows, [(d, m) for d in usable[newest]["datasets"] for m in methods], strict=True
+    ):
         pooled = usable[newest]["datasets"][name]["pooled"][m]
         cells = row.split("|")[3:6]
         got = [float(c.split("<br>")[0]) for c in cells]
@@ -136,3 +144,20 @@ def test_study_summary_quotes_the_newest_full_protocol_study_results_json():
         assert got == pytest.approx(want, abs=5e-4), (name, m, row)
     with pytest.raises(ValueError, match="no full-protocol study"):
         pages.render_summaries("<!-- study-summary: no_such_method -->", pages.load_studies())
+
+
+def test_study_summary_from_a_named_folder_quotes_that_study():
+    """``<!-- study-summary: ... from FOLDER -->`` reads ``studies/FOLDER/results.json``; a
+    folder that is not there is an error, not an empty table."""
+    folder = "2026-12-05-wordnet-tokens"
+    md = pages.render_summaries(f"<!-- study-summary: density ensemble from {folder} -->",
+                                pages.load_studies())  # fmt: skip
+    raw = json.loads((ROOT / "studies" / folder / "results.json").read_text())
+    assert f"(results/{folder}.md)" in md and "<!--" not in md
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "<br>" in line]
+    assert len(rows) == 2
+    for row, m in zip(rows, ["density", "ensemble"], strict=True):
+        want = raw["datasets"]["wordnet"]["pooled"][m]["auroc_primary"]["mean"]
+        assert float(row.split("|")[5].split("<br>")[0]) == pytest.approx(want, abs=5e-4)
+    with pytest.raises(ValueError, match="no study folder"):
+        pages.render_summaries("<!-- study-summary: density from no-such-study -->", [])
