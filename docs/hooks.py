@@ -16,8 +16,9 @@
   ``<!-- studies-index -->``, replaced by the list of studies. The landing page's figure
   (``img/hero.png``, ``docs/figures.py``) is drawn from the newest full-protocol study.
 * A page may hold ``<!-- study-summary: METHOD ... -->``: replaced by those methods' accuracy,
-  NLL and held-out AUROC on every dataset of the newest full-protocol study that ran them
-  (``study_pages.summary_section``), so a page quotes study numbers without typing them.
+  NLL and held-out AUROC on every dataset of the newest full-protocol study that ran them, or of
+  the study named by ``from FOLDER`` (``study_pages.summary_section``), so a page quotes study
+  numbers without typing them.
 * ``docs/changelog.md`` holds the marker ``<!-- changelog -->``; it is replaced by the repository's
   ``CHANGELOG.md`` (its title dropped), so the version history lives on one page of the site.
 """
