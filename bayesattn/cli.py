@@ -75,8 +75,9 @@ def _add_study_parser(sub: Any) -> None:
         "numbers are not results, and the report says so",
     )
     s.add_argument("--protocol", choices=["default", "full"], default="default",
-                   help="full: three datasets, 5 held-out pairs, 5 seeds, 2 jobs (about 2 h 45 "
-                   "min on 2 cores; docs/which-attention.md)")  # fmt: skip
+                   help="full: four datasets, 5 held-out pairs, 5 seeds, 2 jobs (the digits, "
+                   "MNIST-1D and fortunes took 2 h 45 min on 2 cores; WordNet adds an estimated "
+                   "8-10 h; docs/which-attention.md)")  # fmt: skip
     s.add_argument("--dataset", default=None, choices=list(DATASETS),
                    help=f"dataset (default: {d.dataset}; --protocol full runs "
                    f"{', '.join(f.dataset_list)}; fortunes: tokens, needs apt-get install "

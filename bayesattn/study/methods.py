@@ -134,11 +134,12 @@ DEFAULT_METHODS: Sequence[str] = _Names(lambda: list(_DEFAULT))
 #: over the trunk (:mod:`.mixture_methods`). The mixture's ablations (``mixture_point``/``_k1``/
 #: ``_k2``/``_wide``) run by name; the density's ablations and the spectrally normalised trunk
 #: lost and were removed (their full-protocol numbers are in docs/which-attention.md). On words
-#: (:mod:`.word_methods`, skipped on images) the bag-of-words baseline and the network fine-tuned
-#: from a masked-LM trunk with and without the density read; the token views and score sums of
-#: the density read run by name.
+#: (:mod:`.word_methods`, skipped on images) the bag-of-words baseline, the network fine-tuned
+#: from a masked-LM trunk with and without the density read, and the density score summed with
+#: the bag of words' entropy.
 _FULL_EXTRA = ("dirichlet", "posthoc_gp", "posthoc_gp_mf", "sgpa", "density", "mixture",
-               "bag_of_words", "pretrained", "density_pretrained")  # fmt: skip
+               "bag_of_words", "pretrained", "density_pretrained", "density_bow",
+               "density_pretrained_bow")  # fmt: skip
 FULL_METHODS: Sequence[str] = _Names(
     lambda: [*_DEFAULT, *(m for m in _FULL_EXTRA if m in _REGISTRY and m not in _DEFAULT)]
 )

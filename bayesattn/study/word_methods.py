@@ -1,35 +1,29 @@
 """The study's methods for words: what a text data set needs beside the networks' own reads.
 
 - ``bag_of_words``: TF-IDF + logistic regression (the baseline every token data set reports).
-- ``unknown_rate``: the deterministic network, scored by the share of unknown words in a text
-  (a reviewer's first question: is held-out text just rarer words?).
-- ``density_cls`` / ``density_layers`` / ``density_masked``: the class-conditional density read
-  (:mod:`.density_methods`) on views that fit tokens: the CLS output alone; every layer's CLS,
-  each a view, their standardised scores summed (Lee et al. 2018's feature ensemble); the mean
-  token state over words that are neither padding nor unknown (the default read's token view
-  averages the shared unknown-word row in, which makes texts full of unknown words look typical).
-- ``density_sum``: the plain network's entropy, the CLS density score and the unknown-word rate,
-  each standardised on in-distribution validation data, summed (no OOD data fits a weight).
 - ``pretrained`` / ``density_pretrained``: the deterministic network fine-tuned from the data
   set's masked-LM trunk (:mod:`.pretrained`; no text of any class in its corpus), read by its
-  entropy / by the CLS density read.
+  entropy / by the density read of its CLS output.
 - ``density_bow`` / ``density_pretrained_bow``: the CLS density score (of the network from
-  scratch / fine-tuned) + the bag of words' entropy, standardised on validation, summed.
+  scratch / fine-tuned) + the bag of words' entropy, each standardised on in-distribution
+  validation data, summed (no OOD data fits a weight): what the network's features say and
+  what the words alone say.
 
 Every one applies only where it can: word-token data sets (:attr:`StudyDataset.words`), and for
-the pretrained two, data sets with pretraining texts."""
+the pretrained ones, data sets with pretraining texts. Measured on WordNet and removed (their
+numbers are in docs/which-attention.md): the unknown-word rate as a score; the density read of
+the CLS output alone (level with the default read), of every layer's CLS summed, of the mean
+state of known words; entropy + CLS density + unknown-word rate summed."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
-import torch
 from torch import Tensor
 
 from ..calibration import predictive_entropy
 from ..calibration.bag_of_words import BagOfWords, fit_bag_of_words
-from ..calibration.token_scores import combine_scores, masked_token_mean, unknown_rate
+from ..calibration.token_scores import combine_scores
 from ..posthoc._density_core import ClassDensityRead, fit_class_density
 from ..posthoc.token_views import TokenViews
 from ..uncertainty import PredictionResult
@@ -39,9 +33,7 @@ from .runs import Run
 
 __all__ = [
     "BagOfWordsMethod",
-    "UnknownRate",
     "TokenDensity",
-    "DensitySum",
     "DensityBagOfWords",
     "Pretrained",
 ]
@@ -70,46 +62,21 @@ class BagOfWordsMethod(Method):
         return PredictionResult(bow.probs(x).float()[None])  # (1, B, C)
 
 
-class UnknownRate(Deterministic):
-    """The deterministic network's predictive; own score: the unknown-word rate."""
-
-    name = "unknown_rate"
-    description = "the deterministic network, scored by the share of unknown words in a text"
-    own_score = "unknown-word rate"
-
-    def applies_to(self, dataset: StudyDataset) -> bool:
-        return dataset.words
-
-    def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
-        return unknown_rate(x)
-
-
-#: a view of :class:`TokenViews` and the inputs → the density's feature tensors
-ViewFn = Callable[[TokenViews, Tensor], list[Tensor]]
-
-VIEWS: dict[str, ViewFn] = {
-    "cls": lambda v, x: [v.layer_cls[-1]],
-    "layers": lambda v, x: list(v.layer_cls),
-    "masked": lambda v, x: [masked_token_mean(v.states, x)],
-}
-
-
 class TokenDensity(Method):
-    """The density read on a token view of member 0 (or of the pretrained network)."""
+    """The density read of the CLS output (the last layer's, normed: the head's input) of
+    member 0, or of the network fine-tuned from the pretrained trunk."""
 
     own_score = "class density"
 
-    def __init__(self, name: str, view: str, description: str, pretrained: bool = False) -> None:
-        self.name, self.view, self.description = name, view, description
-        self.pretrained = pretrained
+    def __init__(self, name: str, description: str, pretrained: bool = False) -> None:
+        self.name, self.description, self.pretrained = name, description, pretrained
 
     def applies_to(self, dataset: StudyDataset) -> bool:
         return dataset.words and (not self.pretrained or bool(dataset.pretraining_texts()))
 
     def _views(self, run: Run, split: str, x: Tensor | None = None) -> tuple[TokenViews, list[Tensor]]:  # fmt: skip
         v = run.token_views(split, x, pretrained=self.pretrained)
-        inputs = x if x is not None else getattr(run.data, f"x_{split}")
-        return v, VIEWS[self.view](v, inputs)
+        return v, [v.layer_cls[-1]]  # (B, E)
 
     def fit(self, run: Run) -> Fitted:
         get = run.pretrained_members if self.pretrained else run.members
@@ -122,7 +89,7 @@ class TokenDensity(Method):
                                  val_logits=v_val.logits)  # fmt: skip
         f = Fitted(list(nets), secs[0] + time.perf_counter() - t0)
         f.state.update(read=read, run=run)
-        f.params = {"view": self.view, "prior_strength": read.strengths,
+        f.params = {"view": "cls", "prior_strength": read.strengths,
                     "temperature": read.temperature, "density_scale": read.scale}  # fmt: skip
         if self.pretrained:
             f.params["pretraining"] = run.cache["pretrained_info"]
@@ -140,35 +107,13 @@ class TokenDensity(Method):
         return 0.0, float(fitted.state["read"].kl())
 
 
-class DensitySum(TokenDensity):
-    """The CLS density read's predictive; own score: entropy + CLS density + unknown-word rate,
-    each standardised on validation, summed."""
-
-    def __init__(self) -> None:
-        super().__init__("density_sum", "cls", "the network's entropy + the CLS density score + "
-                         "the unknown-word rate, each standardised on validation, summed")  # fmt: skip
-
-    def fit(self, run: Run) -> Fitted:
-        f = super().fit(run)
-        f.state["val"] = self._parts(f, run, run.data.x_val)
-        return f
-
-    def _parts(self, fitted: Fitted, run: Run, x: Tensor) -> list[Tensor]:
-        v, feats = self._views(run, "", x)
-        entropy = predictive_entropy(torch.softmax(v.logits.double(), -1))
-        return [entropy, fitted.state["read"].score(feats), unknown_rate(x)]
-
-    def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
-        return combine_scores(self._parts(fitted, run, x), fitted.state["val"])
-
-
 class DensityBagOfWords(TokenDensity):
     """The CLS density read's predictive; own score: its density score + the bag of words'
     entropy, each standardised on validation, summed (what the network's features say and what
     the words alone say)."""
 
     def __init__(self, name: str, description: str, pretrained: bool) -> None:
-        super().__init__(name, "cls", description, pretrained=pretrained)
+        super().__init__(name, description, pretrained=pretrained)
 
     def fit(self, run: Run) -> Fitted:
         f = super().fit(run)
@@ -207,20 +152,12 @@ class Pretrained(Deterministic):
 
 for _m in (
     BagOfWordsMethod(),
-    UnknownRate(),
-    TokenDensity("density_cls", "cls", "the density read of the CLS output alone"),
-    TokenDensity(
-        "density_layers",
-        "layers",
-        "the density read of every layer's CLS, each standardised, summed (feature ensemble)",
-    ),  # fmt: skip
-    TokenDensity(
-        "density_masked",
-        "masked",
-        "the density read of the mean token state over words neither padding nor unknown",
-    ),  # fmt: skip
-    DensitySum(),
     Pretrained(),
+    TokenDensity(
+        "density_pretrained",
+        "the CLS density read of the network fine-tuned from the masked-LM trunk",
+        pretrained=True,
+    ),
     DensityBagOfWords(
         "density_bow",
         "the CLS density score + the bag of words' entropy, each standardised on validation, "
@@ -232,11 +169,5 @@ for _m in (
         "density_bow on the network fine-tuned from the masked-LM trunk",
         pretrained=True,
     ),
-    TokenDensity(
-        "density_pretrained",
-        "cls",
-        "the CLS density read of the network fine-tuned from the masked-LM trunk",
-        pretrained=True,
-    ),  # fmt: skip
 ):
     register_method(_m)

@@ -10,7 +10,7 @@ import torch
 
 from bayesattn.calibration import predictive_entropy
 from bayesattn.calibration.bag_of_words import fit_bag_of_words
-from bayesattn.calibration.token_scores import combine_scores, masked_token_mean, unknown_rate
+from bayesattn.calibration.token_scores import combine_scores
 from bayesattn.data.fortunes import FortunesData, build_vocab, tokens_data
 from bayesattn.data.holdout import holdout_split_indices
 from bayesattn.posthoc._density_core import fit_class_density
@@ -91,7 +91,7 @@ def run(words, tmp_path_factory):
 def test_methods_apply_to_word_data_sets_and_a_study_refuses_one_that_applies_nowhere(words):
     assert get_method("bag_of_words").applies_to(base.get_dataset("test_words"))
     assert not get_method("bag_of_words").applies_to(base.get_dataset("digits"))
-    assert get_method("density_cls").applies_to(base.get_dataset("test_words_no_corpus"))
+    assert get_method("density_bow").applies_to(base.get_dataset("test_words_no_corpus"))
     assert not get_method("density_pretrained").applies_to(base.get_dataset("test_words_no_corpus"))
     names = ["deterministic", "bag_of_words", "pretrained", "density"]
     assert methods_for(base.get_dataset("digits"), names) == ["deterministic", "density"]
@@ -101,56 +101,13 @@ def test_methods_apply_to_word_data_sets_and_a_study_refuses_one_that_applies_no
         StudyConfig(dataset="test_words_no_corpus", methods=("pretrained",))
 
 
-def test_bag_of_words_and_unknown_rate_are_the_calibration_functions(run):
+def test_bag_of_words_is_the_calibration_function(run):
     d = run.data
     bow = get_method("bag_of_words")
     f = bow.fit(run)
     ref = fit_bag_of_words((d.x_train, d.y_train), (d.x_val, d.y_val), d.vocab_size)
     torch.testing.assert_close(bow.predict(f, d.x_test).probs[0], ref.probs(d.x_test).float())
     assert f.params["C"] == ref.C and f.nets == []
-    unk = get_method("unknown_rate")
-    fu = unk.fit(run)
-    assert torch.equal(unk.score(fu, run, d.x_ood_classes), unknown_rate(d.x_ood_classes))
-    assert float(unknown_rate(d.x_ood_classes).mean()) > float(unknown_rate(d.x_test).mean())
-
-
-@pytest.mark.parametrize(
-    "name, views",
-    [("density_cls", lambda v, x: [v.layer_cls[-1]]),
-     ("density_layers", lambda v, x: list(v.layer_cls)),
-     ("density_masked", lambda v, x: [masked_token_mean(v.states, x)])],
-)  # fmt: skip
-def test_token_density_views_are_the_read_fitted_on_those_features(run, name, views):
-    m = get_method(name)
-    f = m.fit(run)
-    net, d = f.nets[0], run.data
-    tv, vv = token_views(net, d.x_train), token_views(net, d.x_val)
-    read = fit_class_density(views(tv, d.x_train), d.y_train, views(vv, d.x_val), d.y_val,
-                             d.num_classes, val_logits=vv.logits)  # fmt: skip
-    x = d.x_ood_classes
-    xv = token_views(net, x)
-    torch.testing.assert_close(m.score(f, run, x), read.score(views(xv, x)))
-    torch.testing.assert_close(
-        m.predict(f, x).probs[0], read.probs(xv.logits, views(xv, x)).float()
-    )
-    assert len(views(xv, x)) == (2 if name == "density_layers" else 1)  # 2 layers: 2 views
-    assert f.params["view"] == name.removeprefix("density_")
-
-
-def test_density_sum_standardises_each_part_on_validation(run):
-    m = get_method("density_sum")
-    f = m.fit(run)
-    net, d = f.nets[0], run.data
-
-    def parts(x):
-        v = token_views(net, x)
-        ent = predictive_entropy(torch.softmax(v.logits.double(), -1))
-        return [ent, f.state["read"].score([v.layer_cls[-1]]), unknown_rate(x)]
-
-    want = combine_scores(parts(d.x_test), parts(d.x_val))
-    torch.testing.assert_close(m.score(f, run, d.x_test), want)
-    z = m.score(f, run, d.x_val)  # on its own reference: three standard scores summed, mean 0
-    assert abs(float(z.mean())) < 1e-9
 
 
 def test_the_trunk_is_pretrained_once_cached_and_copied_word_by_word(run, tmp_path):
@@ -200,20 +157,25 @@ def test_pretrained_methods_charge_their_share_and_read_the_fine_tuned_network(r
     info = fp.params["pretraining"]
     assert info["seconds_per_run"] == pytest.approx(info["seconds"] / 2)  # quick: 1 pair × 2 seeds
     assert fd.train_seconds >= fp.train_seconds >= info["seconds_per_run"]
-    x = run.data.x_test
-    v = token_views(fd.nets[0], x)
-    torch.testing.assert_close(dp.score(fd, run, x), fd.state["read"].score([v.layer_cls[-1]]))
+    d, x = run.data, run.data.x_test
+    tv, vv, v = (token_views(fd.nets[0], z) for z in (d.x_train, d.x_val, x))
+    read = fit_class_density([tv.layer_cls[-1]], d.y_train, [vv.layer_cls[-1]], d.y_val,
+                             d.num_classes, val_logits=vv.logits)  # fmt: skip
+    torch.testing.assert_close(dp.score(fd, run, x), read.score([v.layer_cls[-1]]))
+    torch.testing.assert_close(dp.predict(fd, x).probs[0],
+                               read.probs(v.logits, [v.layer_cls[-1]]).float())  # fmt: skip
+    assert fd.params["view"] == "cls"
 
 
 def test_a_study_over_images_and_words_skips_what_does_not_apply(words, tmp_path):
     cfg = StudyConfig.quick(datasets=("digits", "test_words"), seeds=1, epochs=1, progress=False,
-                            methods=("deterministic", "bag_of_words", "unknown_rate"),
+                            methods=("deterministic", "bag_of_words", "density_bow"),
                             figures=False, out=str(tmp_path / "s"))  # fmt: skip
     res = run_study(cfg)
     assert set(res["datasets"]["digits"]["pooled"]) == {"deterministic"}
     words = res["datasets"]["test_words"]["pooled"]
-    assert set(words) == {"deterministic", "bag_of_words", "unknown_rate"}
-    assert words["unknown_rate"]["primary_score"] == "own"
+    assert set(words) == {"deterministic", "bag_of_words", "density_bow"}
+    assert words["density_bow"]["primary_score"] == "own"
     report = (tmp_path / "s" / "report.md").read_text()
     assert "bag_of_words" in report
 
