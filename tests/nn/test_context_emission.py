@@ -14,6 +14,7 @@ from bayesattn.functional.alignment import alignment_log_posterior
 from bayesattn.nn.alignment import LatentAlignment, enumerated_alignment_model
 from bayesattn.nn.networks import Seq2Seq
 from bayesattn.predictive import alignment_posterior
+from tests.nn.test_latent_alignment import _batch  # the same padded batch
 
 SMALL = dict(d_model=8, nhead=2, num_encoder_layers=1, dim_feedforward=16, dropout=0.0, max_len=8)
 
@@ -28,15 +29,6 @@ def _net(alignment: str = "latent", seed: int = 0, open_gates: bool = True, **kw
     return net.double().eval()
 
 
-def _batch(B: int = 3, Ts: int = 5, Tt: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    src = torch.randint(3, 9, (B, Ts), generator=g)
-    src[0, -2:] = 0  # padding
-    tgt = torch.randint(3, 11, (B, Tt), generator=g)
-    tgt[:, 0] = 1  # BOS
-    tgt[:, -1] = 2  # EOS
-    tgt[1, -2:] = torch.tensor([2, 0])  # an early EOS, then padding
-    return src, tgt
 
 
 def _states(net: Seq2Seq, src: torch.Tensor, tgt: torch.Tensor):
