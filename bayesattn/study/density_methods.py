@@ -13,7 +13,9 @@ import time
 
 from torch import Tensor
 
+from ..nn.networks import BayesianNetwork
 from ..posthoc import DensityRead
+from ..posthoc.features import Features
 from ..uncertainty import PredictionResult
 from .methods import Fitted, Method, register_method
 from .runs import Run
@@ -30,15 +32,24 @@ class ClassDensity(Method):
     description = ("class-conditional NIW density of the CLS output + token states (DDU-style, "
                    "conjugate); density-aware temperature (the recommended recipe)")  # fmt: skip
     own_score = "class density"
-    views = ("cls", "tokens")  # the Features the density reads (Run.views: one pass)
+    views: tuple[str, ...] = ("cls", "tokens")  # the Features read (Run.views: one pass)
+
+    def members(self, run: Run) -> tuple[list[BayesianNetwork], list[float]]:
+        """The network read (``run.members(1)``) and its training seconds."""
+        return run.members(1)
+
+    def features(self, run: Run, split: str, x: Tensor | None = None) -> Features:
+        """The read's features of that network on a named split or on ``x``
+        (:meth:`Run.views <bayesattn.study.runs.Run.views>`: one pass, cached)."""
+        return run.views(split, x)
 
     def fit(self, run: Run) -> Fitted:
-        nets, secs = run.members(1)
+        nets, secs = self.members(run)
         f = Fitted(list(nets), secs[0])
         t0 = time.perf_counter()
         d = run.data
-        read = DensityRead(views=self.views).fit(run.views("train"), d.y_train,
-                                                 val=(run.views("val"), d.y_val))  # fmt: skip
+        read = DensityRead(views=self.views).fit(self.features(run, "train"), d.y_train,
+                                                 val=(self.features(run, "val"), d.y_val))  # fmt: skip
         f.train_seconds += time.perf_counter() - t0
         f.state.update(read=read, run=run)
         f.params = {"views": list(self.views), "prior_strength": read.prior_strengths,
@@ -49,10 +60,10 @@ class ClassDensity(Method):
 
     def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
         run: Run = fitted.state["run"]
-        return fitted.state["read"].predict(run.views("", x))  # (1, B, C)
+        return fitted.state["read"].predict(self.features(run, "", x))  # (1, B, C)
 
     def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
-        return fitted.state["read"].score(run.views("", x))
+        return fitted.state["read"].score(self.features(run, "", x))
 
     def posterior_kl(self, fitted: Fitted, run: Run) -> tuple[float, float]:
         return 0.0, fitted.state["read"].kl()

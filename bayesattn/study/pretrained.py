@@ -54,18 +54,18 @@ def trunk_settings(
             "min_count": 2}  # fmt: skip
 
 
-def _build(settings: dict[str, Any], texts: list[str]) -> TransformerClassifier:
-    vocab_len = len(build_vocab(texts, settings["min_count"], mask_token=True))
+def _build(settings: dict[str, Any], vocab_len: int) -> TransformerClassifier:
     return TransformerClassifier(2, vocab_size=vocab_len, max_len=settings["max_len"],
                                  pooling="cls", d_model=settings["d_model"],
                                  nhead=settings["nhead"], num_layers=settings["num_layers"],
                                  dim_feedforward=settings["dim_feedforward"], dropout=0.1)  # fmt: skip
 
 
-def _pretrain(settings: dict[str, Any], texts: list[str]) -> tuple[TransformerClassifier, dict[str, Any]]:  # fmt: skip
-    vocab = build_vocab(texts, settings["min_count"], mask_token=True)
+def _pretrain(
+    settings: dict[str, Any], texts: list[str], vocab: tuple[str, ...]
+) -> tuple[TransformerClassifier, dict[str, Any]]:
     torch.manual_seed(settings["seed"])
-    net = _build(settings, texts)
+    net = _build(settings, len(vocab))
     x = encode_texts(texts, vocab, settings["max_len"])
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(settings["seed"]))
     n_val = max(1, len(x) // 50)
@@ -107,17 +107,17 @@ def pretrained_trunk(
         return _LOADED[str(pt)]
     texts = list(raw)[: settings["texts"]] if settings["texts"] else list(raw)
     meta = pt.with_suffix(".json")
+    vocab = build_vocab(texts, settings["min_count"], mask_token=True)
     with _locked(folder / f".pretrained-{ds.name}-{key}.lock"):
         if pt.is_file() and meta.is_file():
-            net = _build(settings, texts)
+            net = _build(settings, len(vocab))
             net.load_state_dict(torch.load(pt, weights_only=True))
             info = json.loads(meta.read_text())["info"]
         else:
-            net, info = _pretrain(settings, texts)
+            net, info = _pretrain(settings, texts, vocab)
             buf = io.BytesIO()
             torch.save(net.state_dict(), buf)
             atomic_write_bytes(pt, buf.getvalue())
             atomic_write_text(meta, json.dumps({"settings": settings, "info": info}, indent=1))
-    vocab = build_vocab(texts, settings["min_count"], mask_token=True)
     _LOADED[str(pt)] = (net.eval(), vocab, info)
     return _LOADED[str(pt)]

@@ -18,7 +18,6 @@ from ..data.holdout import HoldoutData
 from ..nn.blocks import AttentionConfig
 from ..nn.networks import BayesianNetwork, TransformerClassifier
 from ..posthoc.features import Features, extract_features
-from ..posthoc.token_views import TokenViews, token_views
 from ..training import fit
 from ..training.pretrain import transfer_trunk
 from .datasets import StudyDataset, get_dataset
@@ -157,10 +156,14 @@ class Run:
         by identity, as in :meth:`features`)."""
         return self._member0("views", extract_features, split, x)
 
-    def passes(self, split: str, x: Tensor | None = None) -> Features:
-        """:class:`~bayesattn.posthoc.Features` ``(logits, cls)`` of member 0 without the token
-        view (its last layer computes the CLS row only), cached as :meth:`views`."""
-        return self._member0("features", _one_pass, split, x)
+    def passes(
+        self, split: str, x: Tensor | None = None, pretrained: bool = False
+    ) -> Features:
+        """:class:`~bayesattn.posthoc.Features` ``(logits, cls)`` of member 0 (``pretrained``:
+        of :meth:`pretrained_members`' first) without the token view (its last layer computes
+        the CLS row only), cached as :meth:`views`."""
+        kind = "pretrained_features" if pretrained else "features"
+        return self._member0(kind, _one_pass, split, x, pretrained)
 
     def features(self, split: str, x: Tensor | None = None) -> Tensor:
         """Pooled features ``(B, E)`` of the deterministic network (member 0) on a named split
@@ -168,15 +171,6 @@ class Run:
         prediction and its own score on the same inputs share one pass through the network,
         as a user's would)."""
         return self.passes(split, x).cls
-
-    def token_views(
-        self, split: str, x: Tensor | None = None, pretrained: bool = False
-    ) -> TokenViews:
-        """:class:`~bayesattn.posthoc.token_views.TokenViews` ``(logits, every layer's CLS,
-        token states)`` of member 0 (``pretrained``: of :meth:`pretrained_members`' first),
-        cached as :meth:`views`."""
-        kind = "pretrained_token_views" if pretrained else "token_views"
-        return self._member0(kind, token_views, split, x, pretrained)
 
     def _member0(
         self,

@@ -24,19 +24,33 @@ from torch import Tensor
 from ..calibration import predictive_entropy
 from ..calibration.bag_of_words import BagOfWords, fit_bag_of_words
 from ..calibration.token_scores import combine_scores
-from ..posthoc._density_core import ClassDensityRead, fit_class_density
-from ..posthoc.token_views import TokenViews
+from ..nn.networks import BayesianNetwork
+from ..posthoc.features import Features
 from ..uncertainty import PredictionResult
 from .datasets import StudyDataset
+from .density_methods import ClassDensity
 from .methods import Deterministic, Fitted, Method, register_method
 from .runs import Run
 
 __all__ = [
+    "bag_of_words",
     "BagOfWordsMethod",
     "TokenDensity",
     "DensityBagOfWords",
     "Pretrained",
 ]
+
+
+def bag_of_words(run: Run) -> tuple[BagOfWords, float]:
+    """The run's TF-IDF + logistic regression (``C`` by validation NLL) and the seconds its fit
+    took: fitted once per run, shared by the methods that read it (each charged the seconds)."""
+    if "bag_of_words" not in run.cache:
+        d = run.data
+        t0 = time.perf_counter()
+        bow = fit_bag_of_words((d.x_train, d.y_train), (d.x_val, d.y_val),
+                               d.vocab_size)  # type: ignore[attr-defined]  # fmt: skip
+        run.cache["bag_of_words"] = (bow, time.perf_counter() - t0)
+    return run.cache["bag_of_words"]
 
 
 class BagOfWordsMethod(Method):
@@ -49,11 +63,8 @@ class BagOfWordsMethod(Method):
         return dataset.words
 
     def fit(self, run: Run) -> Fitted:
-        d = run.data
-        t0 = time.perf_counter()
-        bow = fit_bag_of_words((d.x_train, d.y_train), (d.x_val, d.y_val),
-                               d.vocab_size)  # type: ignore[attr-defined]  # fmt: skip
-        f = Fitted([], time.perf_counter() - t0, params={"C": bow.C})
+        bow, secs = bag_of_words(run)
+        f = Fitted([], secs, params={"C": bow.C})
         f.state["bow"] = bow
         return f
 
@@ -62,11 +73,12 @@ class BagOfWordsMethod(Method):
         return PredictionResult(bow.probs(x).float()[None])  # (1, B, C)
 
 
-class TokenDensity(Method):
-    """The density read of the CLS output (the last layer's, normed: the head's input) of
-    member 0, or of the network fine-tuned from the pretrained trunk."""
+class TokenDensity(ClassDensity):
+    """The density read (:class:`~.density_methods.ClassDensity`) of the CLS output alone (the
+    head's input, one pass without the token view) of member 0, or of the network fine-tuned
+    from the pretrained trunk."""
 
-    own_score = "class density"
+    views = ("cls",)
 
     def __init__(self, name: str, description: str, pretrained: bool = False) -> None:
         self.name, self.description, self.pretrained = name, description, pretrained
@@ -74,37 +86,18 @@ class TokenDensity(Method):
     def applies_to(self, dataset: StudyDataset) -> bool:
         return dataset.words and (not self.pretrained or bool(dataset.pretraining_texts()))
 
-    def _views(self, run: Run, split: str, x: Tensor | None = None) -> tuple[TokenViews, list[Tensor]]:  # fmt: skip
-        v = run.token_views(split, x, pretrained=self.pretrained)
-        return v, [v.layer_cls[-1]]  # (B, E)
+    def members(self, run: Run) -> tuple[list[BayesianNetwork], list[float]]:
+        return run.pretrained_members(1) if self.pretrained else run.members(1)
+
+    def features(self, run: Run, split: str, x: Tensor | None = None) -> Features:
+        return run.passes(split, x, pretrained=self.pretrained)
 
     def fit(self, run: Run) -> Fitted:
-        get = run.pretrained_members if self.pretrained else run.members
-        nets, secs = get(1)
-        t0 = time.perf_counter()
-        d = run.data
-        _, train = self._views(run, "train")
-        v_val, val = self._views(run, "val")
-        read = fit_class_density(train, d.y_train, val, d.y_val, d.num_classes,
-                                 val_logits=v_val.logits)  # fmt: skip
-        f = Fitted(list(nets), secs[0] + time.perf_counter() - t0)
-        f.state.update(read=read, run=run)
-        f.params = {"view": "cls", "prior_strength": read.strengths,
-                    "temperature": read.temperature, "density_scale": read.scale}  # fmt: skip
+        f = super().fit(run)
+        f.params["view"] = "cls"
         if self.pretrained:
             f.params["pretraining"] = run.cache["pretrained_info"]
         return f
-
-    def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
-        read: ClassDensityRead = fitted.state["read"]
-        v, feats = self._views(fitted.state["run"], "", x)
-        return PredictionResult(read.probs(v.logits, feats).float()[None])  # (1, B, C)
-
-    def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
-        return fitted.state["read"].score(self._views(run, "", x)[1])
-
-    def posterior_kl(self, fitted: Fitted, run: Run) -> tuple[float, float]:
-        return 0.0, float(fitted.state["read"].kl())
 
 
 class DensityBagOfWords(TokenDensity):
@@ -112,23 +105,17 @@ class DensityBagOfWords(TokenDensity):
     entropy, each standardised on validation, summed (what the network's features say and what
     the words alone say)."""
 
-    def __init__(self, name: str, description: str, pretrained: bool) -> None:
-        super().__init__(name, description, pretrained=pretrained)
-
     def fit(self, run: Run) -> Fitted:
         f = super().fit(run)
-        t0 = time.perf_counter()
-        d = run.data
-        bow = fit_bag_of_words((d.x_train, d.y_train), (d.x_val, d.y_val),
-                               d.vocab_size)  # type: ignore[attr-defined]  # fmt: skip
-        f.train_seconds += time.perf_counter() - t0
+        bow, secs = bag_of_words(run)
+        f.train_seconds += secs
         f.state["bow"] = bow
         f.params["C"] = bow.C
-        f.state["val"] = self._parts(f, run, d.x_val)
+        f.state["val"] = self._parts(f, run, run.data.x_val)
         return f
 
     def _parts(self, fitted: Fitted, run: Run, x: Tensor) -> list[Tensor]:
-        density = fitted.state["read"].score(self._views(run, "", x)[1])
+        density = fitted.state["read"].score(self.features(run, "", x))
         return [density, predictive_entropy(fitted.state["bow"].probs(x).double())]
 
     def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:

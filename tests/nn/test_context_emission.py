@@ -37,6 +37,12 @@ def _states(net: Seq2Seq, src: torch.Tensor, tgt: torch.Tensor):
     return h, mem, pad
 
 
+def _terms(net: Seq2Seq, src: torch.Tensor, tgt: torch.Tensor):
+    """The prior ``(B, T, Ts)`` and the emissions ``(B, T, Ts, V)`` from the latent module."""
+    h, mem, pad = _states(net, src, tgt)
+    return net.latent.log_prior(h, mem, pad), net.latent.log_emissions(h, src, mem)
+
+
 def _emission_by_hand(lat: LatentAlignment, h_t, x_j, m_j, prefix: bool = True) -> torch.Tensor:
     """One position's log p(· | z_t = j), written out from the formula with torch.nn.functional
     (a second implementation of the broadcast one)."""
@@ -89,9 +95,7 @@ def test_network_likelihood_equals_trace_enum_elbo() -> None:
     net = _net()
     src, tgt = _batch()
     with torch.no_grad():
-        h, mem, pad = _states(net, src, tgt)
-        log_prior = net.latent.log_prior(h, mem, pad)
-        log_em = net.latent.log_emissions(h, src, mem)
+        log_prior, log_em = _terms(net, src, tgt)
         logits = net(src, tgt)
     y, mask = tgt[:, 1:], tgt[:, 1:] != net.pad_id
     closed = -net.likelihood(logits, mask, 1).log_prob(y).sum()
@@ -137,9 +141,7 @@ def test_alignment_posterior_is_bayes_rule_on_the_model() -> None:
     net = _net()
     src, tgt = _batch()
     with torch.no_grad():
-        h, mem, pad = _states(net, src, tgt)
-        log_prior = net.latent.log_prior(h, mem, pad)
-        log_em = net.latent.log_emissions(h, src, mem)
+        log_prior, log_em = _terms(net, src, tgt)
         ap = alignment_posterior(net, src, tgt)
     y = tgt[:, 1:]
     log_lik = log_em.gather(-1, y[:, :, None, None].expand(*log_em.shape[:-1], 1))[..., 0]

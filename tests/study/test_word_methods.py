@@ -3,6 +3,7 @@ pretrains once per data set (bayesattn.study.pretrained), on a synthetic word da
 topics of their own words over shared filler, and unlabeled texts of other words."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from bayesattn.calibration.token_scores import combine_scores
 from bayesattn.data.fortunes import FortunesData, build_vocab, tokens_data
 from bayesattn.data.holdout import holdout_split_indices
 from bayesattn.posthoc._density_core import fit_class_density
-from bayesattn.posthoc.token_views import token_views
+from bayesattn.posthoc.features import extract_features
 from bayesattn.study import StudyConfig, get_method, run_study
 from bayesattn.study.datasets import base
 from bayesattn.study.datasets.fortunes import Fortunes
@@ -143,6 +144,13 @@ def test_the_trunk_is_pretrained_once_cached_and_copied_word_by_word(run, tmp_pa
         pretrained_trunk(base.get_dataset("test_words_no_corpus"), model, 20, tmp_path, True)
 
 
+def token_views(net, x):
+    """The head's input (the CLS output) and the logits, one pass without the token view, in
+    the field names of ``posthoc.token_views`` (``layer_cls[-1]``)."""
+    f = extract_features(net, x, tokens=False)
+    return SimpleNamespace(logits=f.logits, layer_cls=[f.cls])
+
+
 def run_trunk(run):
     net, vocab, _ = pretrained_trunk(run.spec, run.model, run.data.x_train.shape[1], run.cfg.out,
                                      smoke=True)  # fmt: skip
@@ -191,14 +199,14 @@ def test_density_bow_sums_the_density_and_the_bag_of_words_entropy(run, name):
 
     def parts(x):
         v = token_views(net, x)
-        return [f.state["read"].score([v.layer_cls[-1]]), predictive_entropy(bow.probs(x).double())]
+        return [f.state["read"].core_.score([v.layer_cls[-1]]), predictive_entropy(bow.probs(x).double())]
 
     torch.testing.assert_close(m.score(f, run, d.x_ood_classes),
                                combine_scores(parts(d.x_ood_classes), parts(d.x_val)))  # fmt: skip
     x = d.x_test
     v = token_views(net, x)
     torch.testing.assert_close(m.predict(f, x).probs[0],
-                               f.state["read"].probs(v.logits, [v.layer_cls[-1]]).float())  # fmt: skip
+                               f.state["read"].core_.probs(v.logits, [v.layer_cls[-1]]).float())  # fmt: skip
     assert f.params["C"] == bow.C
 
 
