@@ -39,7 +39,7 @@ def ood_auroc(scores_in: Tensor, scores_out: Tensor) -> float:
         scores_in ``(N_in,)``, scores_out ``(N_out,)`` → float.
     """
     s_in, s_out = check_ood_scores(scores_in, scores_out)
-    sorted_in = torch.sort(s_in).values
+    sorted_in, s_out = torch.sort(s_in).values, s_out.contiguous()  # a column slice is strided
     less = torch.searchsorted(sorted_in, s_out, right=False)
     less_eq = torch.searchsorted(sorted_in, s_out, right=True)
     # Integer arithmetic: 2·U = Σ_j (2·less_j + ties_j), exact for any realistic N.

@@ -1,5 +1,5 @@
 r"""Post-hoc reads of a trained model: one shape, :class:`PosthocRead` (scikit-learn's
-estimator API), four reads, one feature source.
+estimator API), the reads, one feature source.
 
 .. code-block:: python
 
@@ -18,10 +18,13 @@ estimator API), four reads, one feature source.
   :class:`DensityRead` (class-conditional NIW density of the features, density-aware
   temperature), :class:`GPRead` (random-feature GP on the head's input),
   :class:`AttentionRead` (SVI over a converted model's attention posteriors),
-  :class:`MixtureRead` (a mixture over rank-1 factors of the attention projections).
+  :class:`MixtureRead` (a mixture over rank-1 factors of the attention projections);
+* :mod:`~bayesattn.posthoc.text` -- :class:`TextDensityRead`, the recommended read of a token
+  classifier: the density read of its CLS output + a bag of words' entropy, standardised.
 
-The first three read :class:`Features` (or the model's inputs, extracted once); the last two
-change the model's pass and read its inputs.
+The first three read :class:`Features` (or the model's inputs, extracted once); the attention and
+mixture reads change the model's pass and read its inputs; the text read takes token ids (its
+bag of words reads the words).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from .features import Features, extract_features
 from .gp import GPRead
 from .mixture import MixtureRead
 from .temperature import TemperatureRead
+from .text import TextDensityRead
 
 __all__ = [
     "AttentionRead",
@@ -42,5 +46,6 @@ __all__ = [
     "MixtureRead",
     "PosthocRead",
     "TemperatureRead",
+    "TextDensityRead",
     "extract_features",
 ]

@@ -79,3 +79,35 @@ def test_row_separates_known_classes_from_texts_of_unseen_words():
     assert row["accuracy"] > 0.9 and row["nll"] < 0.5
     assert row["auroc_entropy"] > 0.9 and row["auroc_maxprob"] > 0.9
     assert 0 <= row["ece"] <= 1 and row["C"] in (0.1, 1.0, 10.0, 100.0, 1000.0)
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_the_tensor_weights_give_sklearns_probabilities(classes):
+    (xt, yt), (xv, yv) = _texts(90, 0, classes), _texts(30, 1, classes)
+    xv[0] = 0  # a text of padding only
+    xv[1, :3] = 1  # unknown words count as one more word
+    bow = fit_bag_of_words((xt, yt), (xv, yv), vocab_size=30)
+    w = bow.weights()
+    assert w.coef.shape == (classes, 30) and w.vocab_size == 30
+    torch.testing.assert_close(w.probs(xv), bow.probs(xv), rtol=0, atol=1e-12)
+    torch.testing.assert_close(w.probs(xt), bow.probs(xt), rtol=0, atol=1e-12)
+    # another padding id: that id is not counted, on both paths
+    xt7, xv7 = torch.where(xt == 0, 7, xt), torch.where(xv == 0, 7, xv)
+    b7 = fit_bag_of_words((xt7, yt), (xv7, yv), vocab_size=30, pad_id=7)
+    torch.testing.assert_close(b7.weights().probs(xv7), b7.probs(xv7), rtol=0, atol=1e-12)
+
+
+def test_the_tensor_weights_refuse_bad_shapes_and_ids():
+    from bayesattn.calibration.bag_of_words import BagOfWordsWeights, tfidf_logistic_probs
+
+    idf, coef, bias = torch.ones(5, dtype=torch.float64), torch.zeros(3, 5), torch.zeros(3)
+    with pytest.raises(ValueError, match=r"\(V,\), \(C, V\), \(C,\).*\[\(5,\), \(3, 4\), \(3,\)\]"):
+        BagOfWordsWeights(idf, coef[:, :4], bias)
+    with pytest.raises(ValueError, match="C >= 2"):
+        BagOfWordsWeights(idf, coef[:1], bias[:1])
+    with pytest.raises(ValueError, match="pad_id"):
+        BagOfWordsWeights(idf, coef, bias, pad_id=5)
+    with pytest.raises(ValueError, match=r"ids in \[0, 5\)"):
+        tfidf_logistic_probs(torch.tensor([[1, 5]]), idf, coef, bias)
+    with pytest.raises(ValueError, match="integer token ids"):
+        tfidf_logistic_probs(torch.ones(2, 3), idf, coef, bias)

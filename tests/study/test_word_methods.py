@@ -15,6 +15,7 @@ from bayesattn.calibration.token_scores import combine_scores
 from bayesattn.data.fortunes import FortunesData, build_vocab, tokens_data
 from bayesattn.data.holdout import holdout_split_indices
 from bayesattn.posthoc._density_core import fit_class_density
+from bayesattn.posthoc import TextDensityRead
 from bayesattn.posthoc.features import extract_features
 from bayesattn.study import StudyConfig, get_method, run_study
 from bayesattn.study.datasets import base
@@ -208,6 +209,11 @@ def test_density_bow_sums_the_density_and_the_bag_of_words_entropy(run, name):
     torch.testing.assert_close(m.predict(f, x).probs[0],
                                f.state["read"].core_.probs(v.logits, [v.layer_cls[-1]]).float())  # fmt: skip
     assert f.params["C"] == bow.C
+    # the library's read of this recipe scores and predicts as the study's method
+    lib = TextDensityRead(net).fit(d.x_train, d.y_train, val=(d.x_val, d.y_val))
+    torch.testing.assert_close(lib.score(d.x_ood_classes), m.score(f, run, d.x_ood_classes))
+    torch.testing.assert_close(lib.predict(x).probs, m.predict(f, x).probs)
+    assert lib.C == bow.C
 
 
 def test_a_folder_holding_only_a_cached_trunk_takes_a_new_study(words, tmp_path):
