@@ -165,8 +165,8 @@ def _add_run_options(s: argparse.ArgumentParser, d: Any, q: Any, f: Any) -> None
         metavar="DIR",
         help="instead of running: merge finished studies of the same settings into --out, "
         "pooled again: a method added later on the same runs, or the same methods on other "
-        "seeds (a protocol split over machines); a method in several must agree (default: "
-        "run, not merge)",
+        "seeds (a protocol split over machines); a method in several must agree; with "
+        "--methods, only those are kept (default: run, not merge)",
     )
     s.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -282,7 +282,8 @@ def _merge(args: argparse.Namespace, format_table: Any) -> int:
             return 2
     try:
         prepare_out_dir(args.out, force=args.force)
-        results = merge_studies(args.merge, args.out, any_version=args.any_version)
+        results = merge_studies(args.merge, args.out, any_version=args.any_version,
+                                methods=args.methods)  # fmt: skip
     except (ValueError, TypeError) as e:
         print(f"bayesattn: {e}", file=sys.stderr)
         return 2

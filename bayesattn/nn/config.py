@@ -207,6 +207,10 @@ class AttentionConfig:
             read = DensityRead(model).fit(x_train, y_train, val=(x_val, y_val))
             res, score = read.predict_and_score(x)  # predictive and OOD score, one pass
 
+        On a token classifier, :class:`~bayesattn.posthoc.TextDensityRead` (the same call) adds
+        a bag of words' entropy to the read's score, each standardised on validation: the best
+        detector measured on words (it needs scikit-learn to fit).
+
         In the study's full protocol, the softmax network read this way (method ``density``)
         detects held-out classes better than a 5-ensemble on the digits, with the plain
         network's accuracy and a lower NLL than temperature scaling, at a fraction of the

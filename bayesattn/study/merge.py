@@ -112,11 +112,16 @@ def _check_folders(sources: Sequence[str | Path], out: str | Path) -> None:
             )
 
 
-def _copied(name: str) -> bool:
+def _copied(name: str, every: Sequence[str] = (), kept: Sequence[str] = ()) -> bool:
     """Whether a merge copies a source's file: its figures and ArviZ files, not its results,
-    report, ``study.json`` or run files (the merged study is pooled from the results)."""
+    report, ``study.json`` or run files (the merged study is pooled from the results), nor the
+    files of a method of ``every`` not ``kept`` (``<dataset>_<figure>_<method>.<ext>``; the
+    longest method name that ends the file's stem is its method)."""
     is_run = name.startswith("run_") and name.endswith(".json")
-    return name not in (RESULTS, "report.md", STUDY_FILE) and not is_run
+    stem = name.rsplit(".", 1)[0]
+    method = max((m for m in every if stem.endswith("_" + m)), key=len, default=None)
+    of_dropped = method is not None and method not in kept
+    return name not in (RESULTS, "report.md", STUDY_FILE) and not is_run and not of_dropped
 
 
 def _key(run: RunResult) -> tuple[tuple[int, ...], int]:
@@ -124,7 +129,11 @@ def _key(run: RunResult) -> tuple[tuple[int, ...], int]:
 
 
 def merge_studies(
-    sources: Sequence[str | Path], out: str | Path, *, any_version: bool = False
+    sources: Sequence[str | Path],
+    out: str | Path,
+    *,
+    any_version: bool = False,
+    methods: Sequence[str] | None = None,
 ) -> StudyResults:
     """One study from finished ``sources`` run with the same datasets, held-out pairs and
     settings (all but ``methods``, the seeds and how they ran): the union of their runs
@@ -139,7 +148,8 @@ def merge_studies(
     lacks): new seeds come with the methods of the study they join. A source made by other code
     (another bayesattn version or git commit than this one, or none recorded) is refused unless
     ``any_version``. A file a source lists that is a symbolic link is refused (a merge copies the
-    sources' own files, never one from elsewhere)."""
+    sources' own files, never one from elsewhere). ``methods`` keeps only those (each in some
+    source; ``None``: all): a study of new seeds joins one that also ran methods it did not."""
     from . import figures, report
 
     if isinstance(sources, (str, Path)) or len(sources) < 2:
@@ -161,7 +171,16 @@ def merge_studies(
                 f"sources must share their settings; {src} differs from {sources[0]} in "
                 f"{diff or ['datasets']}"
             )
-    methods = list(dict.fromkeys(m for r in loaded for m in r["methods"]))
+    found = list(dict.fromkeys(m for r in loaded for m in r["methods"]))
+    every = list(found)
+    if methods is not None:
+        unknown = [m for m in methods if m not in found]
+        if isinstance(methods, str) or not methods or unknown:
+            raise ValueError(
+                f"methods must name methods of the sources ({found}); got {methods!r}"
+            )
+        found = [m for m in found if m in methods]
+    methods = found
     merged = StudyResults(**base)
     merged["methods"], merged["datasets"] = methods, {}
     merged["merged_from"] = [str(s) for s in sources]
@@ -181,7 +200,7 @@ def merge_studies(
     try:
         for src, r in zip(sources, loaded, strict=True):  # the figures the sources wrote
             for name in r.get("files", []):
-                if _copied(name) and (Path(src) / name).is_file():
+                if _copied(name, every, methods) and (Path(src) / name).is_file():
                     shutil.copyfile(Path(src) / name, register_output(out_dir, name))
         for dataset, new in pooled.items():
             new["figures"] = figures.dataset_figures(out_dir, dataset, new)
@@ -199,12 +218,17 @@ def _merge_dataset(dataset: str, loaded: list[StudyResults], methods: list[str])
     """One dataset's runs of every source, merged and pooled (no figures yet)."""
     base = loaded[0]
     block = base["datasets"][dataset]
-    runs = {_key(run): json.loads(json.dumps(run)) for run in block["runs"]}
+    def kept(run: RunResult) -> RunResult:  # a copy with the merged methods only
+        run = json.loads(json.dumps(run))
+        run["methods"] = {m: row for m, row in run["methods"].items() if m in methods}
+        return run
+
+    runs = {_key(run): kept(run) for run in block["runs"]}
     for r in loaded[1:]:
-        other = {_key(run): run for run in r["datasets"][dataset]["runs"]}
+        other = {_key(run): kept(run) for run in r["datasets"][dataset]["runs"]}
         for key, run in other.items():
             if key not in runs:  # a run of other seeds: joins as it is
-                runs[key] = json.loads(json.dumps(run))
+                runs[key] = run
                 continue
             mine = runs[key]
             for m, row in run["methods"].items():

@@ -136,3 +136,15 @@ def test_a_merge_keeps_the_studys_dataset_order(study, tmp_path):
     assert list(merged["datasets"]) == ["mnist1d", "digits"]
     text = (tmp_path / "m" / "report.md").read_text()
     assert text.index("**mnist1d**") < text.index("**digits**")
+
+
+def test_a_merge_keeping_some_methods_leaves_the_others_files_behind():
+    from bayesattn.study.merge import _copied
+
+    every = ["density", "density_bow", "density_cls", "bow"]
+    kept = ["density", "density_bow"]
+    assert _copied("wordnet_entropy_density.png", every, kept)
+    assert _copied("wordnet_entropy_density_bow.png", every, kept)  # not "bow"'s file
+    assert not _copied("wordnet_entropy_density_cls.png", every, kept)
+    assert not _copied("wordnet_entropy_bow.png", every, kept)
+    assert _copied("pareto_wordnet.png", every, kept) and not _copied(RESULTS, every, kept)

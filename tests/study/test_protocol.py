@@ -399,6 +399,14 @@ def test_merging_studies_equals_one_study_with_every_method(tmp_path):
     ]
     for part in ("pooled", "paired", "per_pair", "wins"):
         assert without_times(got[part]) == without_times(want[part]), part
+    # the seed lacking mc_dropout joins when only the methods every run has are kept
+    kept = merge_studies([a, c], tmp_path / "kept", methods=["deterministic"])
+    assert kept["methods"] == ["deterministic"] and kept["seeds"] == [0, 1, 2]
+    assert all(set(r["methods"]) == {"deterministic"} for r in kept["datasets"]["digits"]["runs"])
+    assert without_times(kept["datasets"]["digits"]["pooled"]["deterministic"]) == without_times(
+        three["datasets"]["digits"]["pooled"]["deterministic"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"methods must name methods of the sources"):
+        merge_studies([a, c], tmp_path / "bad4", methods=["deterministic", "ensemble"])
     e = tmp_path / "e"  # another setting (the epochs): refused
     run_study(StudyConfig.quick(out=str(e), methods=("deterministic",), **{**kw, "epochs": 2}))
     with pytest.raises(ValueError, match="epochs"):
