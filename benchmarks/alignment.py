@@ -16,6 +16,11 @@ only in their decoder's attention:
   its validation split). It is scored twice: with the exact posterior (``variational``) and with
   ``q`` itself (``variational_q``).
 
+``latent`` and ``variational`` use the one-word emission (``emission="word"``); ``context``
+(``alignment="latent"``) and ``variational_context`` (``alignment="variational"``, scored twice
+like ``variational``: ``variational_context`` and ``variational_context_q``) the context emission
+(``emission="context"``, the default of a latent or variational decoder).
+
 For each it reads, on the test split, the prior attention :math:`p(z_t\\mid x, y_{<t})` and the
 posterior :math:`p(z_t\\mid x, y_{\\le t})` (``bayesattn.predictive.alignment_posterior``; the
 posterior attention of Shankar & Sarawagi for the soft kinds) and measures, on every target word
@@ -23,8 +28,9 @@ with a gold link: AER, precision and recall of the arg-max link, ECE of the max 
 probability that the arg-max link is gold (15 equal-width bins), AUROC of the uncertainty
 (entropy; Jensen-Shannon disagreement of draws or members) for finding wrong links; the token
 accuracy (teacher forcing, every real target token) and the posterior's KL from its prior
-(nats per target token). The training steps of ``latent`` and ``variational`` are timed against
-``soft`` in the same process (median of interleaved repeats) and printed as ratios.
+(nats per target token). The training steps of ``latent``, ``variational``, ``context`` and
+``variational_context`` are timed against ``soft`` in the same process (median of interleaved
+repeats) and printed as ratios.
 
 Writes ``benchmarks/results/alignment.json`` (``--results``) and a study folder
 ``studies/<date>-alignments/`` (``--study``): ``results.json`` (every seed), ``report.md``
@@ -67,6 +73,10 @@ from _timing import interleaved  # noqa: E402
 
 ARTICLES = ("das", "den", "die")
 FAMILIES = ("dirichlet", "logistic_normal", "weibull", "concrete")
+#: the variational kinds (inference network q): each is also scored by q as ``<kind>_q``
+VARIATIONAL = ("variational", "variational_context")
+#: the kinds with the context emission (the others with a latent alignment read one word)
+CONTEXT = ("context", "variational_context")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -112,9 +122,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build(kind: str, task: SequenceTask, d_model: int, marginal_weight: float = 0.0) -> Seq2Seq:
     attention = AttentionConfig(family=kind, which=("cross",)) if kind in FAMILIES else None
-    alignment = kind if kind in ("latent", "variational") else "soft"
-    if kind == "context":
-        alignment = "latent"
+    alignment = "latent" if kind in ("latent", "context") else "soft"
+    if kind in VARIATIONAL:
+        alignment = "variational"
     return Seq2Seq(
         task.src_vocab_size,
         task.tgt_vocab_size,
@@ -127,8 +137,8 @@ def build(kind: str, task: SequenceTask, d_model: int, marginal_weight: float = 
         max_len=task.tgt.shape[1],
         attention=attention,
         alignment=alignment,
-        marginal_weight=marginal_weight if kind == "variational" else 0.0,
-        emission="context" if kind == "context" else "word",
+        marginal_weight=marginal_weight if kind in VARIATIONAL else 0.0,
+        emission=None if alignment == "soft" else ("context" if kind in CONTEXT else "word"),
     )
 
 
@@ -224,8 +234,8 @@ def evaluate(
 
 
 def step_cost(task: SequenceTask, args, repeats: int) -> dict[str, float]:
-    """Median ms of one training step (loss, backward, Adam) of soft, latent, variational and
-    context, interleaved."""
+    """Median ms of one training step (loss, backward, Adam) of soft, latent, variational,
+    context and variational_context, interleaved."""
     xb, yb = task.src[:32], task.tgt[:32]
 
     def stepper(kind: str):
@@ -241,14 +251,12 @@ def step_cost(task: SequenceTask, args, repeats: int) -> dict[str, float]:
 
         return step
 
-    kinds = ("soft", "latent", "variational", "context")
+    kinds = ("soft", "latent", "variational", "context", "variational_context")
     ms = interleaved({k: stepper(k) for k in kinds}, repeats)
-    return {
-        "soft_ms": ms["soft"], "latent_ms": ms["latent"], "ratio": ms["latent"] / ms["soft"],
-        "variational_ms": ms["variational"],
-        "variational_ratio": ms["variational"] / ms["soft"],
-        "context_ms": ms["context"], "context_ratio": ms["context"] / ms["soft"],
-    }  # fmt: skip
+    out = {"soft_ms": ms["soft"], "latent_ms": ms["latent"], "ratio": ms["latent"] / ms["soft"]}
+    for k in kinds[2:]:
+        out[f"{k}_ms"], out[f"{k}_ratio"] = ms[k], ms[k] / ms["soft"]
+    return out
 
 
 # ---- driver ------------------------------------------------------------------------------------
@@ -260,7 +268,7 @@ def run_seed(seed: int, kinds: list[str], args, bar) -> dict[str, Any]:
     out: dict[str, Any] = {}
     soft_members: list[Seq2Seq] = []
     for kind in kinds:
-        if kind in ("ensemble", "variational_q"):
+        if kind == "ensemble" or kind.endswith("_q"):
             continue
         t0 = time.perf_counter()
         if kind == "soft":
@@ -268,16 +276,16 @@ def run_seed(seed: int, kinds: list[str], args, bar) -> dict[str, Any]:
                 soft_members.append(train("soft", 1000 * seed + m, tr, val, args))
                 bar.update(1)
             net = soft_members[0]
-        elif kind == "variational":
-            net, lam, val_aer = train_variational(seed, tr, val, args, bar)
-            out["variational_q"] = evaluate([net], test, args.samples, posterior="inference")
-            out["variational_q"]["marginal_weight"] = lam
+        elif kind in VARIATIONAL:
+            net, lam, val_aer = train_variational(kind, seed, tr, val, args, bar)
+            out[f"{kind}_q"] = evaluate([net], test, args.samples, posterior="inference")
+            out[f"{kind}_q"]["marginal_weight"] = lam
         else:
             net = train(kind, 1000 * seed, tr, val, args)
             bar.update(1)
         res = evaluate([net], test, args.samples)
         res["train_s"] = time.perf_counter() - t0
-        if kind == "variational":
+        if kind in VARIATIONAL:
             res["marginal_weight"], res["val_posterior_aer"] = lam, val_aer
         out[kind] = res
     if "ensemble" in kinds:
@@ -291,13 +299,14 @@ def marginal_weights(args) -> list[float]:
 
 
 def train_variational(
-    seed: int, tr: SequenceTask, val: SequenceTask, args, bar
+    kind: str, seed: int, tr: SequenceTask, val: SequenceTask, args, bar
 ) -> tuple[Seq2Seq, float, dict[float, float]]:
-    """The variational decoder of each marginal-likelihood weight; with several, the one whose
-    exact posterior has the lowest AER on the validation split (the test split is not read)."""
+    """The variational decoder (``kind``) of each marginal-likelihood weight; with several, the
+    one whose exact posterior has the lowest AER on the validation split (the test split is not
+    read)."""
     nets, val_aer = {}, {}
     for lam in marginal_weights(args):
-        nets[lam] = train("variational", 1000 * seed, tr, val, args, lam)
+        nets[lam] = train(kind, 1000 * seed, tr, val, args, lam)
         bar.update(1)
         val_aer[lam] = evaluate([nets[lam]], val, 1)["posterior"]["aer"]
     best = min(val_aer, key=val_aer.__getitem__)
@@ -348,10 +357,12 @@ def main(argv: list[str] | None = None) -> None:
     from tqdm import tqdm
 
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    if "variational" in kinds and "variational_q" not in kinds:
-        kinds.insert(kinds.index("variational") + 1, "variational_q")
-    per_kind = {"soft": args.members if "ensemble" in kinds else 1, "ensemble": 0,
-                "variational": len(marginal_weights(args)), "variational_q": 0}  # fmt: skip
+    for v in VARIATIONAL:
+        if v in kinds and f"{v}_q" not in kinds:
+            kinds.insert(kinds.index(v) + 1, f"{v}_q")
+    per_kind = {"soft": args.members if "ensemble" in kinds else 1, "ensemble": 0}
+    for v in VARIATIONAL:
+        per_kind |= {v: len(marginal_weights(args)), f"{v}_q": 0}
     n_train = sum(per_kind.get(k, 1) for k in kinds)
     per_seed: list[dict[str, Any]] = []
     t_start = time.perf_counter()
@@ -391,11 +402,13 @@ def print_table(summary: dict[str, Any], kinds: list[str], cost: dict[str, float
     cols = ["decoder", *(c for c, _ in COLUMNS)]
     for row in table_rows(summary, kinds):
         print(" | ".join(f"{c}: {v}" for c, v in zip(cols, row, strict=True)))
+    others = "".join(
+        f"; {k} {cost[f'{k}_ms']:.2f} ms, ratio {k}/soft {cost[f'{k}_ratio']:.2f}"
+        for k in ("variational", "context", "variational_context")
+    )
     print(
         f"training step: soft {cost['soft_ms']:.2f} ms, latent {cost['latent_ms']:.2f} ms, "
-        f"ratio latent/soft {cost['ratio']:.2f}; variational {cost['variational_ms']:.2f} ms, "
-        f"ratio variational/soft {cost['variational_ratio']:.2f}; context "
-        f"{cost['context_ms']:.2f} ms, ratio context/soft {cost['context_ratio']:.2f}"
+        f"ratio latent/soft {cost['ratio']:.2f}{others}"
     )
 
 

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SHOWN = ("soft", "ensemble", "dirichlet", "latent", "variational", "variational_q", "context")
+SHOWN = ("soft", "ensemble", "dirichlet", "latent", "variational", "variational_q", "context",
+         "variational_context", "variational_context_q")  # fmt: skip
 LABELS = {
     "soft": "soft attention",
     "ensemble": "ensemble of soft decoders",
@@ -31,10 +32,16 @@ LABELS = {
     "variational": "variational alignment (exact posterior)",
     "variational_q": "variational alignment (inference network q)",
     "context": "latent alignment, context emission (exact)",
+    "variational_context": "variational alignment, context emission (exact posterior)",
+    "variational_context_q": "variational alignment, context emission (inference network q)",
 }
 #: decoders the goals are checked for, and the step-cost ratio each one is charged
 GOAL_KINDS = {"latent": "ratio", "variational": "variational_ratio",
-              "variational_q": "variational_ratio", "context": "context_ratio"}  # fmt: skip
+              "variational_q": "variational_ratio", "context": "context_ratio",
+              "variational_context": "variational_context_ratio",
+              "variational_context_q": "variational_context_ratio"}  # fmt: skip
+#: the step-cost columns besides soft and latent, when timed
+TIMED = ("variational", "context", "variational_context")
 
 
 def _sentence(test: Any) -> int:
@@ -164,9 +171,10 @@ def goals(doc: dict[str, Any], kind: str = "latent") -> list[str]:
 
 
 def cost_table(c: dict[str, float]) -> tuple[list[str], list[list[float]]]:
-    """Columns and row of the step-cost table (``variational``, ``context`` when timed)."""
+    """Columns and row of the step-cost table (``variational``, ``context``,
+    ``variational_context`` when timed)."""
     cols, row = ["soft", "latent", "latent / soft"], [c["soft_ms"], c["latent_ms"], c["ratio"]]
-    for kind in ("variational", "context"):
+    for kind in TIMED:
         if f"{kind}_ms" in c:
             cols += [kind, f"{kind} / soft"]
             row += [c[f"{kind}_ms"], c[f"{kind}_ratio"]]
@@ -231,19 +239,24 @@ def task_line(cfg: dict[str, Any]) -> str:
 
 
 def variational_line(doc: dict[str, Any]) -> list[str]:
-    """The variational decoder's set-up: its objective and the marginal-likelihood weights."""
-    if "variational" not in doc["kinds"]:
-        return []
-    chosen = [r["variational"]["marginal_weight"] for r in doc["per_seed"]]
-    return [
-        "",
-        "Variational decoder: the latent model trained by the exact ELBO with an inference "
-        "network q(z | x, y) over the whole target (a 1-layer bidirectional encoder), the marginal "
-        f"likelihood mixed in with weight λ from {{{doc['config']['marginal_weight']}}}, chosen "
-        f"per seed by the exact posterior's AER on the validation split: λ = {chosen} "
-        "(per seed). *variational (exact posterior)* reads Bayes' rule on its prior, "
-        "*(inference network q)* reads q.",
-    ]
+    """The variational decoders' set-up: their objective and the marginal-likelihood weights."""
+    lines = []
+    for kind in ("variational", "variational_context"):
+        if kind not in doc["kinds"]:
+            continue
+        chosen = [r[kind]["marginal_weight"] for r in doc["per_seed"]]
+        emission = "context" if kind == "variational_context" else "one-word"
+        lines += [
+            "",
+            f"{LABELS[kind].removesuffix(' (exact posterior)').capitalize()}: the latent model "
+            f"({emission} emission) trained by the exact ELBO with an inference network "
+            "q(z | x, y) over the whole target (a 1-layer bidirectional encoder), the marginal "
+            f"likelihood mixed in with weight λ from {{{doc['config']['marginal_weight']}}}, "
+            f"chosen per seed by the exact posterior's AER on the validation split: λ = {chosen} "
+            "(per seed). *(exact posterior)* reads Bayes' rule on its prior, *(inference "
+            "network q)* reads q.",
+        ]
+    return lines
 
 
 def report(doc: dict[str, Any], figs: list[str]) -> str:
@@ -281,7 +294,7 @@ def report(doc: dict[str, Any], figs: list[str]) -> str:
     c = doc["step_cost"]
     variational = "".join(
         f"; {kind} {c[f'{kind}_ms']:.2f} ms, ratio **{c[f'{kind}_ratio']:.2f}**"
-        for kind in ("variational", "context")
+        for kind in TIMED
         if f"{kind}_ms" in c
     )
     lines += [

@@ -121,6 +121,7 @@ class LatentAlignment(nn.Module):
         #: it first so the emissions learn which words translate which before the prior commits
         #: (``emission="context"`` leaves the prefix out of the emission meanwhile)
         self.uniform_prior = False
+        self.register_load_state_dict_pre_hook(_check_saved_emission)
 
     def log_prior(
         self, h: Tensor, memory: Tensor, key_padding_mask: Tensor | None = None
@@ -178,6 +179,32 @@ class LatentAlignment(nn.Module):
     ) -> Tensor:
         return mixture_log_probs(
             self.log_prior(h, memory, key_padding_mask), self.log_emissions(h, src, memory)
+        )
+
+
+def _check_saved_emission(
+    module: LatentAlignment,
+    state_dict: dict[str, Tensor],
+    prefix: str,
+    local_metadata: object,
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
+    """Load pre-hook: a ``state_dict`` saved with the other emission is an error that says
+    which ``emission`` to build (``Seq2Seq``'s latent decoders default to ``"context"``; a
+    word-emission checkpoint needs ``emission="word"``). Only a state that holds this module's
+    keys is checked (a partial load without them is not)."""
+    if not any(isinstance(k, str) and k.startswith(prefix) for k in state_dict):
+        return
+    saved = "context" if f"{prefix}context_gate" in state_dict else "word"
+    if saved != module.emission:
+        where = prefix.rstrip(".") or "LatentAlignment"
+        error_msgs.append(
+            f"{where}: the state_dict holds a {saved!r} emission but the model was built with "
+            f"emission={module.emission!r}; build it with emission={saved!r} (latent and "
+            "variational decoders default to 'context')"
         )
 
 

@@ -169,9 +169,39 @@ def test_generation_samples_and_variational_decoder() -> None:
     assert float(loss) == pytest.approx(float(nll), rel=1e-9)
 
 
+def test_the_default_emission_is_context_for_latent_decoders_and_none_for_soft() -> None:
+    """``emission=None`` (the default): the context emission for a latent or variational
+    decoder, no emission module for soft attention (``"word"`` stays selectable)."""
+    for alignment in ("latent", "variational"):
+        net = Seq2Seq(9, 11, alignment=alignment, **SMALL)
+        assert net.latent is not None and net.latent.emission == "context"
+        assert net.latent.context_gate is not None and net.latent.prefix_gate is not None
+        word = Seq2Seq(9, 11, alignment=alignment, emission="word", **SMALL)
+        assert word.latent is not None and word.latent.emission == "word"
+        assert word.latent.context_gate is None
+    for emission in (None, "word"):
+        soft = Seq2Seq(9, 11, emission=emission, **SMALL)  # type: ignore[arg-type]
+        assert soft.latent is None and soft.head is not None
+
+
+def test_a_state_dict_of_the_other_emission_names_the_emission_to_build() -> None:
+    word = Seq2Seq(9, 11, alignment="latent", emission="word", **SMALL)
+    context = Seq2Seq(9, 11, alignment="latent", **SMALL)
+    with pytest.raises(RuntimeError, match="holds a 'word' emission but the model was built "
+                                           "with emission='context'; build it with "
+                                           "emission='word'"):  # fmt: skip
+        context.load_state_dict(word.state_dict())
+    with pytest.raises(RuntimeError, match="holds a 'context' emission .* emission='context'"):
+        word.load_state_dict(context.state_dict(), strict=False)  # refused even when not strict
+    # the same emission loads; a partial state without the latent layer is not checked
+    Seq2Seq(9, 11, alignment="latent", **SMALL).load_state_dict(context.state_dict())
+    enc = {k: v for k, v in word.state_dict().items() if k.startswith("encoder.")}
+    context.load_state_dict(enc, strict=False)
+
+
 def test_bad_input() -> None:
     with pytest.raises(
-        ValueError, match=r"emission must be one of \('word', 'context'\); got 'pair'"
+        ValueError, match=r"emission must be None or one of \('word', 'context'\); got 'pair'"
     ):
         Seq2Seq(9, 11, alignment="latent", emission="pair", **SMALL)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="needs alignment='latent' or 'variational', got "

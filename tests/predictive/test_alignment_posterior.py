@@ -19,6 +19,8 @@ SMALL = dict(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim
 
 def _net(alignment: str = "latent", seed: int = 0, **kw) -> Seq2Seq:
     torch.manual_seed(seed)
+    # the one-word emission (the context emission has its own tests: test_context_emission)
+    kw.setdefault("emission", "word")
     return Seq2Seq(9, 11, alignment=alignment, **{**SMALL, **kw}).eval()
 
 

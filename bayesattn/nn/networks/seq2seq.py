@@ -26,6 +26,23 @@ __all__ = ["AlignmentKind", "Seq2Seq"]
 AlignmentKind = Literal["soft", "latent", "variational"]
 
 
+def _resolve_emission(emission: EmissionKind | None, alignment: AlignmentKind) -> EmissionKind:
+    """The emission a decoder gets: ``None`` is ``"context"`` for a latent or variational
+    decoder and ``"word"`` (no emission module) for soft attention, which takes no other."""
+    if emission is not None and emission not in get_args(EmissionKind):
+        raise ValueError(
+            f"emission must be None or one of {get_args(EmissionKind)}; got {emission!r}"
+        )
+    if alignment == "soft":
+        if emission not in (None, "word"):
+            raise ValueError(
+                "emission chooses a latent-alignment decoder's p(y_t | z_t = j); it needs "
+                f"alignment='latent' or 'variational', got alignment={alignment!r}"
+            )
+        return "word"
+    return "context" if emission is None else emission
+
+
 class Seq2Seq(GenerativeNetwork):
     r"""Encoder–decoder transformer (translation, copy, reverse).
 
@@ -53,9 +70,11 @@ class Seq2Seq(GenerativeNetwork):
     scores the exact marginal likelihood; only :meth:`elbo_loss` reads ``q``.
 
     ``emission`` (latent and variational decoders): what :math:`p(y_t \mid z_t = j)` reads,
-    ``"word"`` (default) the source word :math:`x_j` and the target prefix, ``"context"`` the
-    source word and, through a gate that starts closed, its contextual encoder state, not the
-    prefix (:class:`~bayesattn.nn.alignment.LatentAlignment`).
+    ``"context"`` (their default) the source word :math:`x_j` and, through gates that start
+    closed, its contextual encoder state and the target prefix, ``"word"`` the source word and
+    the target prefix (:class:`~bayesattn.nn.alignment.LatentAlignment`). ``None`` (default)
+    picks ``"context"`` for a latent or variational decoder; soft attention has no emission
+    (``None`` or ``"word"``).
 
     Shape:
         src ``(B, Ts)``, tgt ``(B, Tt)`` (BOS … EOS PAD…) → logits ``(*S, B, Tt-1, V_tgt)``.
@@ -80,7 +99,7 @@ class Seq2Seq(GenerativeNetwork):
         attention: AttentionConfig | None = None,
         alignment: AlignmentKind = "soft",
         marginal_weight: float = 0.0,
-        emission: EmissionKind = "word",
+        emission: EmissionKind | None = None,
     ) -> None:
         super().__init__()
         if alignment not in get_args(AlignmentKind):
@@ -93,13 +112,7 @@ class Seq2Seq(GenerativeNetwork):
                 "marginal_weight mixes the marginal likelihood into a variational decoder's "
                 f"ELBO; it needs alignment='variational', got alignment={alignment!r}"
             )
-        if emission not in get_args(EmissionKind):
-            raise ValueError(f"emission must be one of {get_args(EmissionKind)}; got {emission!r}")
-        if emission != "word" and alignment == "soft":
-            raise ValueError(
-                "emission chooses a latent-alignment decoder's p(y_t | z_t = j); it needs "
-                f"alignment='latent' or 'variational', got alignment={alignment!r}"
-            )
+        emission = _resolve_emission(emission, alignment)
         self.alignment: AlignmentKind = alignment
         #: weight of the exact marginal likelihood in a variational decoder's objective
         self.marginal_weight = float(marginal_weight)
