@@ -200,6 +200,7 @@ class TextDensityRead(PosthocRead):
                 f"read has vocab_size={self.vocab_size}, pad_id={self.pad_id}"
             )
         self.density.load_state_dict(state["density"])
-        self.bow_ = BagOfWordsWeights(*state["bag_of_words"], pad_id=self.pad_id)
+        idf, coef, bias = state["bag_of_words"]
+        self.bow_ = BagOfWordsWeights(idf, coef, bias, pad_id=self.pad_id)
         self.C_ = float(state["C"])
         self.center_, self.spread_ = state["center"], state["spread"]

@@ -171,16 +171,8 @@ def merge_studies(
                 f"sources must share their settings; {src} differs from {sources[0]} in "
                 f"{diff or ['datasets']}"
             )
-    found = list(dict.fromkeys(m for r in loaded for m in r["methods"]))
-    every = list(found)
-    if methods is not None:
-        unknown = [m for m in methods if m not in found]
-        if isinstance(methods, str) or not methods or unknown:
-            raise ValueError(
-                f"methods must name methods of the sources ({found}); got {methods!r}"
-            )
-        found = [m for m in found if m in methods]
-    methods = found
+    every = list(dict.fromkeys(m for r in loaded for m in r["methods"]))
+    methods = _kept(every, methods)
     merged = StudyResults(**base)
     merged["methods"], merged["datasets"] = methods, {}
     merged["merged_from"] = [str(s) for s in sources]
@@ -212,6 +204,15 @@ def merge_studies(
         abandon_run(out_dir)  # --out as it was
         raise
     return merged
+
+
+def _kept(every: list[str], methods: Sequence[str] | None) -> list[str]:
+    """The methods a merge keeps: ``every`` source's, or those of them named in ``methods``."""
+    if methods is None:
+        return every
+    if isinstance(methods, str) or not methods or any(m not in every for m in methods):
+        raise ValueError(f"methods must name methods of the sources ({every}); got {methods!r}")
+    return [m for m in every if m in methods]
 
 
 def _merge_dataset(dataset: str, loaded: list[StudyResults], methods: list[str]) -> DatasetBlock:

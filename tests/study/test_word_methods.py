@@ -14,8 +14,8 @@ from bayesattn.calibration.bag_of_words import fit_bag_of_words
 from bayesattn.calibration.token_scores import combine_scores
 from bayesattn.data.fortunes import FortunesData, build_vocab, tokens_data
 from bayesattn.data.holdout import holdout_split_indices
-from bayesattn.posthoc._density_core import fit_class_density
 from bayesattn.posthoc import TextDensityRead
+from bayesattn.posthoc._density_core import fit_class_density
 from bayesattn.posthoc.features import extract_features
 from bayesattn.study import StudyConfig, get_method, run_study
 from bayesattn.study.datasets import base
