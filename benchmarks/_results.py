@@ -46,6 +46,7 @@ def machine_meta() -> dict[str, Any]:
         "torch": torch.__version__,
         "bayesattn": bayesattn.__version__,
         "argv": sys.argv[1:],
+        "script": Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "",
     }
 
 

@@ -124,6 +124,21 @@ def _img(title: str, name: str) -> str:
     return f'<p><img class="bench-plot" alt="{alt}" src="../{PLOT_DIR}/{name}"></p>\n'
 
 
+def script_of(doc: dict[str, Any]) -> str:
+    """The script that wrote a result file: its recorded ``meta.script``, else (older files) the
+    longest ``_``-prefix of the results name that is a script in ``benchmarks/`` (a results
+    file named by ``--name``, ``alignment_context10``, comes from ``alignment.py``)."""
+    script = doc.get("meta", {}).get("script")
+    if script and script.endswith(".py"):
+        return str(script)
+    parts = str(doc["benchmark"]).split("_")
+    for k in range(len(parts), 0, -1):
+        name = "_".join(parts[:k]) + ".py"
+        if (ROOT / "benchmarks" / name).is_file():
+            return name
+    return f"{doc['benchmark']}.py"
+
+
 def render_results(
     results_dir: Path = RESULTS_DIR,
     plots: dict[str, Any] | None = None,
@@ -145,7 +160,7 @@ def render_results(
         out.append(f"### {html.escape(doc.get('title', doc['benchmark']))}\n")
         args = " ".join(_portable(a) for a in m.get("argv", [])) or "(defaults)"
         out.append(
-            f"`benchmarks/{doc['benchmark']}.py {args}` — run {m.get('date', '?')} on "
+            f"`benchmarks/{script_of(doc)} {args}` — run {m.get('date', '?')} on "
             f"{m.get('processor', '?')} ({m.get('cpus', '?')} CPUs), {m.get('threads', '?')} "
             f"torch thread(s); Python {m.get('python', '?')}, torch {m.get('torch', '?')}, "
             f"bayesattn {m.get('bayesattn', '?')}.\n"

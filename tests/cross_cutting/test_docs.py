@@ -473,6 +473,20 @@ def test_benchmark_results_render_as_tables_and_plots(tmp_path: Path):
     assert "| None |" not in hooks.render_results(ROOT / "benchmarks" / "results")  # "–" instead
 
 
+def test_a_result_file_names_the_script_that_wrote_it():
+    """A results file named by ``--name`` (``alignment_context10``) is rendered with the command
+    of its script (``benchmarks/alignment.py``): ``meta.script`` when recorded, else the longest
+    ``_``-prefix of its name that is a script; every committed file names a script that exists."""
+    hooks = _load("hooks")
+    assert hooks.script_of({"benchmark": "alignment_context10", "meta": {}}) == "alignment.py"
+    assert hooks.script_of({"benchmark": "wordnet_tokens_lm", "meta": {}}) == "wordnet_tokens.py"
+    assert hooks.script_of({"benchmark": "x", "meta": {"script": "long_task.py"}}) == "long_task.py"
+    assert hooks.script_of({"benchmark": "no_such_script", "meta": {}}) == "no_such_script.py"
+    for f in (ROOT / "benchmarks" / "results").glob("*.json"):
+        script = hooks.script_of(json.loads(f.read_text()))
+        assert (ROOT / "benchmarks" / script).is_file(), (f.name, script)
+
+
 def test_committed_benchmark_results_follow_the_schema():
     files = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
     assert files, "no committed benchmark results (run `make bench`)"
