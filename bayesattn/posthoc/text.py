@@ -21,7 +21,7 @@ numbers are on the "Which attention" page, "Words").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -52,8 +52,9 @@ def _attribute(model: nn.Module, ours: str, hf: str) -> Any:
 
 class TextDensityRead(PosthocRead):
     """The density read of a token classifier's CLS output + a bag of words' entropy (module
-    docstring). It reads token ids ``(B, T)`` (never :class:`~bayesattn.posthoc.features.Features`:
-    the bag of words needs the words).
+    docstring). It reads token ids ``(B, T)``, or a tokenizer's dict (``input_ids``,
+    ``attention_mask``, …: the model reads the dict, the bag of words its ``input_ids``); never
+    :class:`~bayesattn.posthoc.features.Features` (the bag of words needs the words).
 
     Args:
         model: the trained token classifier (e.g. a
@@ -109,6 +110,14 @@ class TextDensityRead(PosthocRead):
     # ---- the two parts -------------------------------------------------------------------
 
     def _ids(self, name: str, x: Any) -> Tensor:
+        """The token ids of ``x``: ``x`` itself, or a tokenizer's dict's ``input_ids``."""
+        if isinstance(x, Mapping):
+            if "input_ids" not in x:
+                raise ValueError(
+                    f"{name}: a dict of model inputs must hold 'input_ids' (the bag of words "
+                    f"reads the words); got keys {sorted(x)}"
+                )
+            name, x = f"{name}['input_ids']", x["input_ids"]
         check_tokens(name, x, self.vocab_size)  # (B, T) integer ids in [0, vocab_size)
         return x
 
@@ -132,12 +141,12 @@ class TextDensityRead(PosthocRead):
     def _entropy(self, x: Tensor) -> Tensor:
         return predictive_entropy(self._bow().probs(x))  # (B,)
 
-    def parts(self, x: Tensor) -> Tensor:
+    def parts(self, x: Any) -> Tensor:
         """``(B, 2)`` float64: the density score and the bag of words' entropy (:data:`PARTS`),
         not standardised."""
         self._check_fitted()
-        x = self._ids("x", x)
-        return torch.stack([self.density.score(x).double(), self._entropy(x)], -1)
+        ids = self._ids("x", x)
+        return torch.stack([self.density.score(x).double(), self._entropy(ids)], -1)
 
     def _combine(self, parts: Tensor) -> Tensor:
         assert self.center_ is not None and self.spread_ is not None
@@ -145,38 +154,38 @@ class TextDensityRead(PosthocRead):
 
     # ---- the estimator API -----------------------------------------------------------------
 
-    def _fit(self, x: Tensor, y: Tensor, val: tuple[Any, Tensor] | None) -> None:
+    def _fit(self, x: Any, y: Tensor, val: tuple[Any, Tensor] | None) -> None:
         if val is None:
             raise ValueError(
                 "TextDensityRead.fit needs a validation split of the known classes (the density "
                 "read's scale and temperature, the bag of words' penalty and the two parts' "
                 "scales): fit(x, y, val=(x_val, y_val)); got val=None"
             )
-        x, xv = self._ids("x", x), self._ids("val x", val[0])
-        yv = val[1]
+        (xv, yv), ids, ids_v = val, self._ids("x", x), self._ids("val x", val[0])
         self.density.fit(x, y, val=(xv, yv))
-        bow = fit_bag_of_words((x, y), (xv, yv), self.vocab_size, self.Cs, pad_id=self.pad_id)
+        bow = fit_bag_of_words((ids, y), (ids_v, yv), self.vocab_size, self.Cs, pad_id=self.pad_id)
         self.bow_, self.C_ = bow.weights(), bow.C
         self.num_classes = self.density.num_classes
-        ref = torch.stack([self.density.score(xv).double(), self._entropy(xv)], -1)  # (M, 2)
+        ref = torch.stack([self.density.score(xv).double(), self._entropy(ids_v)], -1)  # (M, 2)
         if len(ref) < 2:
             raise ValueError(f"val needs at least 2 texts to set the parts' scales; got {len(ref)}")
         self.center_, self.spread_ = ref.mean(0), ref.std(0).clamp_min(1e-12)
 
-    def _predict(self, x: Tensor, num_samples: int | None) -> PredictionResult:
-        return self.density.predict(self._ids("x", x), num_samples)
+    def _predict(self, x: Any, num_samples: int | None) -> PredictionResult:
+        self._ids("x", x)
+        return self.density.predict(x, num_samples)
 
-    def _score(self, x: Tensor) -> Tensor:
+    def _score(self, x: Any) -> Tensor:
         return self._combine(self.parts(x))
 
     def predict_and_score(
-        self, x: Tensor, num_samples: int | None = None
+        self, x: Any, num_samples: int | None = None
     ) -> tuple[PredictionResult, Tensor]:
         """:meth:`predict` and :meth:`score` of one feature pass."""
         self._check_fitted()
-        x = self._ids("x", x)
+        ids = self._ids("x", x)
         pred, density = self.density.predict_and_score(x, num_samples)
-        return pred, self._combine(torch.stack([density.double(), self._entropy(x)], -1))
+        return pred, self._combine(torch.stack([density.double(), self._entropy(ids)], -1))
 
     def kl(self) -> float:
         """The density read's KL from its prior (nats); the bag of words is a point estimate."""

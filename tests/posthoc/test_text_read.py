@@ -153,3 +153,31 @@ def test_a_hugging_face_classifier_gives_its_vocabulary_and_padding():
     density = DensityRead(bert, views=("cls",)).fit(x, y, val=(xv, yv))
     torch.testing.assert_close(read.parts(xs)[:, 0], density.score(xs).double())
     assert read.bag_of_words.pad_id == 3
+    # a tokenizer's dict: the model reads the dict (its attention_mask leaves padding out of the
+    # token view), the bag of words its input_ids; padding (id 3) counts in neither
+    mask = (xs != 0).long()
+    batch = {"input_ids": torch.where(mask.bool(), xs, 3), "attention_mask": mask}
+    by_dict = TextDensityRead(bert).fit(
+        {"input_ids": torch.where(x == 0, 3, x), "attention_mask": (x != 0).long()}, y,
+        val=({"input_ids": torch.where(xv == 0, 3, xv), "attention_mask": (xv != 0).long()}, yv),
+    )
+    ref = DensityRead(bert, views=("cls",)).fit(
+        {"input_ids": torch.where(x == 0, 3, x), "attention_mask": (x != 0).long()}, y,
+        val=({"input_ids": torch.where(xv == 0, 3, xv), "attention_mask": (xv != 0).long()}, yv),
+    )
+    torch.testing.assert_close(by_dict.parts(batch)[:, 0], ref.score(batch).double())
+    bow = fit_bag_of_words((torch.where(x == 0, 3, x), y), (torch.where(xv == 0, 3, xv), yv), V,
+                           pad_id=3)  # fmt: skip
+    torch.testing.assert_close(by_dict.parts(batch)[:, 1],
+                               predictive_entropy(bow.probs(batch["input_ids"])))  # fmt: skip
+    assert torch.equal(by_dict.predict_and_score(batch)[1], by_dict.score(batch))
+    with pytest.raises(ValueError, match=r"must hold 'input_ids'.*\['attention_mask'\]"):
+        by_dict.score({"attention_mask": mask})
+
+
+def test_a_dataloader_fits_the_same_read(trained):
+    net, (x, y), (xv, yv), (xs, _), read = trained
+    loader = lambda a, b: torch.utils.data.DataLoader(  # noqa: E731
+        torch.utils.data.TensorDataset(a, b), batch_size=32)
+    again = TextDensityRead(net).fit(loader(x, y), val=loader(xv, yv))
+    torch.testing.assert_close(again.score(xs), read.score(xs), rtol=0, atol=1e-9)
