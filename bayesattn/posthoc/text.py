@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from .._validation import check_int, check_reals
 from ..calibration.bag_of_words import DEFAULT_CS, BagOfWordsWeights, fit_bag_of_words
 from ..calibration.metrics import predictive_entropy
+from ..calibration.token_scores import combine_scores
 from ..nn.networks.base import check_tokens
 from ..predictive import PredictionResult
 from ._density_core import DEFAULT_STRENGTHS
@@ -104,8 +105,7 @@ class TextDensityRead(PosthocRead):
         self.density = DensityRead(model, views=views, strengths=strengths, **kwargs)
         self.bow_: BagOfWordsWeights | None = None
         self.C_: float | None = None
-        self.center_: Tensor | None = None  # (2,) the parts' validation means
-        self.spread_: Tensor | None = None  # (2,) their standard deviations
+        self.reference_: Tensor | None = None  # (M, 2) the parts of the validation texts
 
     # ---- the two parts -------------------------------------------------------------------
 
@@ -149,8 +149,9 @@ class TextDensityRead(PosthocRead):
         return torch.stack([self.density.score(x).double(), self._entropy(ids)], -1)
 
     def _combine(self, parts: Tensor) -> Tensor:
-        assert self.center_ is not None and self.spread_ is not None
-        return ((parts - self.center_) / self.spread_).sum(-1)  # (B,)
+        """Each part standardised on its validation values, summed: ``(B, 2)`` → ``(B,)``."""
+        assert self.reference_ is not None
+        return combine_scores(list(parts.T), list(self.reference_.T))
 
     # ---- the estimator API -----------------------------------------------------------------
 
@@ -162,14 +163,14 @@ class TextDensityRead(PosthocRead):
                 "scales): fit(x, y, val=(x_val, y_val)); got val=None"
             )
         (xv, yv), ids, ids_v = val, self._ids("x", x), self._ids("val x", val[0])
-        self.density.fit(x, y, val=(xv, yv))
+        if len(ids_v) < 2:
+            raise ValueError(f"val needs at least 2 texts to set the parts' scales; got {len(ids_v)}")
+        fv = self.density.features(xv)  # one pass over the validation texts, read twice
+        self.density.fit(x, y, val=(fv, yv))
         bow = fit_bag_of_words((ids, y), (ids_v, yv), self.vocab_size, self.Cs, pad_id=self.pad_id)
         self.bow_, self.C_ = bow.weights(), bow.C
         self.num_classes = self.density.num_classes
-        ref = torch.stack([self.density.score(xv).double(), self._entropy(ids_v)], -1)  # (M, 2)
-        if len(ref) < 2:
-            raise ValueError(f"val needs at least 2 texts to set the parts' scales; got {len(ref)}")
-        self.center_, self.spread_ = ref.mean(0), ref.std(0).clamp_min(1e-12)
+        self.reference_ = torch.stack([self.density.score(fv).double(), self._entropy(ids_v)], -1)
 
     def _predict(self, x: Any, num_samples: int | None) -> PredictionResult:
         self._ids("x", x)
@@ -194,11 +195,11 @@ class TextDensityRead(PosthocRead):
     # ---- saving ---------------------------------------------------------------------------
 
     def _state(self) -> dict[str, Any]:
-        assert self.center_ is not None and self.spread_ is not None
+        assert self.reference_ is not None
         b = self._bow()
         return {
             "density": self.density.state_dict(), "bag_of_words": [b.idf, b.coef, b.bias],
-            "C": self.C, "center": self.center_, "spread": self.spread_,
+            "C": self.C, "reference": self.reference_,
             "vocab_size": self.vocab_size, "pad_id": self.pad_id,
         }  # fmt: skip
 
@@ -212,4 +213,4 @@ class TextDensityRead(PosthocRead):
         idf, coef, bias = state["bag_of_words"]
         self.bow_ = BagOfWordsWeights(idf, coef, bias, pad_id=self.pad_id)
         self.C_ = float(state["C"])
-        self.center_, self.spread_ = state["center"], state["spread"]
+        self.reference_ = state["reference"]
