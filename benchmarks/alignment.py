@@ -10,6 +10,10 @@ only in their decoder's attention:
   cross-attention (``AttentionConfig(family=..., which=("cross",))``, tempered ELBO, KL weight
   ``--kl-weight``);
 * ``latent``: ``alignment="latent"``, the categorical alignment summed out exactly;
+* ``context_ensemble``: ``--members`` latent decoders with the context emission (member 0 is
+  ``context``), their posteriors averaged: the uncertainty over which convention the network
+  learnt (e.g. whether a German article is explained by *the* or by its noun) that one
+  network's posterior cannot show;
 * ``variational``: ``alignment="variational"``, the same model trained by the exact ELBO with an
   inference network :math:`q(z_t\\mid x, y)` over the whole target (marginal-likelihood weight
   ``--marginal-weight``; with several, each seed picks the one with the lowest posterior AER on
@@ -77,6 +81,8 @@ FAMILIES = ("dirichlet", "logistic_normal", "weibull", "concrete")
 VARIATIONAL = ("variational", "variational_context")
 #: the kinds with the context emission (the others with a latent alignment read one word)
 CONTEXT = ("context", "variational_context")
+#: ensembles of ``--members`` decoders (member 0 is the single decoder of the same kind)
+ENSEMBLES = {"ensemble": "soft", "context_ensemble": "context"}
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -88,7 +94,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--d-model", type=int, default=32)
     p.add_argument("--warmup", type=int, default=8, help="latent: epochs with a uniform prior")
-    p.add_argument("--members", type=int, default=3, help="soft decoders in the ensemble")
+    p.add_argument(
+        "--members",
+        type=int,
+        default=3,
+        help="decoders in an ensemble (ensemble, context_ensemble)",
+    )
     p.add_argument("--samples", type=int, default=16, help="attention draws of a family")
     p.add_argument("--kl-weight", type=float, default=0.01)
     p.add_argument(
@@ -256,6 +267,8 @@ def step_cost(task: SequenceTask, args, repeats: int) -> dict[str, float]:
     out = {"soft_ms": ms["soft"], "latent_ms": ms["latent"], "ratio": ms["latent"] / ms["soft"]}
     for k in kinds[2:]:
         out[f"{k}_ms"], out[f"{k}_ratio"] = ms[k], ms[k] / ms["soft"]
+    # an ensemble trains its members one after another: members × one member's step
+    out["context_ensemble_ratio"] = args.members * out["context_ratio"]
     return out
 
 
@@ -267,8 +280,9 @@ def run_seed(seed: int, kinds: list[str], args, bar) -> dict[str, Any]:
     tr, val, test = train_val_test_split(task, (0.8, 0.1, 0.1), seed=seed)
     out: dict[str, Any] = {}
     soft_members: list[Seq2Seq] = []
+    context_members: list[Seq2Seq] = []
     for kind in kinds:
-        if kind == "ensemble" or kind.endswith("_q"):
+        if kind in ENSEMBLES or kind.endswith("_q"):
             continue
         t0 = time.perf_counter()
         if kind == "soft":
@@ -276,6 +290,14 @@ def run_seed(seed: int, kinds: list[str], args, bar) -> dict[str, Any]:
                 soft_members.append(train("soft", 1000 * seed + m, tr, val, args))
                 bar.update(1)
             net = soft_members[0]
+        elif kind == "context" and "context_ensemble" in kinds:
+            t_members = []
+            for m in range(args.members):  # member 0 is the single context decoder
+                t1 = time.perf_counter()
+                context_members.append(train("context", 1000 * seed + m, tr, val, args))
+                t_members.append(time.perf_counter() - t1)
+                bar.update(1)
+            net = context_members[0]
         elif kind in VARIATIONAL:
             net, lam, val_aer = train_variational(kind, seed, tr, val, args, bar)
             out[f"{kind}_q"] = evaluate([net], test, args.samples, posterior="inference")
@@ -285,11 +307,16 @@ def run_seed(seed: int, kinds: list[str], args, bar) -> dict[str, Any]:
             bar.update(1)
         res = evaluate([net], test, args.samples)
         res["train_s"] = time.perf_counter() - t0
+        if context_members and kind == "context":
+            res["train_s"] = t_members[0]
+            out["context_ensemble"] = evaluate(context_members, test, 1)
+            out["context_ensemble"]["train_s"] = sum(t_members)
         if kind in VARIATIONAL:
             res["marginal_weight"], res["val_posterior_aer"] = lam, val_aer
         out[kind] = res
     if "ensemble" in kinds:
         out["ensemble"] = evaluate(soft_members, test, 1)
+    out = {k: out[k] for k in kinds if k in out}  # the kinds' order
     out["_test"] = test
     return out
 
@@ -351,16 +378,28 @@ def summarise(per_seed: list[dict[str, Any]], kinds: list[str]) -> dict[str, Any
     return summary
 
 
+def expand_kinds(spec: str) -> list[str]:
+    """The kinds of ``--kinds``, with what they need: a variational kind is also scored by q
+    (``<kind>_q`` after it) and an ensemble trains its single kind (inserted before it)."""
+    kinds = [k.strip() for k in spec.split(",") if k.strip()]
+    for v in VARIATIONAL:
+        if v in kinds and f"{v}_q" not in kinds:
+            kinds.insert(kinds.index(v) + 1, f"{v}_q")
+    for ens, single in ENSEMBLES.items():
+        if ens in kinds and single not in kinds:
+            kinds.insert(kinds.index(ens), single)
+    return kinds
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     from tqdm import tqdm
 
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    for v in VARIATIONAL:
-        if v in kinds and f"{v}_q" not in kinds:
-            kinds.insert(kinds.index(v) + 1, f"{v}_q")
-    per_kind = {"soft": args.members if "ensemble" in kinds else 1, "ensemble": 0}
+    kinds = expand_kinds(args.kinds)
+    per_kind = {"soft": args.members if "ensemble" in kinds else 1, "ensemble": 0,
+                "context": args.members if "context_ensemble" in kinds else 1,
+                "context_ensemble": 0}  # fmt: skip
     for v in VARIATIONAL:
         per_kind |= {v: len(marginal_weights(args)), f"{v}_q": 0}
     n_train = sum(per_kind.get(k, 1) for k in kinds)

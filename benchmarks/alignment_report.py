@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import math
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
 SHOWN = ("soft", "ensemble", "dirichlet", "latent", "variational", "variational_q", "context",
-         "variational_context", "variational_context_q")  # fmt: skip
+         "context_ensemble", "variational_context", "variational_context_q")  # fmt: skip
 LABELS = {
     "soft": "soft attention",
     "ensemble": "ensemble of soft decoders",
@@ -32,12 +33,14 @@ LABELS = {
     "variational": "variational alignment (exact posterior)",
     "variational_q": "variational alignment (inference network q)",
     "context": "latent alignment, context emission (exact)",
+    "context_ensemble": "ensemble of latent decoders, context emission (exact)",
     "variational_context": "variational alignment, context emission (exact posterior)",
     "variational_context_q": "variational alignment, context emission (inference network q)",
 }
 #: decoders the goals are checked for, and the step-cost ratio each one is charged
 GOAL_KINDS = {"latent": "ratio", "variational": "variational_ratio",
               "variational_q": "variational_ratio", "context": "context_ratio",
+              "context_ensemble": "context_ensemble_ratio",
               "variational_context": "variational_context_ratio",
               "variational_context_q": "variational_context_ratio"}  # fmt: skip
 #: the step-cost columns besides soft and latent, when timed
@@ -73,7 +76,7 @@ def alignment_figure(first: dict[str, Any], kinds: list[str], path: Path) -> Non
             ax.scatter(js, ts, s=90, facecolors="none", edgecolors="C3", linewidths=1.5)
             ax.set_xticks(range(len(src)), src, rotation=60, fontsize=7)
             ax.set_yticks(range(len(tgt)), tgt, fontsize=7)
-            ax.set_title(f"{LABELS.get(kind, kind)}: {name}", fontsize=9)
+            ax.set_title(textwrap.fill(f"{LABELS.get(kind, kind)}: {name}", 40), fontsize=9)
     fig.suptitle("alignment of one test sentence (rows: German words; red circles: gold links)")
     fig.savefig(path, dpi=100)
 
@@ -106,7 +109,7 @@ def reliability_figure(doc: dict[str, Any], kinds: list[str], path: Path) -> Non
         for side, style in (("posterior", "o-"), ("prior", "s--")):
             conf, acc = pooled_reliability(doc, kind, side)
             ax.plot(conf, acc, style, ms=4, label=side)
-        ax.set_title(LABELS.get(kind, kind), fontsize=9)
+        ax.set_title(textwrap.fill(LABELS.get(kind, kind), 30), fontsize=9)
         ax.set_xlabel("max attention weight")
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
@@ -273,7 +276,7 @@ def report(doc: dict[str, Any], figs: list[str]) -> str:
         + f"80/10/10 split per seed, {cfg['seeds']} seeds; `Seq2Seq` with d_model {cfg['d_model']}, "
         f"1 encoder and 1 decoder layer, 2 heads, {cfg['epochs']} epochs (latent, variational, context: "
         f"{cfg['warmup']} more epochs first with a uniform prior); families: KL weight "
-        f"{cfg['kl_weight']}, {cfg['samples']} attention draws; ensemble: {cfg['members']} soft "
+        f"{cfg['kl_weight']}, {cfg['samples']} attention draws; ensembles: {cfg['members']} "
         "decoders. Link metrics on the test split's target words that have a gold link (the comma, "
         "EOS and padding have none); mean and 95% Student-t interval over seeds.",
         *variational_line(doc),

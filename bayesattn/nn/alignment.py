@@ -87,7 +87,7 @@ class LatentAlignment(nn.Module):
         vocab_size: int,
         dim_feedforward: int,
         layer_norm_eps: float = 1e-5,
-        emission: EmissionKind = "word",
+        emission: EmissionKind = "context",
     ) -> None:
         if emission not in get_args(EmissionKind):
             raise ValueError(f"emission must be one of {get_args(EmissionKind)}; got {emission!r}")

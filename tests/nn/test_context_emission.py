@@ -182,6 +182,9 @@ def test_the_default_emission_is_context_for_latent_decoders_and_none_for_soft()
     for emission in (None, "word"):
         soft = Seq2Seq(9, 11, emission=emission, **SMALL)  # type: ignore[arg-type]
         assert soft.latent is None and soft.head is not None
+    # the module built on its own has the same default as the decoders that build it
+    assert LatentAlignment(8, 5, 6, 16).emission == "context"
+    assert LatentAlignment(8, 5, 6, 16, emission="word").context_gate is None
 
 
 def test_a_state_dict_of_the_other_emission_names_the_emission_to_build() -> None:
