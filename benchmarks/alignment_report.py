@@ -150,6 +150,9 @@ def goal_rows(doc: dict[str, Any], kind: str = "latent") -> list[list[str]]:
     worse = acc_l[2] < acc_s[1]  # latent's interval wholly below soft's
     ece, au, kl = lat["posterior_ece"], lat["posterior_auroc_entropy"], lat["kl"]
     r = doc["step_cost"][GOAL_KINDS[kind]]
+    step = f"training step {kind.removesuffix('_q')} / soft ≤ 2"
+    if kind == "context_ensemble":  # its members train one after another
+        step = f"training cost ({doc['config']['members']} members × one step) / soft ≤ 2"
     yes = lambda ok: "yes" if ok else "no"  # noqa: E731
     return [
         ["posterior AER ≤ ½ soft arg-max AER", _fmt(lat["posterior_aer"]),
@@ -160,7 +163,7 @@ def goal_rows(doc: dict[str, Any], kind: str = "latent") -> list[list[str]]:
         ["wrong links found, AUROC ≥ .90 (posterior entropy)", _fmt(au), "≥ 0.900",
          yes(au[0] >= 0.90)],
         ["KL(posterior ‖ prior), nats per target token", _fmt(kl, 4), "reported", "–"],
-        [f"training step {kind.removesuffix('_q')} / soft ≤ 2", f"{r:.2f}", "≤ 2", yes(r <= 2)],
+        [step, f"{r:.2f}", "≤ 2", yes(r <= 2)],
     ]  # fmt: skip
 
 
