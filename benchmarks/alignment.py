@@ -275,29 +275,34 @@ def step_cost(task: SequenceTask, args, repeats: int) -> dict[str, float]:
 # ---- driver ------------------------------------------------------------------------------------
 
 
+def train_members(
+    kind: str, n: int, seed: int, tr: SequenceTask, val: SequenceTask, args, bar
+) -> tuple[list[Seq2Seq], list[float]]:
+    """``n`` decoders of ``kind`` (initialisations ``1000 * seed + m``; member 0 is the single
+    decoder of that kind) and each one's training seconds."""
+    nets, secs = [], []
+    for m in range(n):
+        t0 = time.perf_counter()
+        nets.append(train(kind, 1000 * seed + m, tr, val, args))
+        secs.append(time.perf_counter() - t0)
+        bar.update(1)
+    return nets, secs
+
+
 def run_seed(seed: int, kinds: list[str], args, bar) -> dict[str, Any]:
     task = make_translation_task(args.n, seed=seed, front_adverb=args.front_adverb)
     tr, val, test = train_val_test_split(task, (0.8, 0.1, 0.1), seed=seed)
     out: dict[str, Any] = {}
-    soft_members: list[Seq2Seq] = []
-    context_members: list[Seq2Seq] = []
+    members: dict[str, tuple[list[Seq2Seq], list[float]]] = {}  # single kind -> nets, seconds
     for kind in kinds:
         if kind in ENSEMBLES or kind.endswith("_q"):
             continue
         t0 = time.perf_counter()
-        if kind == "soft":
-            for m in range(args.members if "ensemble" in kinds else 1):
-                soft_members.append(train("soft", 1000 * seed + m, tr, val, args))
-                bar.update(1)
-            net = soft_members[0]
-        elif kind == "context" and "context_ensemble" in kinds:
-            t_members = []
-            for m in range(args.members):  # member 0 is the single context decoder
-                t1 = time.perf_counter()
-                context_members.append(train("context", 1000 * seed + m, tr, val, args))
-                t_members.append(time.perf_counter() - t1)
-                bar.update(1)
-            net = context_members[0]
+        if kind in ENSEMBLES.values():  # soft, context: more members when their ensemble runs
+            ens = next(e for e, single in ENSEMBLES.items() if single == kind)
+            n = args.members if ens in kinds else 1
+            members[kind] = train_members(kind, n, seed, tr, val, args, bar)
+            net = members[kind][0][0]
         elif kind in VARIATIONAL:
             net, lam, val_aer = train_variational(kind, seed, tr, val, args, bar)
             out[f"{kind}_q"] = evaluate([net], test, args.samples, posterior="inference")
@@ -306,16 +311,14 @@ def run_seed(seed: int, kinds: list[str], args, bar) -> dict[str, Any]:
             net = train(kind, 1000 * seed, tr, val, args)
             bar.update(1)
         res = evaluate([net], test, args.samples)
-        res["train_s"] = time.perf_counter() - t0
-        if context_members and kind == "context":
-            res["train_s"] = t_members[0]
-            out["context_ensemble"] = evaluate(context_members, test, 1)
-            out["context_ensemble"]["train_s"] = sum(t_members)
+        res["train_s"] = members[kind][1][0] if kind in members else time.perf_counter() - t0
         if kind in VARIATIONAL:
             res["marginal_weight"], res["val_posterior_aer"] = lam, val_aer
         out[kind] = res
-    if "ensemble" in kinds:
-        out["ensemble"] = evaluate(soft_members, test, 1)
+    for ens, single in ENSEMBLES.items():
+        if ens in kinds:
+            nets, secs = members[single]
+            out[ens] = evaluate(nets, test, 1) | {"train_s": sum(secs)}
     out = {k: out[k] for k in kinds if k in out}  # the kinds' order
     out["_test"] = test
     return out
@@ -397,9 +400,9 @@ def main(argv: list[str] | None = None) -> None:
     from tqdm import tqdm
 
     kinds = expand_kinds(args.kinds)
-    per_kind = {"soft": args.members if "ensemble" in kinds else 1, "ensemble": 0,
-                "context": args.members if "context_ensemble" in kinds else 1,
-                "context_ensemble": 0}  # fmt: skip
+    per_kind = {ens: 0 for ens in ENSEMBLES} | {
+        single: args.members if ens in kinds else 1 for ens, single in ENSEMBLES.items()
+    }
     for v in VARIATIONAL:
         per_kind |= {v: len(marginal_weights(args)), f"{v}_q": 0}
     n_train = sum(per_kind.get(k, 1) for k in kinds)

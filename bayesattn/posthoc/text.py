@@ -141,12 +141,16 @@ class TextDensityRead(PosthocRead):
     def _entropy(self, x: Tensor) -> Tensor:
         return predictive_entropy(self._bow().probs(x))  # (B,)
 
+    def _stack(self, density: Tensor, ids: Tensor) -> Tensor:
+        """The parts ``(B, 2)`` from the density scores ``(B,)`` and the token ids ``(B, T)``."""
+        return torch.stack([density.double(), self._entropy(ids)], -1)
+
     def parts(self, x: Any) -> Tensor:
         """``(B, 2)`` float64: the density score and the bag of words' entropy (:data:`PARTS`),
         not standardised."""
         self._check_fitted()
         ids = self._ids("x", x)
-        return torch.stack([self.density.score(x).double(), self._entropy(ids)], -1)
+        return self._stack(self.density.score(x), ids)
 
     def _combine(self, parts: Tensor) -> Tensor:
         """Each part standardised on its validation values, summed: ``(B, 2)`` → ``(B,)``."""
@@ -170,7 +174,7 @@ class TextDensityRead(PosthocRead):
         bow = fit_bag_of_words((ids, y), (ids_v, yv), self.vocab_size, self.Cs, pad_id=self.pad_id)
         self.bow_, self.C_ = bow.weights(), bow.C
         self.num_classes = self.density.num_classes
-        self.reference_ = torch.stack([self.density.score(fv).double(), self._entropy(ids_v)], -1)
+        self.reference_ = self._stack(self.density.score(fv), ids_v)  # (M, 2)
 
     def _predict(self, x: Any, num_samples: int | None) -> PredictionResult:
         self._ids("x", x)
@@ -186,7 +190,7 @@ class TextDensityRead(PosthocRead):
         self._check_fitted()
         ids = self._ids("x", x)
         pred, density = self.density.predict_and_score(x, num_samples)
-        return pred, self._combine(torch.stack([density.double(), self._entropy(ids)], -1))
+        return pred, self._combine(self._stack(density, ids))
 
     def kl(self) -> float:
         """The density read's KL from its prior (nats); the bag of words is a point estimate."""

@@ -155,18 +155,14 @@ def test_a_hugging_face_classifier_gives_its_vocabulary_and_padding():
     assert read.bag_of_words.pad_id == 3
     # a tokenizer's dict: the model reads the dict (its attention_mask leaves padding out of the
     # token view), the bag of words its input_ids; padding (id 3) counts in neither
-    mask = (xs != 0).long()
-    batch = {"input_ids": torch.where(mask.bool(), xs, 3), "attention_mask": mask}
-    by_dict = TextDensityRead(bert).fit(
-        {"input_ids": torch.where(x == 0, 3, x), "attention_mask": (x != 0).long()}, y,
-        val=({"input_ids": torch.where(xv == 0, 3, xv), "attention_mask": (xv != 0).long()}, yv),
-    )
-    ref = DensityRead(bert, views=("cls",)).fit(
-        {"input_ids": torch.where(x == 0, 3, x), "attention_mask": (x != 0).long()}, y,
-        val=({"input_ids": torch.where(xv == 0, 3, xv), "attention_mask": (xv != 0).long()}, yv),
-    )
+    def as_dict(t: torch.Tensor) -> dict[str, torch.Tensor]:  # padding 0 → the tokenizer's 3
+        return {"input_ids": torch.where(t == 0, 3, t), "attention_mask": (t != 0).long()}
+
+    batch, mask = as_dict(xs), (xs != 0).long()
+    by_dict = TextDensityRead(bert).fit(as_dict(x), y, val=(as_dict(xv), yv))
+    ref = DensityRead(bert, views=("cls",)).fit(as_dict(x), y, val=(as_dict(xv), yv))
     torch.testing.assert_close(by_dict.parts(batch)[:, 0], ref.score(batch).double())
-    bow = fit_bag_of_words((torch.where(x == 0, 3, x), y), (torch.where(xv == 0, 3, xv), yv), V,
+    bow = fit_bag_of_words((as_dict(x)["input_ids"], y), (as_dict(xv)["input_ids"], yv), V,
                            pad_id=3)  # fmt: skip
     torch.testing.assert_close(by_dict.parts(batch)[:, 1],
                                predictive_entropy(bow.probs(batch["input_ids"])))  # fmt: skip
