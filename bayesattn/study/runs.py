@@ -150,11 +150,11 @@ class Run:
             nets.append(net.eval())
         return nets[:n], secs[:n]
 
-    def views(self, split: str, x: Tensor | None = None) -> Features:
+    def views(self, split: str, x: Tensor | None = None, member: int = 0) -> Features:
         """:class:`~bayesattn.posthoc.Features` ``(logits, cls, tokens)`` of the deterministic
-        network (member 0) on a named split (cached) or on ``x`` (the last ``x`` is remembered
-        by identity, as in :meth:`features`)."""
-        return self._member0("views", extract_features, split, x)
+        network (``member``: which of :meth:`members`, 0 by default) on a named split (cached)
+        or on ``x`` (the last ``x`` is remembered by identity, as in :meth:`features`)."""
+        return self._member("views", extract_features, split, x, member=member)
 
     def passes(
         self, split: str, x: Tensor | None = None, pretrained: bool = False
@@ -163,7 +163,7 @@ class Run:
         of :meth:`pretrained_members`' first) without the token view (its last layer computes
         the CLS row only), cached as :meth:`views`."""
         kind = "pretrained_features" if pretrained else "features"
-        return self._member0(kind, _one_pass, split, x, pretrained)
+        return self._member(kind, _one_pass, split, x, pretrained)
 
     def features(self, split: str, x: Tensor | None = None) -> Tensor:
         """Pooled features ``(B, E)`` of the deterministic network (member 0) on a named split
@@ -172,19 +172,21 @@ class Run:
         as a user's would)."""
         return self.passes(split, x).cls
 
-    def _member0(
+    def _member(
         self,
         kind: str,
         read: Callable[[TransformerClassifier, Tensor], Any],
         split: str,
         x: Tensor | None,
         pretrained: bool = False,
+        member: int = 0,
     ) -> Any:
-        """``read(member 0, inputs)``, cached per named split under ``kind/split``; for explicit
-        ``x`` only the last one is kept (by identity), so a prediction and an own score on the
-        same inputs share one pass."""
-        net = (self.pretrained_members if pretrained else self.members)(1)[0][0]
+        """``read(member 0, inputs)`` (``member``: another member), cached per named split under
+        ``kind/split``; for explicit ``x`` only the last one is kept (by identity), so a
+        prediction and an own score on the same inputs share one pass."""
+        net = (self.pretrained_members if pretrained else self.members)(member + 1)[0][member]
         assert isinstance(net, TransformerClassifier)
+        kind = kind if member == 0 else f"{kind}@{member}"
         if x is not None:
             last = self.cache.get(f"{kind}/last")
             if last is not None and last[0] is x:

@@ -60,3 +60,29 @@ def test_density_method_is_the_interop_read_on_the_views(run):
     # values (state_views before the one-pass features)
     assert run.views("", x) is run.views("", x)
     assert torch.equal(m.predict(f, x).probs[0], read.probs(lx, [cx, tx]).float())
+
+
+def test_density_pair_averages_two_members_reads_fitted_each_on_its_own_features(run):
+    m = get_method("density_pair")
+    f = m.fit(run)
+    nets, _ = run.members(2)
+    assert f.nets == nets and nets[0] is not nets[1]
+    d, x = run.data, run.data.x_test[:16]
+    probs, scores = [], []
+    for net in nets:  # independent: the core read fitted by hand on each member's own views
+        _, cls, tok = state_views(net, d.x_train)
+        vl, vcls, vtok = state_views(net, d.x_val)
+        read = fit_class_density([cls, tok], d.y_train, [vcls, vtok], d.y_val, d.num_classes,
+                                 val_logits=vl)
+        lx, cx, tx = state_views(net, x)
+        probs.append(read.probs(lx, [cx, tx]).float())
+        scores.append(read.score([cx, tx]))
+    got = m.predict(f, x)
+    assert got.probs.shape == (2, 16, d.num_classes)
+    torch.testing.assert_close(got.probs, torch.stack(probs))
+    torch.testing.assert_close(m.score(f, run, x), (scores[0] + scores[1]) / 2)
+    assert not torch.allclose(scores[0], scores[1])  # two networks, two reads
+    # member 0's read is the density method's own
+    torch.testing.assert_close(got.probs[0], get_method("density").predict(
+        get_method("density").fit(run), x).probs[0])
+    assert len(f.params["temperature"]) == 2 and m.posterior_kl(f, run)[1] > 0
