@@ -20,7 +20,9 @@ estimator API), the reads, one feature source.
   :class:`AttentionRead` (SVI over a converted model's attention posteriors),
   :class:`MixtureRead` (a mixture over rank-1 factors of the attention projections);
 * :mod:`~bayesattn.posthoc.text` -- :class:`TextDensityRead`, the recommended read of a token
-  classifier: the density read of its CLS output + a bag of words' entropy, standardised.
+  classifier: the density read of its CLS output + a bag of words' entropy, standardised;
+* :mod:`~bayesattn.posthoc.ensemble` -- :class:`ReadEnsemble`, one read per network of a small
+  ensemble, predictives and scores averaged (two density reads: the recipe for images).
 
 The first three read :class:`Features` (or the model's inputs, extracted once); the attention and
 mixture reads change the model's pass and read its inputs; the text read takes token ids (its
@@ -32,6 +34,7 @@ from __future__ import annotations
 from .attention import AttentionRead
 from .base import PosthocRead
 from .density import DensityRead
+from .ensemble import ReadEnsemble
 from .features import Features, extract_features
 from .gp import GPRead
 from .mixture import MixtureRead
@@ -45,6 +48,7 @@ __all__ = [
     "GPRead",
     "MixtureRead",
     "PosthocRead",
+    "ReadEnsemble",
     "TemperatureRead",
     "TextDensityRead",
     "extract_features",

@@ -86,3 +86,16 @@ def test_density_pair_averages_two_members_reads_fitted_each_on_its_own_features
     torch.testing.assert_close(got.probs[0], get_method("density").predict(
         get_method("density").fit(run), x).probs[0])
     assert len(f.params["temperature"]) == 2 and m.posterior_kl(f, run)[1] > 0
+
+
+def test_density_pair_is_the_library_read_ensemble(run):
+    from bayesattn.posthoc import ReadEnsemble
+
+    m = get_method("density_pair")
+    f = m.fit(run)
+    d, x = run.data, run.data.x_test[:16]
+    ens = ReadEnsemble.of(f.nets, views=("cls", "tokens")).fit(d.x_train, d.y_train,
+                                                                val=(d.x_val, d.y_val))  # fmt: skip
+    res, score = ens.predict_and_score(x)
+    torch.testing.assert_close(m.predict(f, x).probs, res.probs)
+    torch.testing.assert_close(m.score(f, run, x), score)
