@@ -120,4 +120,4 @@ class DensityPair(ClassDensity):
         return 0.0, float(sum(r.kl() for r in fitted.state["reads"]))
 
 
-register_method(DensityPair())
+register_method(DensityPair(), default=True)  # the recipe for images and signals (issue 45)

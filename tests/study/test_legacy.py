@@ -49,7 +49,7 @@ def test_the_map_and_the_default_methods():
     assert current_method_name("recommended") == "last_layer"
     assert current_method_name("density") == "density"
     assert "last_layer" in DEFAULT_METHODS and "last_layer" in FULL_METHODS
-    assert "recommended" not in METHODS and len(DEFAULT_METHODS) == 13
+    assert "recommended" not in METHODS and len(DEFAULT_METHODS) == 14
     with pytest.raises(ValueError, match="'recommended' is now called 'last_layer'"):
         StudyConfig(methods=("deterministic", "recommended"))
 
