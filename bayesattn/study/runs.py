@@ -157,13 +157,13 @@ class Run:
         return self._member("views", extract_features, split, x, member=member)
 
     def passes(
-        self, split: str, x: Tensor | None = None, pretrained: bool = False
+        self, split: str, x: Tensor | None = None, pretrained: bool = False, member: int = 0
     ) -> Features:
         """:class:`~bayesattn.posthoc.Features` ``(logits, cls)`` of member 0 (``pretrained``:
-        of :meth:`pretrained_members`' first) without the token view (its last layer computes
-        the CLS row only), cached as :meth:`views`."""
+        of :meth:`pretrained_members`' first; ``member``: another member) without the token
+        view (its last layer computes the CLS row only), cached as :meth:`views`."""
         kind = "pretrained_features" if pretrained else "features"
-        return self._member(kind, _one_pass, split, x, pretrained)
+        return self._member(kind, _one_pass, split, x, pretrained, member)
 
     def features(self, split: str, x: Tensor | None = None) -> Tensor:
         """Pooled features ``(B, E)`` of the deterministic network (member 0) on a named split

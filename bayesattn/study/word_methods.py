@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import time
 
+import torch
 from torch import Tensor
 
 from ..calibration import predictive_entropy
 from ..calibration.bag_of_words import BagOfWords, fit_bag_of_words
 from ..calibration.token_scores import combine_scores
 from ..nn.networks import BayesianNetwork
+from ..posthoc import DensityRead
 from ..posthoc.features import Features
 from ..uncertainty import PredictionResult
 from .datasets import StudyDataset
@@ -37,6 +39,7 @@ __all__ = [
     "BagOfWordsMethod",
     "TokenDensity",
     "DensityBagOfWords",
+    "DensityBagOfWordsPair",
     "Pretrained",
 ]
 
@@ -122,6 +125,52 @@ class DensityBagOfWords(TokenDensity):
         return combine_scores(self._parts(fitted, run, x), fitted.state["val"])
 
 
+class DensityBagOfWordsPair(DensityBagOfWords):
+    """:class:`DensityBagOfWords` on each of the first two networks from scratch (the ensemble's
+    first members), averaged: the predictive the two density predictives stacked (``S = 2``),
+    the score the mean of the two members' standardised sums (the bag of words, one fit, in
+    both), as :class:`~bayesattn.posthoc.ReadEnsemble` of two
+    :class:`~bayesattn.posthoc.TextDensityRead` computes it."""
+
+    size = 2
+
+    def fit(self, run: Run) -> Fitted:
+        nets, secs = run.members(self.size)
+        bow, bow_secs = bag_of_words(run)
+        f = Fitted(list(nets), sum(secs) + bow_secs, params={"C": bow.C, "view": "cls"})
+        t0 = time.perf_counter()
+        d, reads = run.data, []
+        for m in range(self.size):
+            train, val = run.passes("train", member=m), run.passes("val", member=m)
+            reads.append(DensityRead(views=self.views).fit(train, d.y_train, val=(val, d.y_val)))
+        f.train_seconds += time.perf_counter() - t0
+        f.state.update(reads=reads, run=run, bow=bow)
+        f.state["val"] = self._each_parts(f, run, d.x_val)
+        f.params.update(members=self.size, temperature=[r.temperature for r in reads],
+                        prior_strength=[r.prior_strengths for r in reads])  # fmt: skip
+        return f
+
+    def _each_parts(self, fitted: Fitted, run: Run, x: Tensor) -> list[list[Tensor]]:
+        """Per member ``[density score, bag-of-words entropy]`` on ``x``."""
+        h = predictive_entropy(fitted.state["bow"].probs(x).double())
+        return [[r.score(run.passes("", x, member=m)), h]
+                for m, r in enumerate(fitted.state["reads"])]  # fmt: skip
+
+    def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
+        run: Run = fitted.state["run"]
+        probs = [r.predict(run.passes("", x, member=m)).probs
+                 for m, r in enumerate(fitted.state["reads"])]  # fmt: skip
+        return PredictionResult(probs=torch.cat(probs), kind="posthoc/density_bow_pair")
+
+    def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
+        each = self._each_parts(fitted, run, x)
+        sums = [combine_scores(p, v) for p, v in zip(each, fitted.state["val"], strict=True)]
+        return torch.stack(sums).mean(0)  # (B,)
+
+    def posterior_kl(self, fitted: Fitted, run: Run) -> tuple[float, float]:
+        return 0.0, float(sum(r.kl() for r in fitted.state["reads"]))
+
+
 class Pretrained(Deterministic):
     """The deterministic network fine-tuned from the masked-LM trunk; its score the entropy."""
 
@@ -150,6 +199,11 @@ for _m in (
         "the CLS density score + the bag of words' entropy, each standardised on validation, "
         "summed; the read's predictive",
         pretrained=False,
+    ),
+    DensityBagOfWordsPair(
+        "density_bow_pair",
+        "density_bow on each of two networks from scratch (the ensemble's first two), "
+        "averaged (ReadEnsemble of two TextDensityReads)",
     ),
     DensityBagOfWords(
         "density_pretrained_bow",

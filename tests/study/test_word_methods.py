@@ -216,6 +216,30 @@ def test_density_bow_sums_the_density_and_the_bag_of_words_entropy(run, name):
     assert lib.C == bow.C
 
 
+def test_density_bow_pair_is_the_read_ensemble_of_two_text_reads(run):
+    from bayesattn.posthoc import ReadEnsemble
+
+    m = get_method("density_bow_pair")
+    f = m.fit(run)
+    nets, _ = run.members(2)
+    assert f.nets == nets and nets[0] is not nets[1]
+    d = run.data
+    # independent: one TextDensityRead per network, fitted by the library, averaged by hand
+    libs = [TextDensityRead(n).fit(d.x_train, d.y_train, val=(d.x_val, d.y_val)) for n in nets]
+    x = d.x_ood_classes
+    torch.testing.assert_close(m.score(f, run, x), (libs[0].score(x) + libs[1].score(x)) / 2)
+    got = m.predict(f, d.x_test)
+    assert got.probs.shape[0] == 2
+    torch.testing.assert_close(got.probs, torch.cat([r.predict(d.x_test).probs for r in libs]))
+    # member 0's part is density_bow's own
+    single = get_method("density_bow")
+    fs = single.fit(run)
+    torch.testing.assert_close(got.probs[0], single.predict(fs, d.x_test).probs[0])
+    # the library's ensemble of the two reads is the same method
+    ens = ReadEnsemble.of(nets, TextDensityRead).fit(d.x_train, d.y_train, val=(d.x_val, d.y_val))
+    torch.testing.assert_close(ens.score(x), m.score(f, run, x))
+
+
 def test_a_folder_holding_only_a_cached_trunk_takes_a_new_study(words, tmp_path):
     from bayesattn._study_io import prepare_out_dir
 
