@@ -10,6 +10,7 @@ measured and lost; their numbers are in ``docs/which-attention.md``, their code 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -21,7 +22,7 @@ from ..uncertainty import PredictionResult
 from .methods import Fitted, Method, register_method
 from .runs import Run
 
-__all__ = ["ClassDensity", "DensityPair"]
+__all__ = ["ClassDensity", "DensityPair", "member_reads"]
 
 
 class ClassDensity(Method):
@@ -73,6 +74,20 @@ class ClassDensity(Method):
 register_method(ClassDensity(), default=True)  # the best single network measured: in make study
 
 
+def member_reads(
+    run: Run, size: int, views: tuple[str, ...], features: Callable[..., Features]
+) -> tuple[list[DensityRead], float]:
+    """A :class:`~bayesattn.posthoc.DensityRead` of ``views`` fitted on each of the run's first
+    ``size`` members (``features(split, member=m)``: member ``m``'s features of a split), and
+    the seconds the fits took."""
+    t0 = time.perf_counter()
+    d, reads = run.data, []
+    for m in range(size):
+        train, val = features("train", member=m), features("val", member=m)
+        reads.append(DensityRead(views=views).fit(train, d.y_train, val=(val, d.y_val)))
+    return reads, time.perf_counter() - t0
+
+
 class DensityPair(ClassDensity):
     r"""The density read fitted on each of the first ``size`` deterministic members (the
     ensemble's first networks, each read on its own features); predictive: the members' density
@@ -88,13 +103,8 @@ class DensityPair(ClassDensity):
 
     def fit(self, run: Run) -> Fitted:
         nets, secs = run.members(self.size)
-        f = Fitted(list(nets), sum(secs))
-        t0 = time.perf_counter()
-        d, reads = run.data, []
-        for m in range(self.size):
-            train, val = run.views("train", member=m), run.views("val", member=m)
-            reads.append(DensityRead(views=self.views).fit(train, d.y_train, val=(val, d.y_val)))
-        f.train_seconds += time.perf_counter() - t0
+        reads, fit_secs = member_reads(run, self.size, self.views, run.views)
+        f = Fitted(list(nets), sum(secs) + fit_secs)
         f.state.update(reads=reads, run=run)
         f.params = {"views": list(self.views), "members": self.size,
                     "prior_strength": [r.prior_strengths for r in reads],

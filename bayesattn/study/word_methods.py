@@ -26,11 +26,10 @@ from ..calibration import predictive_entropy
 from ..calibration.bag_of_words import BagOfWords, fit_bag_of_words
 from ..calibration.token_scores import combine_scores
 from ..nn.networks import BayesianNetwork
-from ..posthoc import DensityRead
 from ..posthoc.features import Features
 from ..uncertainty import PredictionResult
 from .datasets import StudyDataset
-from .density_methods import ClassDensity
+from .density_methods import ClassDensity, member_reads
 from .methods import Deterministic, Fitted, Method, register_method
 from .runs import Run
 
@@ -137,15 +136,10 @@ class DensityBagOfWordsPair(DensityBagOfWords):
     def fit(self, run: Run) -> Fitted:
         nets, secs = run.members(self.size)
         bow, bow_secs = bag_of_words(run)
-        f = Fitted(list(nets), sum(secs) + bow_secs, params={"C": bow.C, "view": "cls"})
-        t0 = time.perf_counter()
-        d, reads = run.data, []
-        for m in range(self.size):
-            train, val = run.passes("train", member=m), run.passes("val", member=m)
-            reads.append(DensityRead(views=self.views).fit(train, d.y_train, val=(val, d.y_val)))
-        f.train_seconds += time.perf_counter() - t0
+        reads, fit_secs = member_reads(run, self.size, self.views, run.passes)
+        f = Fitted(list(nets), sum(secs) + bow_secs + fit_secs, params={"C": bow.C, "view": "cls"})
         f.state.update(reads=reads, run=run, bow=bow)
-        f.state["val"] = self._each_parts(f, run, d.x_val)
+        f.state["val"] = self._each_parts(f, run, run.data.x_val)
         f.params.update(members=self.size, temperature=[r.temperature for r in reads],
                         prior_strength=[r.prior_strengths for r in reads])  # fmt: skip
         return f
