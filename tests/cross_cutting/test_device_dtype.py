@@ -17,9 +17,11 @@ A bfloat16 pass checks that the posterior mean keeps a low-precision dtype end t
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +30,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+import bayesattn
 from bayesattn import attention_mode, convert
 from bayesattn.families import get_family
 from bayesattn.functional.supports import cluster_topk_support
@@ -66,12 +69,18 @@ ALLOWED = {
 }
 
 
+#: the library's own folder: a frame is the library's when its file is under it (not a path that
+#: merely holds "/bayesattn/", such as a virtual environment inside a checkout called bayesattn)
+LIBRARY = str(Path(bayesattn.__file__).resolve().parent) + os.sep
+
+
 def _origin() -> tuple[str, str, str]:
     """The innermost library frame of the current stack: (file, function, 'path:line')."""
     for f in reversed(traceback.extract_stack()):
-        if "/bayesattn/" in f.filename and "/tests/" not in f.filename:
-            name = f.filename.rsplit("/bayesattn/", 1)[1]
-            return name.rsplit("/", 1)[-1], f.name, f"bayesattn/{name}:{f.lineno} {f.name}"
+        path = str(Path(f.filename).resolve())
+        if path.startswith(LIBRARY):
+            name = path[len(LIBRARY):]
+            return name.rsplit(os.sep, 1)[-1], f.name, f"bayesattn/{name}:{f.lineno} {f.name}"
     return "", "", "(outside the library)"
 
 
