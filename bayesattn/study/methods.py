@@ -136,10 +136,10 @@ DEFAULT_METHODS: Sequence[str] = _Names(lambda: list(_DEFAULT))
 #: lost and were removed (their full-protocol numbers are in docs/which-attention.md). On words
 #: (:mod:`.word_methods`, skipped on images) the bag-of-words baseline, the network fine-tuned
 #: from a masked-LM trunk with and without the density read, and the density score summed with
-#: the bag of words' entropy.
+#: the bag of words' entropy, on one network and averaged over two (``density_bow_pair``).
 _FULL_EXTRA = ("dirichlet", "posthoc_gp", "posthoc_gp_mf", "sgpa", "density", "mixture",
                "bag_of_words", "pretrained", "density_pretrained", "density_bow",
-               "density_pretrained_bow")  # fmt: skip
+               "density_pretrained_bow", "density_bow_pair")  # fmt: skip
 FULL_METHODS: Sequence[str] = _Names(
     lambda: [*_DEFAULT, *(m for m in _FULL_EXTRA if m in _REGISTRY and m not in _DEFAULT)]
 )

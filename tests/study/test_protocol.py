@@ -87,7 +87,7 @@ def test_config_pairs_presets_and_errors():
     # the mixture's ablations run by name only; the ablations that lost are gone (their
     # numbers stay in docs/which-attention.md)
     by_name = {"mixture_point", "mixture_k1", "mixture_wide", "mixture_k2", "weights"}
-    assert by_name <= set(METHODS) and not by_name & set(full.methods) and len(full.methods) == 22
+    assert by_name <= set(METHODS) and not by_name & set(full.methods) and len(full.methods) == 23
     # on images the seventeen; the baseline and the pretrained network on words
     assert len(methods_for(get_dataset("digits"), full.methods)) == 17
     assert set(full.methods) - set(methods_for(get_dataset("fortunes"), full.methods)) == {
@@ -100,6 +100,7 @@ def test_config_pairs_presets_and_errors():
             "unknown_rate", "density_layers", "density_masked", "density_sum"}  # fmt: skip
     assert not lost & set(METHODS)
     assert not get_method("density_bow").applies_to(get_dataset("digits"))
+    assert not get_method("density_bow_pair").applies_to(get_dataset("digits"))
     assert StudyConfig.full(methods=("deterministic",), jobs=1).methods == ("deterministic",)
     assert len(full.pairs()) == 5
     m1d = StudyConfig(dataset="mnist1d").model("mnist1d")
