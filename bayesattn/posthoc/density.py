@@ -74,6 +74,8 @@ class DensityRead(PosthocRead):
             ):
                 raise ValueError(f"views must be distinct names from ('cls', 'tokens'); got {views}")
         self.views: tuple[str, ...] | None = views
+        # the token view costs a network of ours its whole last layer: extract it only when read
+        self.uses_tokens = views is None or "tokens" in views
         self.strengths = check_reals("strengths", strengths, gt=0)
         self.core_: ClassDensityRead | None = None
 
@@ -100,6 +102,7 @@ class DensityRead(PosthocRead):
             raise ValueError(f"val logits must have C = {C} classes; got {tuple(fv.logits.shape)}")
         if self.views is None:
             self.views = ("cls",) if x.tokens is None else ("cls", "tokens")
+        self.uses_tokens = "tokens" in self.views
         self.core_ = fit_class_density(self._views(x), y, self._views(fv), yv, C,
                                        val_logits=fv.logits, strengths=self.strengths)  # fmt: skip
         self.num_classes = C
@@ -175,6 +178,7 @@ class DensityRead(PosthocRead):
     def _load(self, state: dict[str, Any]) -> None:
         niw = lambda s: NIW(s[0], s[1], s[2], s[3])  # noqa: E731
         self.views = tuple(state["views"])
+        self.uses_tokens = "tokens" in self.views
         self.core_ = ClassDensityRead(
             [niw(p) for p in state["priors"]],
             [[niw(q) for q in posts] for posts in state["posteriors"]],

@@ -67,6 +67,12 @@ class ClassDensity(Method):
     def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
         return fitted.state["read"].score(self.features(run, "", x))
 
+    def predict_and_score(
+        self, fitted: Fitted, run: Run, x: Tensor
+    ) -> tuple[PredictionResult, Tensor]:
+        """One pass and one density evaluation (the predictive's temperature needs the score)."""
+        return fitted.state["read"].predict_and_score(self.features(run, "", x))
+
     def posterior_kl(self, fitted: Fitted, run: Run) -> tuple[float, float]:
         return 0.0, fitted.state["read"].kl()
 
@@ -93,17 +99,32 @@ class DensityPair(ClassDensity):
     ensemble's first networks, each read on its own features); predictive: the members' density
     predictives averaged (``S = size`` draws, so their disagreement is a mutual information);
     own score: the members' density scores averaged, :math:`s(x) = \frac1M\sum_m s_m(x)`
-    (each already standardised on validation, so no weight is fitted)."""
+    (each already standardised on validation, so no weight is fitted).
 
-    def __init__(self, size: int = 2) -> None:
-        self.size = size
-        self.name = "density_pair" if size == 2 else f"density_{size}"
-        self.description = (f"the density read on each of {size} deterministic networks; "
-                            "predictives and density scores averaged")  # fmt: skip
+    ``views=("cls",)`` reads the CLS output alone, from a pass whose last layer computes the CLS
+    row only (:meth:`Run.passes <bayesattn.study.runs.Run.passes>`): the cheaper pair."""
+
+    def __init__(self, size: int = 2, views: tuple[str, ...] = ("cls", "tokens")) -> None:
+        self.size, self.views = size, tuple(views)
+        cls_only = self.views == ("cls",)
+        self.name = f"density{'_cls' if cls_only else ''}_{'pair' if size == 2 else size}"
+        what = "the CLS output's density read (one CLS-only pass)" if cls_only else (
+            "the density read")
+        self.description = (f"{what} on each of {size} deterministic networks; predictives and "
+                            "density scores averaged")  # fmt: skip
+
+    def member_features(
+        self, run: Run, split: str, x: Tensor | None = None, member: int = 0
+    ) -> Features:
+        """Member ``member``'s features read (cached per split; the last ``x`` by identity)."""
+        read = run.views if "tokens" in self.views else run.passes
+        return read(split, x, member=member)
 
     def fit(self, run: Run) -> Fitted:
         nets, secs = run.members(self.size)
-        reads, fit_secs = member_reads(run, self.size, self.views, run.views)
+        reads, fit_secs = member_reads(
+            run, self.size, self.views, lambda split, member: self.member_features(
+                run, split, member=member))  # fmt: skip
         f = Fitted(list(nets), sum(secs) + fit_secs)
         f.state.update(reads=reads, run=run)
         f.params = {"views": list(self.views), "members": self.size,
@@ -114,20 +135,25 @@ class DensityPair(ClassDensity):
                                  "density; score standardised and (T, a) fitted on validation"}  # fmt: skip
         return f
 
-    def _each(self, fitted: Fitted, x: Tensor) -> list[tuple[PredictionResult, Tensor]]:
-        run: Run = fitted.state["run"]
-        return [r.predict_and_score(run.views("", x, member=m))
+    def predict_and_score(
+        self, fitted: Fitted, run: Run, x: Tensor
+    ) -> tuple[PredictionResult, Tensor]:
+        """Per member one pass and one density evaluation; ``(M, B, C)`` and the mean score."""
+        each = [r.predict_and_score(self.member_features(run, "", x, member=m))
                 for m, r in enumerate(fitted.state["reads"])]  # fmt: skip
+        probs = torch.cat([res.probs for res, _ in each])  # (M, B, C)
+        score = torch.stack([s for _, s in each]).mean(0)  # (B,)
+        return PredictionResult(probs=probs, kind=f"posthoc/{self.name}"), score
 
     def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
-        probs = torch.cat([res.probs for res, _ in self._each(fitted, x)])  # (M, B, C)
-        return PredictionResult(probs=probs, kind="posthoc/density_pair")
+        return self.predict_and_score(fitted, fitted.state["run"], x)[0]
 
     def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
-        return torch.stack([s for _, s in self._each(fitted, x)]).mean(0)  # (B,)
+        return self.predict_and_score(fitted, run, x)[1]
 
     def posterior_kl(self, fitted: Fitted, run: Run) -> tuple[float, float]:
         return 0.0, float(sum(r.kl() for r in fitted.state["reads"]))
 
 
 register_method(DensityPair(), default=True)  # the recipe for images and signals (issue 45)
+register_method(DensityPair(views=("cls",)))  # the same pair at a CLS-only pass per network

@@ -88,6 +88,15 @@ class Method:
         """The method's own OOD score ``(B,)`` (only when ``own_score`` is set)."""
         raise NotImplementedError(f"{self.name} has no own score")
 
+    def predict_and_score(
+        self, fitted: Fitted, run: Run, x: Tensor
+    ) -> tuple[PredictionResult, Tensor | None]:
+        """:meth:`predict` and, with ``own_score``, :meth:`score` on ``x``: what a user computes
+        at prediction time (the study times this call). A method whose predictive already
+        computes its score (the density reads) overrides it to compute the score once."""
+        res = self.predict(fitted, x)
+        return res, (self.score(fitted, run, x) if self.own_score else None)
+
     def posterior_kl(self, fitted: Fitted, run: Run) -> tuple[float, float] | None:
         """``(mean per-example KL over the training inputs, global KL)`` in nats of a method
         with a variational posterior (:meth:`~bayesattn.nn.networks.BayesianNetwork.posterior_kl`);

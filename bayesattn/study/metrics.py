@@ -75,16 +75,14 @@ def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def _cost(method: Method, fitted: Fitted, run: Run) -> dict[str, float]:
-    """ms per example of prediction (with the own score): one call on 512 test inputs (median
-    of 3), and one call on a single input (median of 15)."""
+    """ms per example of prediction with the own score (:meth:`Method.predict_and_score`): one
+    call on 512 test inputs (median of 3), and one call on a single input (median of 15)."""
     x = run.data.x_test
 
     def call(xb: Tensor) -> None:
         xb = xb.clone()  # a new tensor per call: nothing a method remembers of its inputs
         # (Run.features keeps the last inputs' features) is reused from an earlier timed call
-        method.predict(fitted, xb)
-        if method.own_score:
-            method.score(fitted, run, xb)
+        method.predict_and_score(fitted, run, xb)
 
     call(x[:8])  # warm-up
     big = x[:512] if len(x) >= 512 else x.repeat(512 // len(x) + 1, *[1] * (x.dim() - 1))[:512]

@@ -117,11 +117,24 @@ class DensityBagOfWords(TokenDensity):
         return f
 
     def _parts(self, fitted: Fitted, run: Run, x: Tensor) -> list[Tensor]:
-        density = fitted.state["read"].score(self.features(run, "", x))
-        return [density, predictive_entropy(fitted.state["bow"].probs(x).double())]
+        return self._density_and_parts(fitted, run, x)[1]
+
+    def _density_and_parts(
+        self, fitted: Fitted, run: Run, x: Tensor
+    ) -> tuple[PredictionResult, list[Tensor]]:
+        """The read's predictive and ``[density score, bag-of-words entropy]`` (one pass, one
+        density evaluation)."""
+        res, density = fitted.state["read"].predict_and_score(self.features(run, "", x))
+        return res, [density, predictive_entropy(fitted.state["bow"].probs(x).double())]
 
     def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
         return combine_scores(self._parts(fitted, run, x), fitted.state["val"])
+
+    def predict_and_score(
+        self, fitted: Fitted, run: Run, x: Tensor
+    ) -> tuple[PredictionResult, Tensor]:
+        res, parts = self._density_and_parts(fitted, run, x)
+        return res, combine_scores(parts, fitted.state["val"])
 
 
 class DensityBagOfWordsPair(DensityBagOfWords):
@@ -146,9 +159,19 @@ class DensityBagOfWordsPair(DensityBagOfWords):
 
     def _each_parts(self, fitted: Fitted, run: Run, x: Tensor) -> list[list[Tensor]]:
         """Per member ``[density score, bag-of-words entropy]`` on ``x``."""
+        return self._each(fitted, run, x)[1]
+
+    def _each(
+        self, fitted: Fitted, run: Run, x: Tensor
+    ) -> tuple[PredictionResult, list[list[Tensor]]]:
+        """The members' predictives stacked ``(M, B, C)`` and per member ``[density score,
+        bag-of-words entropy]`` (per member one pass and one density evaluation)."""
         h = predictive_entropy(fitted.state["bow"].probs(x).double())
-        return [[r.score(run.passes("", x, member=m)), h]
+        each = [r.predict_and_score(run.passes("", x, member=m))
                 for m, r in enumerate(fitted.state["reads"])]  # fmt: skip
+        probs = torch.cat([res.probs for res, _ in each])
+        return (PredictionResult(probs=probs, kind="posthoc/density_bow_pair"),
+                [[s, h] for _, s in each])  # fmt: skip
 
     def predict(self, fitted: Fitted, x: Tensor) -> PredictionResult:
         run: Run = fitted.state["run"]
@@ -157,9 +180,14 @@ class DensityBagOfWordsPair(DensityBagOfWords):
         return PredictionResult(probs=torch.cat(probs), kind="posthoc/density_bow_pair")
 
     def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
-        each = self._each_parts(fitted, run, x)
+        return self.predict_and_score(fitted, run, x)[1]
+
+    def predict_and_score(
+        self, fitted: Fitted, run: Run, x: Tensor
+    ) -> tuple[PredictionResult, Tensor]:
+        res, each = self._each(fitted, run, x)
         sums = [combine_scores(p, v) for p, v in zip(each, fitted.state["val"], strict=True)]
-        return torch.stack(sums).mean(0)  # (B,)
+        return res, torch.stack(sums).mean(0)  # (B,)
 
     def posterior_kl(self, fitted: Fitted, run: Run) -> tuple[float, float]:
         return 0.0, float(sum(r.kl() for r in fitted.state["reads"]))

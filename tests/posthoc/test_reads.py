@@ -401,3 +401,33 @@ def test_fit_network_density_points_foreign_models_to_density_read_and_reads_mea
     assert r.read.views == ("cls",)
     f = extract_features(mean_net, x[:5])
     torch.testing.assert_close(r(x[:5])[1], r.read.core_.score([f.cls]))
+
+
+def test_a_cls_read_skips_the_token_view_and_reads_as_the_read_of_full_features(monkeypatch):
+    """views=("cls",) on a network of ours extracts no token view (its last layer computes the
+    CLS row only), set at construction, at fit and at load; the read is the one fitted on the
+    full features' CLS column."""
+    from bayesattn.posthoc import base
+
+    torch.manual_seed(0)
+    net = TransformerClassifier(3, vocab_size=12, d_model=16, nhead=2, num_layers=2,
+                                dim_feedforward=16, pooling="cls", dropout=0.0).eval()  # fmt: skip
+    asked = []
+    plain = base.extract_features
+    monkeypatch.setattr(base, "extract_features",
+                        lambda *a, **k: asked.append(k["tokens"]) or plain(*a, **k))  # fmt: skip
+    cls_read = DensityRead(net, views=("cls",)).fit(*_tok(net, 120), val=_tok(net, 60, seed=1))
+    assert set(asked) == {False}
+    x = torch.randint(1, 12, (9, 5))
+    full = plain(net, x)
+    assert full.tokens is not None and cls_read.features(x).tokens is None
+    res, score = cls_read.predict_and_score(x)
+    torch.testing.assert_close(res.probs, cls_read.predict(full).probs)  # the CLS-only pass
+    torch.testing.assert_close(score, cls_read.score(full), atol=1e-5, rtol=1e-5)  # float32 pass
+    asked.clear()
+    DensityRead(net).fit(*_tok(net, 120), val=_tok(net, 60, seed=1))
+    assert set(asked) == {True}  # views=None: both where the model gives tokens
+    fresh = DensityRead(net).load_state_dict(cls_read.state_dict())
+    asked.clear()
+    torch.testing.assert_close(fresh.score(x), score)
+    assert asked == [False]

@@ -99,3 +99,53 @@ def test_density_pair_is_the_library_read_ensemble(run):
     res, score = ens.predict_and_score(x)
     torch.testing.assert_close(m.predict(f, x).probs, res.probs)
     torch.testing.assert_close(m.score(f, run, x), score)
+
+
+def test_density_cls_pair_reads_each_members_cls_from_a_cls_only_pass(run):
+    from bayesattn.posthoc import ReadEnsemble
+
+    m = get_method("density_cls_pair")
+    f = m.fit(run)
+    nets, _ = run.members(2)
+    assert f.nets == nets and f.params["views"] == ["cls"]
+    d, x = run.data, run.data.x_test[:16]
+    probs, scores = [], []
+    for net in nets:  # independent: the core read of each member's pooled CLS, fitted by hand
+        vl = extract_features(net, d.x_val, tokens=False).logits
+        read = fit_class_density([pooled_features(net, d.x_train)], d.y_train,
+                                 [pooled_features(net, d.x_val)], d.y_val, d.num_classes,
+                                 val_logits=vl)  # fmt: skip
+        fx = extract_features(net, x, tokens=False)
+        probs.append(read.probs(fx.logits, [fx.cls]).float())
+        scores.append(read.score([fx.cls]))
+    res, score = m.predict_and_score(f, run, x)
+    torch.testing.assert_close(res.probs, torch.stack(probs))
+    torch.testing.assert_close(score, (scores[0] + scores[1]) / 2)
+    ens = ReadEnsemble.of(nets, views=("cls",)).fit(d.x_train, d.y_train, val=(d.x_val, d.y_val))
+    lib_res, lib_score = ens.predict_and_score(x)
+    torch.testing.assert_close(res.probs, lib_res.probs)
+    torch.testing.assert_close(score, lib_score)
+    # the CLS-only pass: no token view was computed for the pair
+    assert run.passes("", x, member=1).tokens is None
+
+
+@pytest.mark.parametrize("name", ["density", "density_pair", "density_cls_pair", "deterministic"])
+def test_predict_and_score_is_predict_and_score_with_one_density_evaluation(run, name, monkeypatch):
+    """What the study times is the method's predictive and own score, bit for bit, each density
+    evaluated once per member and call."""
+    from bayesattn.posthoc import _density_core
+    from bayesattn.study import metrics
+
+    m = get_method(name)
+    f = m.fit(run)
+    x = run.data.x_test[:16]
+    res, score = m.predict_and_score(f, run, x)
+    assert torch.equal(res.probs, m.predict(f, x).probs)
+    assert score is None if name == "deterministic" else torch.equal(score, m.score(f, run, x))
+    calls = []
+    plain = _density_core.ClassDensityRead.score
+    monkeypatch.setattr(_density_core.ClassDensityRead, "score",
+                        lambda self, v: calls.append(1) or plain(self, v))  # fmt: skip
+    metrics._cost(m, f, run)  # warm-up, 3 calls at batch 512, 15 at batch 1
+    members = {"density": 1, "deterministic": 0}.get(name, 2)
+    assert len(calls) == (1 + 3 + 15) * members

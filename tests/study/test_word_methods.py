@@ -209,6 +209,8 @@ def test_density_bow_sums_the_density_and_the_bag_of_words_entropy(run, name):
     torch.testing.assert_close(m.predict(f, x).probs[0],
                                f.state["read"].core_.probs(v.logits, [v.layer_cls[-1]]).float())  # fmt: skip
     assert f.params["C"] == bow.C
+    res, score = m.predict_and_score(f, run, x)  # what the study times: one density evaluation
+    assert torch.equal(res.probs, m.predict(f, x).probs) and torch.equal(score, m.score(f, run, x))
     # the library's read of this recipe scores and predicts as the study's method
     lib = TextDensityRead(net).fit(d.x_train, d.y_train, val=(d.x_val, d.y_val))
     torch.testing.assert_close(lib.score(d.x_ood_classes), m.score(f, run, d.x_ood_classes))
@@ -238,6 +240,8 @@ def test_density_bow_pair_is_the_read_ensemble_of_two_text_reads(run):
     # the library's ensemble of the two reads is the same method
     ens = ReadEnsemble.of(nets, TextDensityRead).fit(d.x_train, d.y_train, val=(d.x_val, d.y_val))
     torch.testing.assert_close(ens.score(x), m.score(f, run, x))
+    res, score = m.predict_and_score(f, run, x)
+    assert torch.equal(res.probs, m.predict(f, x).probs) and torch.equal(score, m.score(f, run, x))
 
 
 def test_a_folder_holding_only_a_cached_trunk_takes_a_new_study(words, tmp_path):
