@@ -59,12 +59,14 @@ from bayesattn.calibration.token_scores import (
     combine_scores,
     masked_token_mean,
     mutual_information,
+    sequence_mutual_information,
     sequence_surprisal,
     unknown_rate,
 )
 from bayesattn.data.fortunes import build_vocab, encode_texts
 from bayesattn.data.holdout import rotation_pairs
 from bayesattn.data.wordnet import WordNetData, load_wordnet_data, unlabeled_glosses
+from bayesattn.nn.config import AttentionConfig
 from bayesattn.nn.networks import CausalLM, TransformerClassifier
 from bayesattn.posthoc._density_core import fit_class_density
 from bayesattn.posthoc.token_views import TokenViews, token_views
@@ -251,18 +253,28 @@ def lm_sequences(x: Tensor) -> Tensor:
     return torch.cat([torch.ones(len(x), 1, dtype=x.dtype), shifted], 1)
 
 
-def lm_run(d: WordNetData, setting: str, seed: int, epochs: int) -> dict[str, dict[str, float]]:
+#: posterior draws of the Bayesian-attention language model's next-token distributions
+LM_DRAWS = 8
+
+
+def lm_run(
+    d: WordNetData, setting: str, seed: int, epochs: int, bayesian: bool = False
+) -> dict[str, dict[str, float]]:
     """The input likelihood of a small causal LM of the training texts (mean next-token
     surprisal; the unknown word one token of its vocabulary), a unigram model's surprisal
     (add-one smoothed training counts, an unknown word scored as unseen), and their
     sums with the plain network's entropy (member 0 retrained: the same seed as in the main
-    run gives the same network)."""
+    run gives the same network). ``bayesian``: the LM's last layer has Bayesian attention
+    (``AttentionConfig.last_layer()``, trained on the ELBO); its scores are the surprisal under
+    the predictive of ``LM_DRAWS`` draws and the draws' mutual information over next tokens
+    (:func:`~bayesattn.calibration.token_scores.sequence_mutual_information`)."""
     out: dict[str, dict[str, float]] = {}
     seqs = {s: lm_sequences(x_of(d, s)) for s in SPLITS}
     width = int(setting.split("-")[0])
     torch.manual_seed(seed)
     lm = CausalLM(d.vocab_size + 2, d_model=width, nhead=4, num_layers=2,
-                  dim_feedforward=2 * width, dropout=0.1, max_len=seqs["train"].shape[1])  # fmt: skip
+                  dim_feedforward=2 * width, dropout=0.1, max_len=seqs["train"].shape[1],
+                  attention=AttentionConfig.last_layer() if bayesian else None)  # fmt: skip
     pyro.clear_param_store()
     steps = math.ceil(len(d.x_train) / 64)
     t0 = time.perf_counter()
@@ -276,9 +288,29 @@ def lm_run(d: WordNetData, setting: str, seed: int, epochs: int) -> dict[str, di
             return torch.cat([sequence_surprisal(torch.log_softmax(lm.forward_logits(
                 q[i : i + batch]), -1), q[i : i + batch, 1:]) for i in range(0, len(q), batch)])  # fmt: skip
 
-    sur = {s: surprisal(q) for s, q in seqs.items() if s != "train"}
+    def draws(q: Tensor, batch: int = 32) -> tuple[Tensor, Tensor]:  # (S, b, T, V) per batch
+        sur, mi = [], []
+        with torch.no_grad():
+            for i in range(0, len(q), batch):
+                lp = torch.log_softmax(lm.forward_logits(q[i : i + batch],
+                                                         num_samples=LM_DRAWS), -1)  # fmt: skip
+                pred = torch.logsumexp(lp, 0) - math.log(LM_DRAWS)  # (b, T, V)
+                sur.append(sequence_surprisal(pred, q[i : i + batch, 1:]))
+                mi.append(sequence_mutual_information(lp, q[i : i + batch, 1:]))
+        return torch.cat(sur), torch.cat(mi)
+
+    if bayesian:
+        both = {s: draws(q) for s, q in seqs.items() if s != "train"}
+        sur = {s: v[0] for s, v in both.items()}
+        lm_mi = {s: v[1] for s, v in both.items()}
+    else:
+        sur = {s: surprisal(q) for s, q in seqs.items() if s != "train"}
     lm_cost = time.perf_counter() - t0
-    out["causal LM surprisal"] = {"auroc": auroc(sur.__getitem__), "cost_s": lm_cost}
+    lm_name = "Bayesian-attention causal LM" if bayesian else "causal LM"
+    out[f"{lm_name} surprisal"] = {"auroc": auroc(sur.__getitem__), "cost_s": lm_cost}
+    if bayesian:
+        out[f"{lm_name} mutual information"] = {"auroc": auroc(lm_mi.__getitem__),
+                                                "cost_s": lm_cost}  # fmt: skip
     # add-one smoothing; an unknown word is scored as an unseen word (count 0 + 1), not by the
     # frequency of the unknown id (which pools every rare training word and would make texts
     # full of unknown words look typical)
@@ -298,8 +330,10 @@ def lm_run(d: WordNetData, setting: str, seed: int, epochs: int) -> dict[str, di
         ent = {s: predictive_entropy(torch.softmax(net.forward_logits(x_of(d, s)).double(), -1))
                for s in ("val", "test", "ood")}  # fmt: skip
     out["plain network (entropy), retrained"] = {"auroc": auroc(ent.__getitem__), "cost_s": secs}
-    for name, parts in {"entropy + causal LM surprisal": [ent, sur],
-                        "entropy + unigram surprisal": [ent, uni]}.items():  # fmt: skip
+    sums = {f"entropy + {lm_name} surprisal": [ent, sur], "entropy + unigram surprisal": [ent, uni]}
+    if bayesian:
+        sums[f"entropy + {lm_name} mutual information"] = [ent, lm_mi]
+    for name, parts in sums.items():
 
         def score(s: str, parts: list[dict[str, Tensor]] = parts) -> Tensor:
             return combine_scores([p[s] for p in parts], [p["val"] for p in parts])
@@ -361,6 +395,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="only the language-model scores (needs --setting; results: "
                     "wordnet_tokens_lm.json)")  # fmt: skip
     ap.add_argument("--lm-epochs", type=int, default=10)
+    ap.add_argument("--lm-bayesian", action="store_true",
+                    help="with --lm: the LM's last layer has Bayesian attention (draws' mutual "
+                    "information over next tokens; results: wordnet_tokens_lm_bayesian.json)")  # fmt: skip
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     ap.add_argument("--pretrain", metavar="E-L-EP", default=None,
                     help="fine-tune from a trunk of width E, L layers pretrained EP epochs as a "
                     "masked LM of the unlabeled glosses (results: *_pretrained<E>.json)")  # fmt: skip
@@ -372,12 +410,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--quick", action="store_true", help="a smoke test: 100 glosses, 1 epoch")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     if args.quick:
         args.per_class, args.pairs, args.seeds, args.members = 100, 1, 1, 2
         args.configs = ["32-1-1-0.1", "32-1-2-0.1"]
     if args.lm and args.setting is None:
         ap.error("--lm needs --setting (the main run's chosen setting)")
+    if args.lm_bayesian and not args.lm:
+        ap.error("--lm-bayesian goes with --lm")
     pairs = rotation_pairs(args.pairs)
     t_all = time.perf_counter()
     unlabeled: list[str] = []
@@ -391,7 +431,8 @@ def main(argv: list[str] | None = None) -> None:
     name = ("wordnet_tokens_vocabulary" if args.vocab_diagnostic else
             f"wordnet_tokens_selection{'' if args.min_count == 2 else f'_min{args.min_count}'}"
             if args.select_only else
-            "wordnet_tokens_lm" if args.lm else "wordnet_tokens")  # fmt: skip
+            f"wordnet_tokens_lm{'_bayesian' if args.lm_bayesian else ''}" if args.lm
+            else "wordnet_tokens")  # fmt: skip
     if args.pretrain:
         name += f"_pretrained{args.pretrain.split('-')[0]}"
     title = "WordNet tokens: network, bag of words, methods for words"
@@ -433,7 +474,8 @@ def main(argv: list[str] | None = None) -> None:
                               unlabeled=unlabeled)  # fmt: skip
         bow = (load_wordnet_data(seed=seed, holdout_classes=pair, per_class=args.per_class)
                if unlabeled else None)  # fmt: skip
-        r = (lm_run(d, setting, seed, 1 if args.quick else args.lm_epochs) if args.lm
+        r = (lm_run(d, setting, seed, 1 if args.quick else args.lm_epochs, args.lm_bayesian)
+             if args.lm
              else one_run(d, setting, seed, args.members, bow))  # fmt: skip
         runs.append(r)
         for m, v in r.items():

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["unknown_rate", "masked_token_mean", "standardise", "combine_scores",
-           "mutual_information", "sequence_surprisal"]  # fmt: skip
+           "mutual_information", "sequence_surprisal", "sequence_mutual_information"]  # fmt: skip
 
 
 def _tokens(name: str, tokens: Tensor) -> Tensor:
@@ -150,3 +150,32 @@ def sequence_surprisal(log_probs: Tensor, targets: Tensor, pad_id: int = 0) -> T
     lp = log_probs.double().gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
     keep = (targets != pad_id).double()
     return -(lp * keep).sum(-1) / keep.sum(-1).clamp_min(1.0)
+
+
+def sequence_mutual_information(log_probs: Tensor, targets: Tensor, pad_id: int = 0) -> Tensor:
+    r"""The draws' disagreement about the next token, averaged over each text's non-padding
+    positions: :math:`\frac1n\sum_{t: y_t \ne \text{pad}} \big(H[\bar p_t] - \frac1S\sum_s
+    H[p_{st}]\big)`, :math:`\bar p_t = \frac1S\sum_s p_{st}` (0 for an all-padding row; the
+    per-position term is :func:`mutual_information`).
+
+    Shape:
+        log_probs ``(S, B, T, V)`` (log-softmax draws over the vocabulary), targets ``(B, T)``
+        → ``(B,)``.
+    """
+    targets = _tokens("targets", targets)
+    if (
+        not isinstance(log_probs, Tensor)
+        or log_probs.dim() != 4
+        or (log_probs.shape[1:3] != targets.shape)
+    ):
+        raise ValueError(
+            f"log_probs must be (S, B, T, V) with (B, T) = {tuple(targets.shape)}; got "
+            f"{tuple(getattr(log_probs, 'shape', ()))}"
+        )
+    p = log_probs.exp()  # (S, B, T, V)
+    h_each = -(p * log_probs).sum(-1).mean(0)  # (B, T)
+    mean = p.mean(0)  # (B, T, V)
+    h_mean = -(mean * torch.log(mean.clamp_min(1e-30))).sum(-1)  # (B, T)
+    mi = (h_mean - h_each).double().clamp_min(0.0)
+    keep = (targets != pad_id).double()
+    return (mi * keep).sum(-1) / keep.sum(-1).clamp_min(1.0)

@@ -207,10 +207,12 @@ class AttentionConfig:
             read = DensityRead(model).fit(x_train, y_train, val=(x_val, y_val))
             res, score = read.predict_and_score(x)  # predictive and OOD score, one pass
 
-        With a second network trained from another seed, read both and average them,
-        ``ReadEnsemble.of([net_a, net_b])`` (:class:`~bayesattn.posthoc.ReadEnsemble`): on the
-        study's images and signals at least level with a 5-network ensemble at finding held-out
-        classes, at two fifths of its training. On a token classifier,
+        With a second network trained from another seed, read the CLS output of both and average
+        them, ``ReadEnsemble.of([net_a, net_b], views=("cls",))``
+        (:class:`~bayesattn.posthoc.ReadEnsemble`): on the study's images and signals at least
+        level with a 5-network ensemble at finding held-out classes, more accurate than one
+        network, at two fifths of its training and under half its prediction. On a token
+        classifier,
         :class:`~bayesattn.posthoc.TextDensityRead` (the same call) adds
         a bag of words' entropy to the read's score, each standardised on validation: the best
         detector measured on words (it needs scikit-learn to fit).

@@ -11,13 +11,16 @@ network's features. The reads' scores are already on one scale (a
 so no weight is fitted. The predictive keeps every read's draws, ``(M·S, B, C)``: their spread
 is the ensemble's mutual information.
 
-Two networks, each read by its density, are the study's recipe for images and signals: on
-MNIST-1D the pair finds held-out classes level with a 5-network ensemble at two fifths of its
-training (the study's ``density_pair``; the numbers are on the "Which attention" page).
+Two networks, each read by the density of its CLS output, are the study's recipe for images
+and signals: on MNIST-1D the pair finds held-out classes level with a 5-network ensemble at two
+fifths of its training and under half its prediction (the study's ``density_cls_pair``; reading
+the token view too, ``density_pair``, adds about .01 there at a whole last layer more per
+network; the numbers are on the "Which attention" page).
 
 Example::
 
-    read = ReadEnsemble.of([net_a, net_b]).fit(x_train, y_train, val=(x_val, y_val))
+    read = ReadEnsemble.of([net_a, net_b], views=("cls",)).fit(x_train, y_train,
+                                                               val=(x_val, y_val))
     res, score = read.predict_and_score(x_test)
 """
 

@@ -148,7 +148,7 @@ DEFAULT_METHODS: Sequence[str] = _Names(lambda: list(_DEFAULT))
 #: the bag of words' entropy, on one network and averaged over two (``density_bow_pair``).
 _FULL_EXTRA = ("dirichlet", "posthoc_gp", "posthoc_gp_mf", "sgpa", "density", "mixture",
                "bag_of_words", "pretrained", "density_pretrained", "density_bow",
-               "density_pretrained_bow", "density_bow_pair")  # fmt: skip
+               "density_pretrained_bow", "density_bow_pair", "density_pair")  # fmt: skip
 FULL_METHODS: Sequence[str] = _Names(
     lambda: [*_DEFAULT, *(m for m in _FULL_EXTRA if m in _REGISTRY and m not in _DEFAULT)]
 )

@@ -10,6 +10,7 @@ from bayesattn.calibration.token_scores import (
     combine_scores,
     masked_token_mean,
     mutual_information,
+    sequence_mutual_information,
     sequence_surprisal,
     standardise,
     unknown_rate,
@@ -76,6 +77,23 @@ def test_sequence_surprisal():
     assert float(s[1]) == 0.0
     with pytest.raises(ValueError, match="log_probs"):
         sequence_surprisal(lp[:, :2], y)
+
+
+def test_sequence_mutual_information_is_the_positions_mutual_information_averaged():
+    g = torch.Generator().manual_seed(2)
+    lp = torch.log_softmax(torch.randn(4, 2, 3, 6, generator=g), -1)  # (S, B, T, V)
+    y = torch.tensor([[2, 5, 0], [0, 0, 0]])
+    got = sequence_mutual_information(lp, y)
+    per_pos = mutual_information(lp.exp().reshape(4, 6, 6)).reshape(2, 3)  # (B, T)
+    assert float(got[0]) == pytest.approx(float(per_pos[0, :2].mean()), rel=1e-5)
+    assert float(got[1]) == 0.0  # all padding
+    same = lp[:1].expand(4, -1, -1, -1)  # draws that agree: no disagreement
+    assert torch.allclose(sequence_mutual_information(same, y), torch.zeros(2, dtype=torch.float64),
+                          atol=1e-6)  # fmt: skip
+    with pytest.raises(ValueError, match="log_probs"):
+        sequence_mutual_information(lp[0], y)
+    with pytest.raises(ValueError, match="log_probs"):
+        sequence_mutual_information(lp[:, :, :2], y)
 
 
 def test_token_views_match_the_network_and_the_read_features():

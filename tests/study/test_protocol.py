@@ -87,9 +87,9 @@ def test_config_pairs_presets_and_errors():
     # the mixture's ablations run by name only; the ablations that lost are gone (their
     # numbers stay in docs/which-attention.md)
     by_name = {"mixture_point", "mixture_k1", "mixture_wide", "mixture_k2", "weights"}
-    assert by_name <= set(METHODS) and not by_name & set(full.methods) and len(full.methods) == 23
-    # on images the seventeen; the baseline and the pretrained network on words
-    assert len(methods_for(get_dataset("digits"), full.methods)) == 17
+    assert by_name <= set(METHODS) and not by_name & set(full.methods) and len(full.methods) == 24
+    # on images the eighteen; the baseline and the pretrained network on words
+    assert len(methods_for(get_dataset("digits"), full.methods)) == 18
     assert set(full.methods) - set(methods_for(get_dataset("fortunes"), full.methods)) == {
         "pretrained",
         "density_pretrained",
