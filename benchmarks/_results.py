@@ -76,6 +76,9 @@ def write_results(
         "figures": list(figures),
     }
     fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the file is read like any other
     with os.fdopen(fd, "w") as f:
         json.dump(doc, f, indent=1, default=float)
         f.write("\n")
