@@ -22,12 +22,13 @@ import json
 import os
 import platform
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from bayesattn._validation import atomic_write_text
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -75,13 +76,4 @@ def write_results(
         "tables": list(tables),
         "figures": list(figures),
     }
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the file is read like any other
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1, default=float)
-        f.write("\n")
-    path = out / f"{name}.json"
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(out / f"{name}.json", json.dumps(doc, indent=1, default=float) + "\n")
