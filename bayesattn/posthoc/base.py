@@ -47,8 +47,6 @@ class PosthocRead(ABC):
 
     #: the read takes model inputs, never Features (the reads that change the model's pass)
     takes_inputs: bool = False
-    #: the read uses the token view (``Features.tokens``)
-    uses_tokens: bool = False
 
     def __init__(
         self,
@@ -64,6 +62,12 @@ class PosthocRead(ABC):
         self.model, self.head, self.tokens_layer, self.forward = model, head, tokens_layer, forward
         self.batch_size = check_int("batch_size", batch_size, 1)
         self.num_classes: int | None = None  # set by fit
+
+    @property
+    def uses_tokens(self) -> bool:
+        """Whether the read reads the token view (``Features.tokens``): features extracted from
+        model inputs include it only then."""
+        return False
 
     # ---- data --------------------------------------------------------------------------
 

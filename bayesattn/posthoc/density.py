@@ -56,8 +56,6 @@ class DensityRead(PosthocRead):
             validation features' log predictive density under their own class.
     """
 
-    uses_tokens = True
-
     def __init__(
         self,
         model: nn.Module | None = None,
@@ -74,10 +72,14 @@ class DensityRead(PosthocRead):
             ):
                 raise ValueError(f"views must be distinct names from ('cls', 'tokens'); got {views}")
         self.views: tuple[str, ...] | None = views
-        # the token view costs a network of ours its whole last layer: extract it only when read
-        self.uses_tokens = views is None or "tokens" in views
         self.strengths = check_reals("strengths", strengths, gt=0)
         self.core_: ClassDensityRead | None = None
+
+    @property
+    def uses_tokens(self) -> bool:
+        """The token view is read unless ``views`` leaves it out (it costs a network of ours its
+        whole last layer, so a CLS read's pass computes the CLS row only)."""
+        return self.views is None or "tokens" in self.views
 
     def _views(self, f: Features) -> list[Tensor]:
         assert self.views is not None
@@ -102,7 +104,6 @@ class DensityRead(PosthocRead):
             raise ValueError(f"val logits must have C = {C} classes; got {tuple(fv.logits.shape)}")
         if self.views is None:
             self.views = ("cls",) if x.tokens is None else ("cls", "tokens")
-        self.uses_tokens = "tokens" in self.views
         self.core_ = fit_class_density(self._views(x), y, self._views(fv), yv, C,
                                        val_logits=fv.logits, strengths=self.strengths)  # fmt: skip
         self.num_classes = C
@@ -178,7 +179,6 @@ class DensityRead(PosthocRead):
     def _load(self, state: dict[str, Any]) -> None:
         niw = lambda s: NIW(s[0], s[1], s[2], s[3])  # noqa: E731
         self.views = tuple(state["views"])
-        self.uses_tokens = "tokens" in self.views
         self.core_ = ClassDensityRead(
             [niw(p) for p in state["priors"]],
             [[niw(q) for q in posts] for posts in state["posteriors"]],

@@ -113,13 +113,10 @@ class DensityBagOfWords(TokenDensity):
         f.train_seconds += secs
         f.state["bow"] = bow
         f.params["C"] = bow.C
-        f.state["val"] = self._parts(f, run, run.data.x_val)
+        f.state["val"] = self._parts(f, run, run.data.x_val)[1]
         return f
 
-    def _parts(self, fitted: Fitted, run: Run, x: Tensor) -> list[Tensor]:
-        return self._density_and_parts(fitted, run, x)[1]
-
-    def _density_and_parts(
+    def _parts(
         self, fitted: Fitted, run: Run, x: Tensor
     ) -> tuple[PredictionResult, list[Tensor]]:
         """The read's predictive and ``[density score, bag-of-words entropy]`` (one pass, one
@@ -128,12 +125,12 @@ class DensityBagOfWords(TokenDensity):
         return res, [density, predictive_entropy(fitted.state["bow"].probs(x).double())]
 
     def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
-        return combine_scores(self._parts(fitted, run, x), fitted.state["val"])
+        return self.predict_and_score(fitted, run, x)[1]
 
     def predict_and_score(
         self, fitted: Fitted, run: Run, x: Tensor
     ) -> tuple[PredictionResult, Tensor]:
-        res, parts = self._density_and_parts(fitted, run, x)
+        res, parts = self._parts(fitted, run, x)
         return res, combine_scores(parts, fitted.state["val"])
 
 
@@ -152,14 +149,10 @@ class DensityBagOfWordsPair(DensityBagOfWords):
         reads, fit_secs = member_reads(run, self.size, self.views, run.passes)
         f = Fitted(list(nets), sum(secs) + bow_secs + fit_secs, params={"C": bow.C, "view": "cls"})
         f.state.update(reads=reads, run=run, bow=bow)
-        f.state["val"] = self._each_parts(f, run, run.data.x_val)
+        f.state["val"] = self._each(f, run, run.data.x_val)[1]
         f.params.update(members=self.size, temperature=[r.temperature for r in reads],
                         prior_strength=[r.prior_strengths for r in reads])  # fmt: skip
         return f
-
-    def _each_parts(self, fitted: Fitted, run: Run, x: Tensor) -> list[list[Tensor]]:
-        """Per member ``[density score, bag-of-words entropy]`` on ``x``."""
-        return self._each(fitted, run, x)[1]
 
     def _each(
         self, fitted: Fitted, run: Run, x: Tensor
@@ -178,9 +171,6 @@ class DensityBagOfWordsPair(DensityBagOfWords):
         probs = [r.predict(run.passes("", x, member=m)).probs
                  for m, r in enumerate(fitted.state["reads"])]  # fmt: skip
         return PredictionResult(probs=torch.cat(probs), kind="posthoc/density_bow_pair")
-
-    def score(self, fitted: Fitted, run: Run, x: Tensor) -> Tensor:
-        return self.predict_and_score(fitted, run, x)[1]
 
     def predict_and_score(
         self, fitted: Fitted, run: Run, x: Tensor
