@@ -435,7 +435,11 @@ def main(argv: list[str] | None = None) -> None:
             else "wordnet_tokens")  # fmt: skip
     if args.pretrain:
         name += f"_pretrained{args.pretrain.split('-')[0]}"
-    title = "WordNet tokens: network, bag of words, methods for words"
+    title = ("WordNet tokens: scores of a Bayesian-attention language model" if args.lm_bayesian
+             else "WordNet tokens: language-model scores" if args.lm
+             else "WordNet tokens: network, bag of words, methods for words")  # fmt: skip
+    if args.pretrain:
+        title += ", after masked-LM pretraining"
 
     def save(extra: list[dict[str, Any]]) -> None:
         if not args.quick:
