@@ -172,6 +172,11 @@ def sequence_mutual_information(log_probs: Tensor, targets: Tensor, pad_id: int 
             f"log_probs must be (S, B, T, V) with (B, T) = {tuple(targets.shape)}; got "
             f"{tuple(getattr(log_probs, 'shape', ()))}"
         )
+    if not log_probs.is_floating_point() or not bool(torch.isfinite(log_probs).all()):
+        raise ValueError(
+            f"log_probs must be finite floating-point log-probabilities; got dtype "
+            f"{log_probs.dtype} with {int((~torch.isfinite(log_probs.double())).sum())} non-finite"
+        )
     p = log_probs.exp()  # (S, B, T, V)
     h_each = -(p * log_probs).sum(-1).mean(0)  # (B, T)
     mean = p.mean(0)  # (B, T, V)

@@ -94,6 +94,10 @@ def test_sequence_mutual_information_is_the_positions_mutual_information_average
         sequence_mutual_information(lp[0], y)
     with pytest.raises(ValueError, match="log_probs"):
         sequence_mutual_information(lp[:, :, :2], y)
+    with pytest.raises(ValueError, match="finite floating-point"):
+        sequence_mutual_information(lp.long(), y)
+    with pytest.raises(ValueError, match="1 non-finite"):
+        sequence_mutual_information(lp.index_put((torch.tensor([0]),) * 4, torch.tensor(float("nan"))), y)
 
 
 def test_token_views_match_the_network_and_the_read_features():
