@@ -40,10 +40,11 @@ import argparse
 import math
 import statistics
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
-from _results import table, write_results
+from _results import RESULTS_DIR, table, write_results
 from torch import Tensor
 from tqdm import tqdm
 
@@ -58,6 +59,9 @@ from bayesattn.study.scores import fit_mahalanobis, knn_distance
 RECIPE = "the recipe (density_bow_pair's own score)"
 SPLITS = ("val", "test", "ood_classes")  # validation, in-distribution test, held-out topics
 KNN_K, LSA_DIM = 10, 256  # fixed before the first run
+#: the recipe's shortfall from the goal (the ensemble + .02) over the study's 25 runs
+#: (studies/2026-12-05-wordnet-bow-pair: +.010 above the ensemble); drawn on the figure
+GAP = 0.010
 
 
 def _t_half(d: list[float]) -> float:
@@ -173,12 +177,84 @@ def _config(quick: bool) -> StudyConfig:
     return StudyConfig.full(datasets=("wordnet",), seeds=1, **small)
 
 
+def _diff(values: list[float], base: list[float]) -> tuple[float, float]:
+    """The mean paired difference and the half-width of its 95% t-interval."""
+    d = [v - b for v, b in zip(values, base, strict=True)]
+    return statistics.fmean(d), _t_half(d)
+
+
 def _row(values: list[float], base: list[float]) -> tuple[str, str]:
-    diff = [v - b for v, b in zip(values, base, strict=True)]
-    mean = statistics.fmean(values)
-    h, dm = _t_half(diff), statistics.fmean(diff)
+    dm, h = _diff(values, base)
     ci = f"{dm:+.3f} [{dm - h:+.3f}, {dm + h:+.3f}]" if not math.isnan(h) else f"{dm:+.3f}"
-    return f"{mean:.3f} [{min(values):.3f}, {max(values):.3f}]", ci
+    return f"{statistics.fmean(values):.3f} [{min(values):.3f}, {max(values):.3f}]", ci
+
+
+def _short(name: str) -> str:
+    """A per-run column's label: the sums only, by what they add to the recipe's parts."""
+    if name.startswith("sum: the two parts + "):
+        return "+ " + name.removeprefix("sum: the two parts + ").split(" (")[0]
+    return name.removeprefix("sum: ")
+
+
+def figure(rows: list[list[str]], n_runs: int, path: Path) -> None:
+    """The pooled table's paired differences from the recipe (``rows``: its rows, the third cell
+    ``"+m [lo, hi]"``), each with its 95% t-interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names, stats = [], []
+    for name, _, diff in rows[1:]:  # the recipe's own row first
+        m, lo_hi = diff.split(" [")
+        names.append(name)
+        stats.append((float(m), (float(lo_hi.split(", ")[1].rstrip("]")) - float(m))))
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(names) + 1.4))
+    ys = list(range(len(names)))[::-1]
+    lo = -0.25  # the scale stops here: a score further left is marked at the edge
+    for y, (m, h) in zip(ys, stats, strict=True):
+        if m - h < lo:
+            ax.annotate(f"{m:+.3f} (off the scale)", (lo, y), xytext=(4, -3),
+                        textcoords="offset points", fontsize=8, color="tab:gray")  # fmt: skip
+        else:
+            ax.errorbar(m, y, xerr=h, fmt="o", ms=4, capsize=3, color="tab:blue")
+    ax.axvline(0, color="k", lw=0.8)
+    ax.axvline(GAP, color="tab:red", lw=0.8, ls="--",
+               label=f"+{GAP:.3f}: what the recipe lacks of the ensemble + .02 (study, 25 runs)")  # fmt: skip
+    ax.set_yticks(ys, names, fontsize=8)
+    ax.set_xlim(lo, 0.03)
+    ax.set_xlabel("held-out AUROC minus the recipe's (paired, 95% t-interval)")
+    ax.legend(fontsize=8, loc="lower left")
+    ax.set_title(f"WordNet, {n_runs} runs: scores beside the recipe for words", fontsize=10)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def tables_of(runs: list[dict[str, Any]], what: str) -> list[dict[str, Any]]:
+    """The pooled AUROC table, the predictives' table and a per-run table of the sums."""
+    names = list(runs[0]["auroc"])
+    base = [r["auroc"][RECIPE] for r in runs]
+    rows = [[n, *_row([r["auroc"][n] for r in runs], base)] for n in names]
+    preds = list(runs[0]["predictive"])
+    pred_rows = []
+    for n in preds:
+        cells = []
+        for i in (0, 1):  # accuracy, NLL
+            cells += _row([r["predictive"][n][i] for r in runs],
+                          [r["predictive"][preds[0]][i] for r in runs])  # fmt: skip
+        pred_rows.append([n, *cells])
+    sums = [n for n in names if n.startswith("sum: ")]
+    per_run = [[r["pair"], r["seed"], *(round(r["auroc"][n], 4) for n in [RECIPE, *sums])]
+               for r in runs]  # fmt: skip
+    return [
+        table(f"{what}: held-out AUROC, mean [min, max], and its paired difference from the "
+              "recipe's (95% t-interval)", ["score", "AUROC", "minus the recipe's"], rows),
+        table("Predictives on the in-distribution test texts (differences from the recipe's)",
+              ["predictive", "accuracy", "minus the recipe's", "NLL", "minus the recipe's"],
+              pred_rows),
+        table("Per run: the held-out AUROC of the recipe and of each sum",
+              ["pair", "seed", "recipe", *(_short(n) for n in sums)], per_run),
+    ]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -196,34 +272,19 @@ def main(argv: list[str] | None = None) -> None:
     todo = [(i, a.seed + s, a.quick) for i in range(pairs) for s in range(seeds)]
     with ProcessPoolExecutor(min(a.jobs, len(todo))) as pool:
         runs = list(tqdm(pool.map(one_run, todo), total=len(todo), desc="WordNet runs"))
-    names = list(runs[0]["auroc"])
-    base = [r["auroc"][RECIPE] for r in runs]
-    rows = [[n, *_row([r["auroc"][n] for r in runs], base)] for n in names]
-    preds = list(runs[0]["predictive"])
-    pred_rows = []
-    for n in preds:
-        acc = [r["predictive"][n][0] for r in runs]
-        nll = [r["predictive"][n][1] for r in runs]
-        pred_rows.append([n, *_row(acc, [r["predictive"][preds[0]][0] for r in runs]),
-                          *_row(nll, [r["predictive"][preds[0]][1] for r in runs])])  # fmt: skip
-    per_run = [[r["pair"], r["seed"], n, round(r["auroc"][n], 4)] for r in runs for n in names]
     what = (f"WordNet, {len(runs)} runs (pairs {sorted({r['pair'] for r in runs})}, seeds "
             f"{a.seed}-{a.seed + seeds - 1}{', smoke run: not results' if a.quick else ''})")  # fmt: skip
-    tables = [
-        table(f"{what}: held-out AUROC, mean [min, max], and its paired difference from the "
-              "recipe's (95% t-interval)", ["score", "AUROC", "minus the recipe's"], rows),
-        table("Predictives on the in-distribution test texts (differences from the recipe's)",
-              ["predictive", "accuracy", "minus the recipe's", "NLL", "minus the recipe's"],
-              pred_rows),
-        table("Per run", ["pair", "seed", "score", "AUROC"], per_run),
-    ]  # fmt: skip
-    for t in tables[:2]:
+    tables = tables_of(runs, what)
+    for t in tables:
         print(f"\n{t['title']}")
         for r in t["rows"]:
             print(" | ".join(str(c) for c in r))
     if not a.quick:  # a smoke run's numbers are not results
-        path = write_results(a.name, "WordNet: scores tried beside the recipe for words", tables)
-        print(f"\nwrote {path}")
+        png = f"{a.name}.png"
+        figure(tables[0]["rows"], len(runs), RESULTS_DIR / png)
+        path = write_results(a.name, "WordNet: scores tried beside the recipe for words", tables,
+                             figures=[png])  # fmt: skip
+        print(f"\nwrote {path} and {png}")
 
 
 if __name__ == "__main__":

@@ -40,3 +40,16 @@ def test_bad_arguments_are_refused():
     bad = subprocess.run([sys.executable, str(SCRIPT), "--pairs", "6"],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode != 0 and "--pairs must be 1-5" in bad.stderr
+
+
+def test_the_figure_draws_the_pooled_table(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import wordnet_recipe_scores as w
+
+    rows = [[w.RECIPE, "0.840 [0.792, 0.895]", "+0.000 [+0.000, +0.000]"],
+            ["a score", "0.827 [0.781, 0.883]", "-0.013 [-0.016, -0.010]"],
+            ["a score off the scale", "0.346 [0.283, 0.412]", "-0.494 [-0.565, -0.424]"]]  # fmt: skip
+    w.figure(rows, 8, tmp_path / "f.png")
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError):
+        w.figure([rows[0], ["bad", "0.8", "not a difference"]], 8, tmp_path / "g.png")
