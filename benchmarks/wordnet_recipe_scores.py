@@ -48,7 +48,7 @@ from _results import RESULTS_DIR, table, write_results
 from torch import Tensor
 from tqdm import tqdm
 
-from bayesattn.calibration import negative_log_likelihood, ood_auroc, predictive_entropy
+from bayesattn.calibration import accuracy, negative_log_likelihood, ood_auroc, predictive_entropy
 from bayesattn.calibration.bag_of_words import token_counts
 from bayesattn.calibration.token_scores import combine_scores, mutual_information
 from bayesattn.study.config import StudyConfig
@@ -73,13 +73,12 @@ def _t_half(d: list[float]) -> float:
     return float(t.ppf(0.975, len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d)))
 
 
-def _lsa_mahalanobis(run: Run, bow: Any) -> dict[str, Tensor]:
-    """Distance to the nearest class mean (shared covariance) in an LSA of the TF-IDF."""
+def _lsa_mahalanobis(run: Run, tfidf: dict[str, Any]) -> dict[str, Tensor]:
+    """Distance to the nearest class mean (shared covariance) in an LSA of the TF-IDF rows
+    ``tfidf`` (train and :data:`SPLITS`)."""
     from sklearn.decomposition import TruncatedSVD
 
     d = run.data
-    tfidf = {s: bow.tfidf.transform(token_counts(getattr(d, f"x_{s}"), d.vocab_size))
-             for s in ("train", *SPLITS)}  # fmt: skip
     dim = min(LSA_DIM, tfidf["train"].shape[1] - 1)
     svd = TruncatedSVD(dim, random_state=0).fit(tfidf["train"])
     z = {s: torch.as_tensor(svd.transform(v)) for s, v in tfidf.items()}  # (N, dim)
@@ -123,8 +122,9 @@ def one_run(args: tuple[int, int, bool]) -> dict[str, Any]:
             density[s].append(sc.double())
     bow_probs = {s: bow.probs(x[s]) for s in SPLITS}  # (B, C) float64
     mix = {s: torch.stack([*member_probs[s], bow_probs[s]]) for s in SPLITS}  # (3, B, C)
-    logits = {s: torch.as_tensor(bow.model.decision_function(
-        bow.tfidf.transform(token_counts(x[s], d.vocab_size)))) for s in SPLITS}  # fmt: skip
+    tfidf = {s: bow.tfidf.transform(token_counts(getattr(d, f"x_{s}"), d.vocab_size))
+             for s in ("train", *SPLITS)}  # fmt: skip
+    logits = {s: torch.as_tensor(bow.model.decision_function(tfidf[s])) for s in SPLITS}
     train_cls = [run.passes("train", member=m).cls for m in range(2)]
     parts = {
         "density (the two networks' mean)": {s: torch.stack(density[s]).mean(0) for s in SPLITS},
@@ -138,7 +138,7 @@ def one_run(args: tuple[int, int, bool]) -> dict[str, Any]:
         f"kNN distance of the CLS (k = {KNN_K})": {
             s: torch.stack([knn_distance(train_cls[m], run.passes(s, member=m).cls, KNN_K)
                             for m in range(2)]).mean(0) for s in SPLITS},  # fmt: skip
-        f"Mahalanobis in a {LSA_DIM}-d LSA of the TF-IDF": _lsa_mahalanobis(run, bow),
+        f"Mahalanobis in a {LSA_DIM}-d LSA of the TF-IDF": _lsa_mahalanobis(run, tfidf),
         "unseen-word rate": _unseen_rate(run),
     }  # fmt: skip
     scores.update(parts)
@@ -168,8 +168,8 @@ def _sum(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
 
 
 def _acc_nll(probs: Tensor, y: Tensor) -> tuple[float, float]:
-    acc = float((probs.argmax(-1) == y).double().mean())
-    return acc, float(negative_log_likelihood(probs.float(), y))
+    p = probs.float()
+    return float(accuracy(p, y)), float(negative_log_likelihood(p, y))
 
 
 def _config(quick: bool) -> StudyConfig:
